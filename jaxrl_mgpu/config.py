@@ -1,0 +1,190 @@
+"""Every option of a run, in one typed dataclass; YAML presets; the command line.
+
+Precedence: dataclass defaults < `--config` preset (YAML from experiments/) < flags given on
+the command line. Numbers on the command line are GLOBAL (over all devices and hosts);
+per-device values are derived from them once the devices are known.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ALGOS = ("ppo",)
+POLICIES = ("mlp",)
+PRECISIONS = ("fp32",)
+PRESET_DIRS = (Path.cwd() / "experiments", Path(__file__).resolve().parents[1] / "experiments")
+
+
+class ConfigError(ValueError):
+    """A bad option; the CLI prints it as one line and exits with code 2."""
+
+
+def option(default: Any, help: str, **kw) -> Any:
+    return dataclasses.field(default=default, metadata={"help": help, **kw})
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    # what to train
+    algo: str = option("ppo", "algorithm", choices=ALGOS)
+    env: str = option("CartPole-v1", "environment: any gymnax name (e.g. Breakout-MinAtar) or a project env")
+    policy: str = option("mlp", "policy network: mlp (a conv torso is added for image observations)",
+                         choices=POLICIES)
+    total_timesteps: int = option(3_000_000, "environment steps to train for, over all devices")
+    # PPO
+    num_envs: int = option(32, "environments, GLOBAL over all devices (per device = num-envs / devices)")
+    num_steps: int = option(128, "steps per environment per update (rollout length)")
+    num_minibatches: int = option(4, "minibatches per epoch, GLOBAL (each device takes 1/devices of each)")
+    update_epochs: int = option(4, "passes over each rollout")
+    lr: float = option(2.5e-4, "Adam learning rate")
+    anneal_lr: bool = option(True, "decay the learning rate linearly to 0 over training")
+    gamma: float = option(0.99, "discount factor")
+    gae_lambda: float = option(0.95, "GAE lambda")
+    clip_eps: float = option(0.2, "PPO ratio (and value) clipping")
+    ent_coef: float = option(0.01, "entropy bonus coefficient")
+    vf_coef: float = option(0.5, "value loss coefficient")
+    max_grad_norm: float = option(0.5, "clip gradients to this global norm (after the all-reduce)")
+    # network
+    hidden_size: int = option(64, "width of the MLP layers")
+    num_layers: int = option(2, "hidden layers of the actor and of the critic MLP")
+    activation: str = option("tanh", "MLP activation", choices=("tanh", "relu", "gelu"))
+    precision: str = option("fp32", "compute precision", choices=PRECISIONS)
+    # run
+    seed: int = option(0, "random seed (params, environments and sampling all derive from it)")
+    run_dir: str | None = option(None, "output directory (default runs/<env>-<algo>-<time>)")
+    parallel: str = option("pmap", "how the per-device update is mapped over devices",
+                           choices=("pmap", "shard_map"))
+    devices: int | None = option(None, "use the first k local devices of each host (default: all)")
+    log_every: int = option(10, "updates per compiled chunk and per log point")
+    config: str | None = option(None, "YAML preset: a path, or a name in experiments/ (e.g. cartpole)")
+
+    # -- derived numbers ---------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        """Transitions per update over all devices."""
+        return self.num_envs * self.num_steps
+
+    @property
+    def num_updates(self) -> int:
+        return self.total_timesteps // self.batch_size
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def _base_type(name: str) -> type:
+    """int for `int | None`, and so on."""
+    hint = typing.get_type_hints(Config)[name]
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    kind, meta = _base_type(name), FIELDS[name].metadata
+    if value is None:
+        return None
+    try:
+        if kind is bool and not isinstance(value, bool):
+            raise TypeError
+        value = kind(float(value)) if kind is int and isinstance(value, (float, str)) and float(value).is_integer() \
+            else kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{source}: {name.replace('_', '-')} must be {kind.__name__}, got {value!r}") from None
+    if "choices" in meta and value not in meta["choices"]:
+        raise ConfigError(f"--{name.replace('_', '-')} {value!r} is not valid; choose from: {', '.join(meta['choices'])}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2, no usage dump
+        raise ConfigError(message)
+
+
+def parser(prog: str = "python -m jaxrl_mgpu.train", fields=None) -> argparse.ArgumentParser:
+    p = _Parser(prog=prog, description="Train an RL agent data-parallel on all local devices.")
+    defaults = Config()
+    for f in dataclasses.fields(Config):
+        if fields is not None and f.name not in fields:
+            continue
+        flag, kind = "--" + f.name.replace("_", "-"), _base_type(f.name)
+        help_ = f"{f.metadata['help']} (default: {getattr(defaults, f.name)})"
+        if kind is bool:
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_)
+        else:
+            p.add_argument(flag, type=str, default=None, metavar=f.name.upper(), help=help_)
+    return p
+
+
+def find_preset(name: str) -> Path:
+    path = Path(name)
+    candidates = [path] + [d / n for d in PRESET_DIRS for n in (name, f"{name}.yaml", f"{name}.yml")]
+    for c in candidates:
+        if c.is_file():
+            return c
+    available = sorted({p.stem for d in PRESET_DIRS if d.is_dir() for p in d.glob("*.yaml")})
+    raise ConfigError(f"--config {name!r}: no such preset file; presets in experiments/: {', '.join(available) or 'none'}")
+
+
+def load_preset(name: str) -> dict:
+    path = find_preset(name)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: a preset must be a mapping of option: value")
+    data = {k.replace("-", "_"): v for k, v in data.items()}
+    unknown = sorted(set(data) - set(FIELDS) - {"config"})
+    if unknown:
+        raise ConfigError(f"--config {path}: unknown option(s) {', '.join(unknown)}")
+    return {k: _coerce(k, v, str(path)) for k, v in data.items()}
+
+
+def from_args(argv: list[str] | None = None) -> Config:
+    """Parses the command line (with its preset) into a validated Config."""
+    args = vars(parser().parse_args(argv))
+    given = {k: _coerce(k, v, "command line") for k, v in args.items() if v is not None}
+    values = load_preset(given["config"]) if given.get("config") else {}
+    values.update(given)
+    return validate(Config(**values))
+
+
+def from_dict(values: dict) -> Config:
+    return Config(**{k: v for k, v in values.items() if k in FIELDS})
+
+
+def validate(cfg: Config) -> Config:
+    """Checks that do not need the devices (those live in train.resolve_layout)."""
+    from jaxrl_mgpu import envs  # local import: envs pulls in jax
+
+    envs.check(cfg.env)
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs",
+                 "hidden_size", "num_layers", "log_every"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.devices is not None and cfg.devices < 1:
+        raise ConfigError(f"--devices must be at least 1, got {cfg.devices}")
+    for name in ("gamma", "gae_lambda"):
+        if not 0.0 <= getattr(cfg, name) <= 1.0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(cfg, name)}")
+    if cfg.num_updates < 1:
+        raise ConfigError(f"--total-timesteps {cfg.total_timesteps} is less than one update of "
+                          f"{cfg.batch_size} steps (--num-envs x --num-steps)")
+    return cfg
+
+
+def dump(cfg: Config) -> str:
+    return json.dumps(cfg.to_dict(), indent=2, sort_keys=True)

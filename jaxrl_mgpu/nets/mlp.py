@@ -1,0 +1,66 @@
+"""Feedforward actor-critic: separate actor and critic MLPs over a shared observation torso."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+
+
+def dense(features: int, scale: float = np.sqrt(2), dtype=jnp.float32) -> nn.Dense:
+    # Orthogonal init with these scales is what makes small PPO networks train reliably.
+    return nn.Dense(features, kernel_init=nn.initializers.orthogonal(scale),
+                    bias_init=nn.initializers.zeros, dtype=dtype)
+
+
+class Torso(nn.Module):
+    """Flattens vector observations; a 3x3 conv layer first for image ([H, W, C]) ones."""
+    obs_ndim: int
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, obs):
+        x = obs.astype(self.dtype)
+        if self.obs_ndim == 3:
+            x = nn.relu(nn.Conv(16, (3, 3), dtype=self.dtype)(x))
+        return x.reshape(x.shape[: x.ndim - self.obs_ndim] + (-1,))
+
+
+class MLP(nn.Module):
+    hidden: Sequence[int]
+    out: int
+    out_scale: float
+    activation: str = "tanh"
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        act = getattr(nn, self.activation)
+        for h in self.hidden:
+            x = act(dense(h, dtype=self.dtype)(x))
+        return dense(self.out, self.out_scale, dtype=self.dtype)(x)
+
+
+class ActorCritic(nn.Module):
+    """`__call__(obs) -> (logits, value)` for a batch of observations of rank `obs_ndim`."""
+    num_actions: int
+    obs_ndim: int
+    hidden_size: int = 64
+    num_layers: int = 2
+    activation: str = "tanh"
+    dtype: jnp.dtype = jnp.float32
+
+    def setup(self):
+        hidden = [self.hidden_size] * self.num_layers
+        self.torso = Torso(self.obs_ndim, self.dtype)
+        self.actor = MLP(hidden, self.num_actions, 0.01, self.activation, self.dtype)
+        self.critic = MLP(hidden, 1, 1.0, self.activation, self.dtype)
+
+    def __call__(self, obs):
+        x = self.torso(obs)
+        return self.actor(x).astype(jnp.float32), self.critic(x)[..., 0].astype(jnp.float32)
+
+    def value(self, obs):
+        return self.critic(self.torso(obs))[..., 0].astype(jnp.float32)

@@ -1,0 +1,139 @@
+"""Devices and hosts: the only module that knows about them.
+
+Every per-device function in this project is written for ONE device's slice of the work and
+uses collectives on the single named axis `AXIS`. This module maps such a function over the
+devices, with `jax.pmap` (default) or `jax.jit(jax.shard_map(...))` over a 1-D mesh.
+
+Both backends use the same array layout: every leaf of the training state carries a leading
+device axis of length `num_devices` (global over all hosts), sharded one slice per device. So
+a state made by one backend can be fed to the other, checkpoints look the same, and the
+per-device code never sees the device axis.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+AXIS = "devices"
+BACKENDS = ("pmap", "shard_map")
+
+
+class ParallelError(ValueError):
+    """A request for devices that cannot be met (the CLI turns it into a one-line error)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Parallel:
+    """Which devices take part and how per-device functions are mapped over them."""
+
+    backend: str
+    devices: tuple  # global devices on the axis, in axis order
+    mesh: Mesh
+
+    @property
+    def num_devices(self) -> int:
+        """Devices on the axis, over all hosts."""
+        return len(self.devices)
+
+    @property
+    def local_devices(self) -> tuple:
+        return tuple(d for d in self.devices if d.process_index == jax.process_index())
+
+    @property
+    def num_local_devices(self) -> int:
+        return len(self.local_devices)
+
+    @property
+    def sharding(self) -> NamedSharding:
+        """Leading axis split over devices: the layout of every state leaf."""
+        return NamedSharding(self.mesh, P(AXIS))
+
+    def map(self, fn: Callable, donate: bool = False) -> Callable:
+        """Maps a per-device function over all devices; every argument and result carries the
+        leading device axis. `donate` hands the first argument's buffers to the result, so the
+        training state is updated in place."""
+        donate_argnums = (0,) if donate else ()
+        if self.backend == "pmap":
+            return jax.pmap(fn, axis_name=AXIS, devices=self.devices, donate_argnums=donate_argnums)
+
+        def per_device(*args):
+            # shard_map hands each device a slice whose device axis has length 1
+            out = fn(*jax.tree.map(lambda x: x[0], args))
+            return jax.tree.map(lambda x: x[None], out)
+
+        mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=P(AXIS), out_specs=P(AXIS))
+        return jax.jit(mapped, donate_argnums=donate_argnums)
+
+    def replicate(self, tree: Any) -> Any:
+        """The same host value on every device (leading device axis added)."""
+        return self.shard(jax.tree.map(lambda x: np.broadcast_to(np.asarray(x)[None],
+                                                                (self.num_local_devices,) + np.shape(x)), tree))
+
+    def shard(self, local_tree: Any) -> Any:
+        """Host-local values with a leading axis of `num_local_devices` -> global arrays with one
+        slice per device (every host passes its own slices)."""
+        return jax.tree.map(
+            lambda x: jax.make_array_from_process_local_data(self.sharding, np.asarray(x)), local_tree)
+
+    def first(self, tree: Any) -> Any:
+        """Device 0's slice of each leaf, as numpy. Reads the first addressable shard instead
+        of indexing (`x[0]` would gather, and fails across hosts)."""
+        return jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data)[0], tree)
+
+    def local(self, tree: Any) -> Any:
+        """This host's slices of each leaf, stacked on the device axis, as numpy."""
+        def gather(x):
+            shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
+            return np.concatenate([np.asarray(s.data) for s in shards], axis=0)
+        return jax.tree.map(gather, tree)
+
+
+def setup(backend: str = "pmap", devices: int | None = None) -> Parallel:
+    """Chooses the devices: all of them by default, or the first `devices` local devices of
+    each host. Raises ParallelError with a message naming the option when it cannot."""
+    if backend not in BACKENDS:
+        raise ParallelError(f"--parallel {backend!r} is not a backend; choose from: {', '.join(BACKENDS)}")
+    local = jax.local_devices()
+    if devices is not None:
+        if devices < 1 or devices > len(local):
+            raise ParallelError(f"--devices {devices} is not available: this host has {len(local)} "
+                                f"{local[0].platform.upper()} device(s); choose 1..{len(local)}")
+    per_host = devices or len(local)
+    # The first `per_host` devices of every host, hosts in process order.
+    chosen = []
+    for p in range(jax.process_count()):
+        host = sorted((d for d in jax.devices() if d.process_index == p), key=lambda d: d.id)
+        chosen.extend(host[:per_host])
+    mesh = Mesh(np.array(chosen), (AXIS,), axis_types=(AxisType.Auto,))
+    return Parallel(backend=backend, devices=tuple(chosen), mesh=mesh)
+
+
+def device_index() -> jax.Array:
+    """This device's position on the axis (inside a mapped function)."""
+    return jax.lax.axis_index(AXIS)
+
+
+def global_indices(local_count: int) -> jax.Array:
+    """Global indices of this device's `local_count` items (environments, samples), inside a
+    mapped function. Items are laid out device after device, so item i of the global batch
+    is the same whatever the device count."""
+    return device_index() * local_count + jnp.arange(local_count)
+
+
+def is_main() -> bool:
+    """Only the main process writes logs, metrics and configs."""
+    return jax.process_index() == 0
+
+
+def split_evenly(total: int, parts: int, what: str) -> int:
+    """`total / parts`, or a ParallelError naming the option when it does not divide."""
+    if total % parts:
+        raise ParallelError(f"{what} {total} is not divisible by {parts} devices; "
+                            f"use a multiple of {parts}")
+    return total // parts

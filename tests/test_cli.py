@@ -1,0 +1,77 @@
+"""The command line: bad input gives one line and exit code 2; a short run learns."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jaxrl_mgpu import train
+
+
+def run_main(capsys, *argv):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(list(argv))
+    return exit_info.value.code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--env", "NoSuchEnv-v0"], ["--env", "CartPole-v1"]),
+    (["--algo", "sarsa"], ["--algo", "ppo"]),
+    (["--num-envs", "12"], ["--num-envs", "8 devices"]),
+    (["--num-envs", "16", "--num-steps", "10", "--num-minibatches", "3"], ["--num-minibatches"]),
+    (["--devices", "9"], ["--devices", "1..8"]),
+    (["--config", "no-such-preset"], ["--config", "cartpole"]),
+    (["--parallel", "threads"], ["--parallel", "shard_map"]),
+    (["--lr", "fast"], ["lr", "float"]),
+    (["--no-such-flag", "1"], ["--no-such-flag"]),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, argv, names):
+    run_dir = tmp_path / "run"
+    code, err = run_main(capsys, *argv, "--run-dir", str(run_dir))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+    assert not run_dir.exists()
+
+
+def test_an_existing_run_dir_is_not_clobbered(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text("precious\n")
+    code, err = run_main(capsys, "--run-dir", str(tmp_path))
+    assert code == 2 and "--run-dir" in err
+    assert (tmp_path / "metrics.jsonl").read_text() == "precious\n"
+
+
+def test_error_has_no_traceback_in_a_real_process(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "jaxrl_mgpu.train", "--env", "Nope", "--run-dir", str(tmp_path / "r")],
+                         capture_output=True, text=True, env={**os.environ})
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1
+
+
+def test_help_explains_every_flag():
+    out = subprocess.run([sys.executable, "-m", "jaxrl_mgpu.train", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    for flag in ("--algo", "--env", "--policy", "--total-timesteps", "--num-envs", "--num-steps", "--num-minibatches",
+                 "--update-epochs", "--lr", "--gamma", "--gae-lambda", "--clip-eps", "--ent-coef", "--vf-coef",
+                 "--max-grad-norm", "--seed", "--run-dir", "--parallel", "--devices", "--log-every", "--config"):
+        assert flag in out.stdout, flag
+
+
+def test_a_short_run_on_8_devices_learns_cartpole(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    code = train.main(["--config", "cartpole", "--total-timesteps", "300000", "--run-dir", str(run_dir)])
+    assert code == 0
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for key in ("update", "env_steps", "episode_return", "episode_length", "sps", "time", "loss/total"):
+        assert key in rows[-1], key
+    # A random policy averages about 22 on CartPole.
+    assert rows[0]["episode_return"] < 60
+    assert rows[-1]["episode_return"] > 150, rows[-1]
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["run_dir"] == str(run_dir) and config["env"] == "CartPole-v1"
+    assert any(p.name.startswith("events.out.tfevents") for p in run_dir.iterdir())
+    assert "8 global" in capsys.readouterr().out
