@@ -53,6 +53,28 @@ class Config:
     ent_coef: float = option(0.01, "entropy bonus coefficient")
     vf_coef: float = option(0.5, "value loss coefficient")
     max_grad_norm: float = option(0.5, "clip gradients to this global norm (after the all-reduce)")
+    # DQN ------------------------------------------------------------------------------
+    # (--algo dqn also uses --num-envs, --num-steps, --lr, --anneal-lr, --gamma, --max-grad-norm,
+    # --hidden-size, --num-layers, --activation.)
+    buffer_size: int = option(100_000, "DQN replay capacity in transitions, GLOBAL (per device = buffer-size / "
+                                       "devices); a multiple of num-envs")
+    replay_batch_size: int = option(256, "DQN transitions sampled per gradient step, GLOBAL (per device = "
+                                         "replay-batch-size / devices)")
+    updates_per_step: float = option(1.0, "DQN gradient steps per vectorised env step (one step of all num-envs "
+                                          "environments): each update steps every env num-steps times, then does "
+                                          "num-steps x updates-per-step gradient steps (a whole number)")
+    learning_starts: int = option(10_000, "DQN env steps (global) collected before the first gradient step")
+    target_update_every: int = option(500, "DQN: copy the online network into the target network every this many "
+                                           "gradient steps (used when tau = 1)")
+    tau: float = option(1.0, "DQN target update: 1 = hard copy every target-update-every gradient steps; < 1 = "
+                             "Polyak averaging target <- tau*online + (1-tau)*target after every gradient step")
+    eps_start: float = option(1.0, "DQN epsilon-greedy: epsilon at the start")
+    eps_end: float = option(0.05, "DQN epsilon-greedy: epsilon after eps-decay-steps")
+    eps_decay_steps: int = option(100_000, "DQN epsilon-greedy: env steps (global) of linear decay from eps-start "
+                                           "to eps-end")
+    n_step: int = option(1, "DQN n-step returns (cut at episode ends; time limits bootstrap from the final "
+                            "observation)")
+    # end DQN --------------------------------------------------------------------------
     # network
     hidden_size: int = option(64, "width of the MLP layers")
     num_layers: int = option(2, "hidden layers of the actor and of the critic MLP")
@@ -65,6 +87,18 @@ class Config:
                            choices=("pmap", "shard_map"))
     devices: int | None = option(None, "use the first k local devices of each host (default: all)")
     log_every: int = option(10, "updates per compiled chunk and per log point")
+    # checkpoints and evaluation
+    checkpoint_every: int = option(100, "save a checkpoint every this many updates (a multiple of --log-every; "
+                                        "0 = only at the end)")
+    keep_checkpoints: int = option(3, "how many of the latest checkpoints to keep")
+    resume: str | None = option(None, "continue the run in --run-dir from its latest complete checkpoint; "
+                                      "'--resume auto': resume if there is one, else start fresh",
+                                choices=("latest", "auto"), nargs="?", const="latest")
+    stop_at_update: int | None = option(None, "stop after this update with a checkpoint, as if preempted "
+                                              "(the schedule still follows --total-timesteps); resume later")
+    eval_every: int = option(0, "evaluate every this many updates (a multiple of --log-every; 0 = never) "
+                                "and keep the best checkpoint for `evaluate --best`")
+    eval_episodes: int = option(64, "episodes per evaluation, GLOBAL (spread over all devices)")
     config: str | None = option(None, "YAML preset: a path, or a name in experiments/ (e.g. cartpole)")
 
     # -- derived numbers ---------------------------------------------------------------
@@ -123,6 +157,9 @@ def parser(prog: str = "python -m jaxrl_mgpu.train", fields=None) -> argparse.Ar
         help_ = f"{f.metadata['help']} (default: {getattr(defaults, f.name)})"
         if kind is bool:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_)
+        elif "nargs" in f.metadata:
+            p.add_argument(flag, type=str, default=None, nargs=f.metadata["nargs"], const=f.metadata["const"],
+                           metavar=f.name.upper(), help=help_)
         else:
             p.add_argument(flag, type=str, default=None, metavar=f.name.upper(), help=help_)
     return p
@@ -175,6 +212,15 @@ def validate(cfg: Config) -> Config:
                  "hidden_size", "num_layers", "log_every"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    for name in ("checkpoint_every", "eval_every"):
+        every = getattr(cfg, name)
+        if every < 0 or every % cfg.log_every:
+            raise ConfigError(f"--{name.replace('_', '-')} {every} must be 0 or a multiple of --log-every "
+                              f"{cfg.log_every} (checkpoints and evaluations happen between compiled chunks)")
+    if cfg.keep_checkpoints < 1 or cfg.eval_episodes < 1:
+        raise ConfigError("--keep-checkpoints and --eval-episodes must be at least 1")
+    if cfg.resume and not cfg.run_dir:
+        raise ConfigError("--resume needs --run-dir: the directory of the run to continue")
     if cfg.devices is not None and cfg.devices < 1:
         raise ConfigError(f"--devices must be at least 1, got {cfg.devices}")
     for name in ("gamma", "gae_lambda"):
@@ -184,6 +230,16 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"--total-timesteps {cfg.total_timesteps} is less than one update of "
                           f"{cfg.batch_size} steps (--num-envs x --num-steps)")
     return cfg
+
+
+# Options that shape the training state: a checkpoint only resumes under the same values.
+STATE_KEYS = ("algo", "env", "policy", "hidden_size", "num_layers", "activation")
+
+
+def incompatible(saved: dict, cfg: Config, keys=STATE_KEYS) -> list[str]:
+    """The state-shaping options whose values differ between a saved run and `cfg`."""
+    return [f"{k.replace('_', '-')} ({saved.get(k)!r} vs {getattr(cfg, k)!r})"
+            for k in keys if saved.get(k) != getattr(cfg, k)]
 
 
 def dump(cfg: Config) -> str:

@@ -59,6 +59,8 @@ class RunLog:
                     self._tb.add_scalar(k, v, row["env_steps"])
         ret = row.get("episode_return")
         ret_text = "n/a" if ret is None else f"{ret:.1f}"
+        if row.get("eval/episode_return") is not None:
+            ret_text += f"  eval {row['eval/episode_return']:.1f}"
         if self._bar is not None:
             self._bar.update(row["env_steps"] - self._bar.n)
             self._bar.set_postfix_str(f"return {ret_text}  {row['sps']:,.0f} steps/s", refresh=False)
@@ -74,3 +76,16 @@ class RunLog:
             if sink is not None:
                 sink.close()
         self._jsonl = self._tb = None
+
+
+def truncate_metrics(path: Path, update: int) -> None:
+    """Keeps only the rows up to `update` (atomically: a temporary file, then a rename), so a
+    resumed run does not log the same updates twice."""
+    if not path.exists():
+        return
+    rows = [line for line in path.read_text().splitlines() if line.strip()]
+    kept = [line for line in rows if json.loads(line)["update"] <= update]
+    if len(kept) != len(rows):
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(path)

@@ -1,11 +1,14 @@
 """`python -m jaxrl_mgpu.train`: config -> devices -> algorithm -> runner.
 
-With no arguments it trains PPO on CartPole-v1 on all local devices.
+With no arguments it trains PPO on CartPole-v1 on all local devices. The same command with
+`--resume` continues the run in `--run-dir` from its latest complete checkpoint.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -17,7 +20,7 @@ from jaxrl_mgpu import parallel, runner
 from jaxrl_mgpu.algos import ALGOS
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.envs import EnvError
-from jaxrl_mgpu.log import RunLog
+from jaxrl_mgpu.log import RunLog, truncate_metrics
 from jaxrl_mgpu.parallel import ParallelError
 
 USER_ERRORS = (ConfigError, ParallelError, EnvError)
@@ -29,12 +32,32 @@ def fail(error: Exception) -> None:
     sys.exit(2)
 
 
-def choose_run_dir(cfg) -> Path:
-    """The run directory, checked (not created): a run directory is never clobbered."""
+def plan_run_dir(cfg) -> tuple[Path, int | None]:
+    """The run directory and the checkpoint step to resume from (None: a fresh start).
+    Checks only; creates nothing. A run directory is never clobbered."""
+    from jaxrl_mgpu.checkpoint import Checkpoints
     path = Path(cfg.run_dir or f"runs/{cfg.env}-{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
-    if path.exists() and (not path.is_dir() or any(path.iterdir())):
-        raise ConfigError(f"--run-dir {path} already exists and is not empty; choose a new directory")
-    return path
+    occupied = path.exists() and (not path.is_dir() or any(path.iterdir()))
+    if not cfg.resume:
+        if occupied:
+            raise ConfigError(f"--run-dir {path} already exists and is not empty; choose a new directory "
+                              f"or continue it with --resume")
+        return path, None
+    if not occupied:
+        if cfg.resume == "auto":
+            return path, None
+        raise ConfigError(f"--resume: --run-dir {path} holds no run to resume")
+    saved_path = path / "config.json"
+    if not saved_path.is_file():
+        raise ConfigError(f"--resume: --run-dir {path} is not a run directory (no config.json)")
+    saved = json.loads(saved_path.read_text())
+    differ = config_lib.incompatible(saved, cfg, config_lib.STATE_KEYS + ALGOS[cfg.algo].STATE_KEYS)
+    if differ:
+        raise ConfigError(f"--resume: the run in {path} has a different {', '.join(differ)}")
+    step = Checkpoints(path, read_only=True).latest_step() if (path / "checkpoints").is_dir() else None
+    if step is None and cfg.resume == "latest":
+        raise ConfigError(f"--resume: the run in {path} has no complete checkpoint (use --resume auto to start it over)")
+    return path, step
 
 
 def banner(cfg, par: parallel.Parallel, layout: dict) -> dict:
@@ -55,12 +78,37 @@ def banner(cfg, par: parallel.Parallel, layout: dict) -> dict:
     }
 
 
+class StopSignal:
+    """SIGTERM (cluster preemption) or SIGINT (Ctrl-C): finish the current chunk, save, exit 0.
+    A second signal stops at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self, log):
+        self.requested, self.log = False, log
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+
+    def restore(self):
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.log.print(f"{signal.Signals(signum).name}: stopping after the current chunk, with a checkpoint")
+
+    def __call__(self) -> bool:
+        return self.requested
+
+
 def main(argv: list[str] | None = None) -> int:
+    from jaxrl_mgpu.checkpoint import Checkpoints
     try:
         cfg = config_lib.from_args(argv)
         par = parallel.setup(cfg.parallel, cfg.devices)
         layout = ALGOS[cfg.algo].check(cfg, par.num_devices)
-        run_dir = choose_run_dir(cfg)
+        run_dir, resume_step = plan_run_dir(cfg)
     except USER_ERRORS as e:
         fail(e)
     cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
@@ -68,17 +116,55 @@ def main(argv: list[str] | None = None) -> int:
     if parallel.is_main():
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(config_lib.dump(cfg))
+        # Rows logged after the checkpoint we resume from are logged again by this run.
+        truncate_metrics(run_dir / "metrics.jsonl", resume_step or 0)
     log = RunLog(run_dir, cfg.num_updates * cfg.batch_size)
     log.banner(banner(cfg, par, layout))
+    ckpts = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
+    trainer = runner.Trainer(cfg, par)
+    state, start = None, 0
+    if resume_step is not None:
+        state, recreated = ckpts.restore(resume_step, trainer.init_state(), trainer.layout, par)
+        start = resume_step
+        log.print(f"  resumed from the checkpoint at update {start} ({start * cfg.batch_size:,} env steps)"
+                  + (f"; re-created {', '.join(recreated)} (the saved ones do not fit {par.num_devices} devices"
+                     f" x {cfg.num_envs} envs)" if recreated else ""))
+    elif cfg.resume == "auto":
+        log.print("  --resume auto: no checkpoint yet, starting fresh")
+
+    best = {"return": float("-inf")}
+    meta = lambda update: {"update": update, "env_steps": update * cfg.batch_size, "num_envs": cfg.num_envs,
+                           "config": cfg.to_dict()}
+
+    def checkpoint(update, state):
+        ckpts.save(update, state, trainer.layout, par, meta(update))
+
+    def evaluate(update, state):
+        result = trainer.evaluate(state.params, update)
+        if result["mean_return"] > best["return"]:
+            best["return"] = result["mean_return"]
+            ckpts.save_best(update, state.params, par, {**meta(update), "eval": result})
+        return {"eval/episode_return": result["mean_return"], "eval/episode_return_std": result["std_return"]}
+
+    stop = StopSignal(log)
+    hooks = runner.Hooks(checkpoint=checkpoint, evaluate=evaluate if cfg.eval_every else None, stop_requested=stop)
     try:
-        trainer = runner.Trainer(cfg, par)
-        _, last = runner.train(trainer, log)
+        _, last, done = runner.train(trainer, log, state, start, hooks, stop_at=cfg.stop_at_update)
+    except runner.NonFinite as e:
+        ckpts.wait()
+        last_good = ckpts.latest_step()
+        print(f"error: {e}; stopped, the last good checkpoint is at update {last_good}", file=sys.stderr)
+        return 1
     finally:
+        stop.restore()
         log.close()
+        ckpts.close()  # waits for the asynchronous saves
     ret = last.get("episode_return")
-    log.print(f"done: {last.get('env_steps', 0):,} env steps in {last.get('time', 0):.0f}s, "
-              f"final mean episode return {ret:.1f}" if ret == ret else "done")
-    log.print(f"results in {run_dir}/: config.json, metrics.jsonl, TensorBoard events "
+    summary = f"final mean episode return {ret:.1f}" if ret is not None and ret == ret else "no episode finished"
+    if done < cfg.num_updates:
+        log.print(f"stopped at update {done} of {cfg.num_updates} with a checkpoint; continue with --resume")
+    log.print(f"done: {last.get('env_steps', 0):,} env steps in {last.get('time', 0):.0f}s, {summary}")
+    log.print(f"results in {run_dir}/: config.json, metrics.jsonl, TensorBoard events, checkpoints/ "
               f"(tensorboard --logdir {run_dir})")
     return 0
 

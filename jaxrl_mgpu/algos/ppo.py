@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.nets.mlp import ActorCritic
@@ -46,11 +47,20 @@ class Rollout(NamedTuple):
     bootstrap: jax.Array  # V(final observation) where the episode was truncated, else 0
 
 
+# Options (besides config.STATE_KEYS) that shape this algorithm's state.
+STATE_KEYS = ("anneal_lr",)  # the optimizer state holds a schedule count only when annealing
+
+# How each state field is laid out over devices (see checkpoint.py).
+STATE_LAYOUT = {"params": REPLICATED, "opt_state": REPLICATED, "envs": PER_ENV, "key": REPLICATED,
+                "update": REPLICATED}
+
+
 class Algo(NamedTuple):
-    init: Any      # key -> PPOState
-    update: Any    # PPOState -> PPOState, (losses, EpisodeStats)
-    rollout: Any   # params, EnvBatch, key -> EnvBatch, Rollout, EpisodeStats
-    network: Any
+    init: Any         # key -> PPOState
+    update: Any       # PPOState -> PPOState, (losses, EpisodeStats)
+    rollout: Any      # params, EnvBatch, key -> EnvBatch, Rollout, EpisodeStats
+    init_params: Any  # key -> params (the same key gives the same params everywhere)
+    act: Any          # params, obs [E, ...], keys [E], greedy -> actions [E]
 
 
 def check(cfg, num_devices: int) -> dict:
@@ -108,9 +118,16 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
     envs_per_device = cfg.num_envs // num_devices
     obs_shape = env.observation_space(env_params).shape
 
+    def init_params(key: jax.Array):
+        return net.init(key, jnp.zeros((1,) + obs_shape))
+
+    def act(params, obs, keys, greedy: bool):
+        logits, _ = net.apply(params, obs)
+        return jnp.argmax(logits, -1) if greedy else jax.vmap(jax.random.categorical)(keys, logits)
+
     def init(key: jax.Array) -> PPOState:
         params_key, env_key, key = jax.random.split(key, 3)
-        params = net.init(params_key, jnp.zeros((1,) + obs_shape))
+        params = init_params(params_key)
         envs = vec.reset(env, env_params, env_key, global_indices(envs_per_device))
         return PPOState(params, tx.init(params), envs, key, jnp.zeros((), jnp.int32))
 
@@ -184,4 +201,4 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
         params, opt_state, losses = learn(state.params, state.opt_state, traj, advantages, targets, learn_key)
         return PPOState(params, opt_state, envs, key, state.update + 1), (losses, episodes)
 
-    return Algo(init, update, rollout, net)
+    return Algo(init, update, rollout, init_params, act)

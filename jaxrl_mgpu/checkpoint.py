@@ -1,0 +1,149 @@
+"""Orbax checkpoints of a training state, restorable on any number of devices.
+
+A training state is a NamedTuple whose leaves all carry the leading device axis. Each
+algorithm declares, per field, how that field is laid out over devices (`STATE_LAYOUT`):
+
+- REPLICATED (params, optimizer state, keys, counters): identical on every device, so ONE copy
+  is saved (device 0's) and it is copied to however many devices restore it;
+- PER_ENV (environment states): saved as global arrays over the environment axis
+  ([num_envs, ...], each device writing its own slice), so they can be split again over a
+  different device count as long as the global number of environments is the same;
+- PER_DEVICE (e.g. replay buffers): saved as is; restored only on the same device count,
+  else re-created (the caller logs what was re-created).
+
+Saves are asynchronous and atomic: Orbax writes into a temporary directory and renames it
+when complete, so a process killed mid-save leaves no checkpoint that fails to restore.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from jaxrl_mgpu.parallel import Parallel
+
+REPLICATED, PER_ENV, PER_DEVICE = "replicated", "per_env", "per_device"
+
+
+def _split_env_axis(tree, par: Parallel):
+    """[devices, envs per device, ...] -> [global envs, ...], still sharded over devices."""
+    return jax.jit(lambda t: jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), t),
+                   out_shardings=par.sharding)(tree)
+
+
+def _join_env_axis(tree, par: Parallel):
+    """[global envs, ...] -> [devices, envs per device, ...]."""
+    n = par.num_devices
+    return jax.jit(lambda t: jax.tree.map(lambda x: x.reshape((n, -1) + x.shape[1:]), t),
+                   out_shardings=par.sharding)(tree)
+
+
+class Checkpoints:
+    """`<run-dir>/checkpoints` (latest `keep` states) and `<run-dir>/best` (params of the best
+    evaluation)."""
+
+    def __init__(self, run_dir: str | Path, keep: int = 3, read_only: bool = False):
+        self.root = Path(run_dir).absolute()
+        # Readers (evaluation, resume checks) must not create directories.
+        opts = dict(enable_async_checkpointing=True, create=not read_only)
+        self.latest = ocp.CheckpointManager(self.root / "checkpoints",
+                                            options=ocp.CheckpointManagerOptions(max_to_keep=keep, **opts))
+        self._best = None
+        self._read_only = read_only
+
+    @property
+    def best(self) -> ocp.CheckpointManager:
+        if self._best is None:
+            self._best = ocp.CheckpointManager(self.root / "best", options=ocp.CheckpointManagerOptions(
+                max_to_keep=1, enable_async_checkpointing=True, create=not self._read_only))
+        return self._best
+
+    # -- writing ----------------------------------------------------------------------
+    def save(self, step: int, state, layout: dict, par: Parallel, meta: dict) -> None:
+        """Starts an asynchronous save of `state`, one Orbax item per field (returns once the
+        arrays are copied off the devices, so the caller may donate them to the next chunk)."""
+        args = {"meta": ocp.args.JsonSave({**meta, "num_devices": par.num_devices})}
+        for name, value in state._asdict().items():
+            kind = layout[name]
+            value = (par.first(value) if kind == REPLICATED else
+                     _split_env_axis(value, par) if kind == PER_ENV else value)
+            args[name] = ocp.args.StandardSave({name: value})  # a tree: Orbax refuses bare arrays
+        self.latest.save(step, args=ocp.args.Composite(**args), force=True)
+
+    def save_best(self, step: int, params, par: Parallel, meta: dict) -> None:
+        self.best.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave({"params": par.first(params)}),
+                                                     meta=ocp.args.JsonSave(meta)), force=True)
+
+    def wait(self) -> None:
+        self.latest.wait_until_finished()
+        if self._best is not None:
+            self._best.wait_until_finished()
+
+    def close(self) -> None:
+        self.wait()
+        self.latest.close()
+        if self._best is not None:
+            self._best.close()
+
+    # -- reading ----------------------------------------------------------------------
+    def steps(self) -> list[int]:
+        self.latest.reload()  # another process (the writer) may have added or deleted steps
+        return list(self.latest.all_steps())
+
+    def latest_step(self) -> int | None:
+        steps = self.steps()
+        return max(steps) if steps else None
+
+    def best_step(self) -> int | None:
+        self.best.reload()
+        return self.best.latest_step()
+
+    def meta(self, step: int, best: bool = False) -> dict:
+        mgr = self.best if best else self.latest
+        return mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+    def restore(self, step: int, template, layout: dict, par: Parallel) -> tuple[Any, list[str]]:
+        """The state saved at `step`, laid out on `par`'s devices. `template` is a freshly
+        initialised state on `par`: it gives the tree structure, and the values of whatever
+        cannot be re-laid out. Returns the state and the names of the re-created fields."""
+        meta = self.meta(step)
+        same_devices = meta.get("num_devices") == par.num_devices
+        args, recreated = {}, []
+        for name, value in template._asdict().items():
+            kind = layout[name]
+            if kind == REPLICATED:
+                target = jax.tree.map(lambda x: np.zeros(x.shape[1:], x.dtype), value)
+            elif kind == PER_ENV and meta.get("num_envs") == _num_envs(value):
+                target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
+                    (x.shape[0] * x.shape[1],) + x.shape[2:], x.dtype, sharding=par.sharding), value)
+            elif kind == PER_DEVICE and same_devices:
+                target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=par.sharding), value)
+            else:
+                recreated.append(name)
+                continue
+            args[name] = ocp.args.StandardRestore({name: target})
+        restored = self.latest.restore(step, args=ocp.args.Composite(**args))
+        values = template._asdict()
+        for name in args:
+            kind, value = layout[name], restored[name][name]
+            values[name] = (par.replicate(value) if kind == REPLICATED else
+                            _join_env_axis(value, par) if kind == PER_ENV else value)
+        return type(template)(**values), recreated
+
+    def restore_params(self, step: int, template_params, best: bool = False):
+        """Only the params, as host numpy without the device axis (for evaluation);
+        `template_params` gives their shapes."""
+        target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), template_params)
+        mgr = self.best if best else self.latest
+        restored = mgr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore({"params": target})))
+        return restored["params"]["params"]
+
+
+def _num_envs(per_env_field) -> int:
+    """Global environments of a PER_ENV field laid out [devices, envs per device, ...]."""
+    leaf = jax.tree.leaves(per_env_field)[0]
+    return leaf.shape[0] * leaf.shape[1]
