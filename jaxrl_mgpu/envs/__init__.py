@@ -38,3 +38,7 @@ def check(name: str) -> None:
     """Raises EnvError for an unknown name without building anything."""
     if name not in _OWN and name not in gymnax.registered_envs:
         make(name)
+
+
+# Own environments register themselves on import (after `register` exists).
+from jaxrl_mgpu.envs import darkroom  # noqa: E402,F401

@@ -1,0 +1,317 @@
+"""Learning histories as RLDS episodes in a TFDS array_record dataset, without TensorFlow.
+
+On disk, a dataset directory is a TFDS builder directory (`tfds.builder_from_directory(dir)`
+opens it) with one split, "train", whose examples are RLDS episodes:
+
+    steps:          tfds.features.Dataset of
+        observation   [*obs_shape]   (float32 for the Dark Rooms)
+        action        [*action_shape] (int32 scalar for discrete actions)
+        reward        float32
+        discount      float32        0 where the step is terminal, else 1
+        is_first      bool           the episode's first step
+        is_last       bool           the episode's last step
+        is_terminal   bool           a true end (is_last without is_terminal: truncation)
+    task:           [*task_shape]  the task (the goal cell for the Dark Rooms)
+    task_index:     int32          which learning history (0 .. num_tasks - 1)
+    episode_index:  int32          the episode's position in that history
+
+Each step is one transition (o_t, a_t, r_t); `is_last` marks the last transition of an episode,
+which carries a real action and reward (as in Open X-Embodiment). The observation after it is
+not stored: in a learning history the next episode starts from a reset anyway.
+
+Examples are stored in order (task-major, then episode) with shuffling disabled, so a task's
+episodes are a contiguous run of example indices and a reader can fetch one task's history
+without reading the others. The dataset's metadata (`tfds.core.MetadataDict`, readable with
+`info(dir)` or `builder.info.metadata`) holds what the writer was given (env, algo, config, ...)
+plus the layout: `num_tasks`, `steps_per_task`, `episodes_per_task`.
+
+Corruption: `shards.json` records each shard file's size and SHA-256; `read` checks them before
+reading and RAISES a DatasetError naming the file (never skips: a learning history with a hole is
+silently wrong data for a trainer). Writing goes to a hidden staging directory next to the target
+and is renamed into place at the end, so nothing half-written is ever visible under the target.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+import tensorflow_datasets as tfds
+# The numpy parser of TFDS's tf.Example records: it parses a whole episode into stacked arrays.
+# The public decode path (`as_data_source()[i]["steps"]`) decodes step by step in Python, about
+# 15x slower; tests check both agree.
+from tensorflow_datasets.core import example_parser
+
+SPLIT = "train"
+CHECKSUMS = "shards.json"
+STEP_FIELDS = ("observation", "action", "reward", "discount", "is_first", "is_last", "is_terminal")
+LAYOUT_KEYS = ("num_tasks", "steps_per_task", "episodes_per_task")
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be written or read as asked (the CLI prints it as one line)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Histories:
+    """Whole learning histories, one row per task, steps contiguous across episode boundaries."""
+    observation: np.ndarray   # [tasks, steps, *obs_shape]
+    action: np.ndarray        # [tasks, steps, *action_shape]
+    reward: np.ndarray        # [tasks, steps] float32
+    done: np.ndarray          # [tasks, steps] bool: last step of an episode (RLDS is_last)
+    terminated: np.ndarray    # [tasks, steps] bool: a true end (RLDS is_terminal)
+    task: np.ndarray          # [tasks, *task_shape]
+    metadata: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def num_tasks(self) -> int:
+        return self.reward.shape[0]
+
+    @property
+    def num_steps(self) -> int:
+        return self.reward.shape[1]
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+class _HistoryBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    """A builder made on the fly for one `write` call (not registered: it has no fixed data)."""
+
+    name = "learning_histories"
+    VERSION = tfds.core.Version("1.0.0")
+
+    def __init__(self, *, features, metadata: dict, examples, **kwargs):
+        # Set before super().__init__, which already calls _info().
+        self._features, self._metadata, self._examples = features, metadata, examples
+        super().__init__(**kwargs)
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self, features=self._features, metadata=tfds.core.MetadataDict(self._metadata),
+            disable_shuffling=True,  # keep each task's episodes contiguous and in order
+            description=(f"Learning histories of {self._metadata.get('algo', '?')} on "
+                         f"{self._metadata.get('env', '?')} as RLDS episodes (jaxrl_mgpu.data.rlds)."))
+
+    def _split_generators(self, dl_manager):
+        return {SPLIT: self._generate_examples()}
+
+    def _generate_examples(self):
+        return self._examples()
+
+    # TFDS prints where it prepares the data: the staging directory, which is gone by the end.
+    def _log_download_bytes(self):
+        pass
+
+    def _log_download_done(self):
+        pass
+
+
+@contextlib.contextmanager
+def _no_progress_bars():
+    """TFDS's tqdm bars are global state; switch them off for one write, then restore."""
+    was = getattr(tfds.core.utils.tqdm_utils, "_active", True)
+    tfds.display_progress_bar(False)
+    try:
+        yield
+    finally:
+        tfds.display_progress_bar(was)
+
+
+def _features(h: Histories) -> tfds.features.FeaturesDict:
+    tensor = lambda x: tfds.features.Tensor(shape=x.shape, dtype=x.dtype)  # noqa: E731  (per-item shape)
+    return tfds.features.FeaturesDict({
+        "steps": tfds.features.Dataset({
+            "observation": tensor(h.observation[0, 0]),
+            "action": tensor(h.action[0, 0]),
+            "reward": np.float32, "discount": np.float32,
+            "is_first": np.bool_, "is_last": np.bool_, "is_terminal": np.bool_,
+        }),
+        "task": tensor(h.task[0]),
+        "task_index": np.int32,
+        "episode_index": np.int32,
+    })
+
+
+def episode_bounds(done: np.ndarray) -> list[np.ndarray]:
+    """Per task, the end (exclusive) of each episode, from the `done` flags [tasks, steps]."""
+    return [np.flatnonzero(row) + 1 for row in done]
+
+
+def _examples(h: Histories, ends: list[np.ndarray]) -> Iterator[tuple[int, dict]]:
+    key = 0
+    for t, task_ends in enumerate(ends):
+        for e, (start, stop) in enumerate(zip(np.concatenate([[0], task_ends[:-1]]), task_ends)):
+            n = stop - start
+            terminal = h.terminated[t, start:stop].astype(bool)
+            steps = {"observation": h.observation[t, start:stop], "action": h.action[t, start:stop],
+                     "reward": h.reward[t, start:stop].astype(np.float32),
+                     "discount": (~terminal).astype(np.float32),
+                     "is_first": np.arange(n) == 0, "is_last": np.arange(n) == n - 1, "is_terminal": terminal}
+            yield key, {"steps": steps, "task": h.task[t], "task_index": t, "episode_index": e}
+            key += 1  # with shuffling disabled, TFDS stores examples in key order
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, (np.ndarray, np.generic)):
+        return x.tolist()
+    raise DatasetError(f"metadata value {x!r} ({type(x).__name__}) is not JSON-serialisable")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _shard_files(builder_dir: Path) -> list[Path]:
+    return sorted(builder_dir.glob(f"*-{SPLIT}.array_record-*"))
+
+
+def write(path: str | os.PathLike, histories: Histories) -> Path:
+    """Writes `histories` (every task's history must end on a `done` step) to a new dataset at
+    `path` (absent or empty). `histories.metadata` must name the "env"; it is stored as JSON with
+    the layout keys added. Returns the dataset directory."""
+    path = Path(path).absolute()
+    h = histories
+    if "env" not in h.metadata:
+        raise DatasetError("metadata must name the environment ('env')")
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise DatasetError(f"{path} exists and is not an empty directory")
+    if h.num_tasks == 0 or h.num_steps == 0 or not h.done[:, -1].all():
+        raise DatasetError("every task's history must be non-empty and end on a done step")
+    ends = episode_bounds(h.done)
+    layout = {"num_tasks": h.num_tasks, "steps_per_task": h.num_steps,
+              "episodes_per_task": [len(e) for e in ends]}
+    metadata = json.loads(json.dumps({**h.metadata, **layout}, default=_jsonable))
+
+    # Build in a hidden sibling (same filesystem), then rename the finished builder directory
+    # onto `path`: rename is atomic, and replaces an empty directory.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.parent / f".{path.name}.partial-{uuid.uuid4().hex[:8]}"
+    try:
+        builder = _HistoryBuilder(features=_features(h), metadata=metadata, examples=lambda: _examples(h, ends),
+                                  data_dir=staging, file_format="array_record")
+        with _no_progress_bars():
+            builder.download_and_prepare(download_dir=staging / "downloads")
+        built = Path(builder.data_dir)
+        files = {f.name: {"bytes": f.stat().st_size, "sha256": _sha256(f)} for f in _shard_files(built)}
+        (built / CHECKSUMS).write_text(json.dumps({"split": SPLIT, "files": files}, indent=1))
+        os.rename(built, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _open(path: Path):
+    if not (path / "dataset_info.json").is_file():
+        missing = "dataset_info.json" if path.is_dir() else "directory"
+        raise DatasetError(f"no dataset at {path} (missing {missing})")
+    try:
+        return tfds.builder_from_directory(path)
+    except Exception as e:  # TFDS raises several kinds for a broken dataset_info/features file
+        raise DatasetError(f"cannot open the dataset at {path}: {type(e).__name__}: {e}".splitlines()[0]) from e
+
+
+def info(path: str | os.PathLike) -> dict:
+    """The dataset's metadata: what the writer was given (env, algo, ...) plus the layout keys."""
+    return dict(_open(Path(path).absolute()).info.metadata or {})
+
+
+def verify(path: str | os.PathLike) -> None:
+    """Checks every shard file against the sizes and SHA-256 recorded at write time."""
+    path = Path(path).absolute()
+    record = path / CHECKSUMS
+    if not record.is_file():
+        raise DatasetError(f"{record} is missing: not a complete jaxrl_mgpu dataset")
+    files = json.loads(record.read_text())["files"]
+    for name, expected in files.items():
+        f = path / name
+        if not f.is_file():
+            raise DatasetError(f"shard {f} is missing")
+        if f.stat().st_size != expected["bytes"]:
+            raise DatasetError(f"shard {f} is truncated or corrupt: {f.stat().st_size} bytes, "
+                               f"expected {expected['bytes']}")
+        if _sha256(f) != expected["sha256"]:
+            raise DatasetError(f"shard {f} is corrupt: its SHA-256 differs from the one recorded at write time")
+
+
+def read(path: str | os.PathLike, env: str | None = None, tasks: Iterable[int] | None = None) -> Histories:
+    """Reads the learning histories of `tasks` (default: all, in order) as contiguous arrays.
+    `env`, when given, must be the dataset's environment. Raises DatasetError for a missing or
+    corrupt dataset, or one of another environment."""
+    path = Path(path).absolute()
+    builder = _open(path)
+    metadata = dict(builder.info.metadata or {})
+    if env is not None and metadata.get("env") != env:
+        raise DatasetError(f"{path} holds episodes of {metadata.get('env')!r}, not {env!r}")
+    if any(k not in metadata for k in LAYOUT_KEYS):
+        raise DatasetError(f"{path} has no layout metadata ({', '.join(LAYOUT_KEYS)}): not written by jaxrl_mgpu")
+    verify(path)
+
+    offsets = np.concatenate([[0], np.cumsum(metadata["episodes_per_task"])])
+    tasks = list(range(metadata["num_tasks"]) if tasks is None else tasks)
+    if not tasks or any(not 0 <= t < metadata["num_tasks"] for t in tasks):
+        raise DatasetError(f"task indices must be in 0..{metadata['num_tasks'] - 1}; got {tasks}")
+    try:
+        source = builder.as_data_source(SPLIT, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
+        if len(source) != offsets[-1]:
+            raise DatasetError(f"{path} holds {len(source)} episodes; its metadata says {offsets[-1]}")
+        parser = example_parser.ExampleParserNp(builder.info.features.get_serialized_info())
+        rows = [_read_task(parser, source, t, offsets[t], offsets[t + 1], metadata["steps_per_task"])
+                for t in tasks]
+    except DatasetError:
+        raise
+    except Exception as e:  # array_record raises RuntimeError on a damaged file
+        raise DatasetError(f"cannot read {path}: {type(e).__name__}: {e}".splitlines()[0]) from e
+    return Histories(**{k: np.stack([r[k] for r in rows]) for k in rows[0]}, metadata=metadata)
+
+
+def _read_task(parser, source, task: int, start: int, stop: int, num_steps: int) -> dict:
+    """One task's episodes [start, stop) concatenated into [num_steps] arrays, after checking
+    they are the task's episodes in order with consistent RLDS flags."""
+    episodes = [parser.parse_example(r) for r in source.__getitems__(range(start, stop))]
+    if [(int(e["task_index"]), int(e["episode_index"])) for e in episodes] != \
+            [(task, i) for i in range(stop - start)]:
+        raise DatasetError(f"episodes {start}..{stop - 1} are not task {task}'s history in order")
+    steps = {k: np.concatenate([e["steps"][k] for e in episodes]) for k in STEP_FIELDS}
+    # The flags must cut the concatenated steps exactly where the episodes end.
+    lengths = [len(e["steps"]["reward"]) for e in episodes]
+    last = np.zeros(sum(lengths), bool)
+    last[np.cumsum(lengths) - 1] = True
+    first = np.concatenate([[True], last[:-1]])
+    if len(last) != num_steps or not (np.array_equal(steps["is_last"], last)
+                                      and np.array_equal(steps["is_first"], first)):
+        raise DatasetError(f"task {task}'s history has {len(last)} steps (expected {num_steps}) "
+                           f"or misplaced is_first/is_last flags")
+    return {"observation": steps["observation"], "action": steps["action"], "reward": steps["reward"],
+            "done": steps["is_last"], "terminated": steps["is_terminal"], "task": episodes[0]["task"]}
+
+
+# ----------------------------------------------------------------------------- sharding
+
+
+def shard(num_items: int, num_shards: int, index: int) -> range:
+    """The contiguous block of items (tasks, episodes) for shard `index` of `num_shards`
+    (a device, or a process: `shard(n, jax.process_count(), jax.process_index())`). Every shard
+    gets `num_items // num_shards` items, so data-parallel shards stay the same size; the last
+    `num_items % num_shards` items are dropped."""
+    if not 0 <= index < num_shards:
+        raise DatasetError(f"shard index {index} is not in 0..{num_shards - 1}")
+    per_shard = num_items // num_shards
+    if per_shard == 0:
+        raise DatasetError(f"{num_items} items cannot be split over {num_shards} shards")
+    return range(index * per_shard, (index + 1) * per_shard)
