@@ -38,6 +38,14 @@ def bench_args(argv):
     p.add_argument("--repeats", type=int, default=5, help="timed calls per measurement; the median is reported")
     p.add_argument("--baseline", action="store_true", help="also time reference_ppo.py on one device")
     p.add_argument("--out", default=None, help="append the JSON lines to this file too")
+    p.add_argument("--transformer-step", action="store_true",
+                   help="instead: time one training step (forward, backward, Adam) of the transformer policy on "
+                        "[--batch, --context-len] sequences, in each of --precisions, and report tokens/s and "
+                        "MFU against a bf16 matmul ceiling measured in the same run")
+    p.add_argument("--batch", type=int, default=256, help="sequences per transformer step")
+    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], help="with --transformer-step")
+    p.add_argument("--attention", nargs="+", default=["xla"], choices=["xla", "cudnn"],
+                   help="with --transformer-step: attention implementations to time")
     return p.parse_known_args(argv)
 
 
@@ -69,7 +77,7 @@ def measure_baseline(cfg, updates: int, repeats: int) -> dict:
     init, run = reference_ppo.make_update_loop(cfg, updates)
     carry = init(jax.random.PRNGKey(cfg.seed))
     t = time.perf_counter()
-    run = run.lower(carry).compile()
+    run = run.lower(carry).compile()  # a plain single-device jit
     compile_s = time.perf_counter() - t
     times, _ = time_calls(run, carry, repeats)
     return result(cfg, "reference_ppo", 1, updates, times, compile_s)
@@ -86,6 +94,73 @@ def result(cfg, impl: str, devices: int, updates: int, times: list[float], compi
             "compile_s": compile_s}
 
 
+def matmul_ceiling(n: int = 8192, repeats: int = 10) -> float:
+    """Achieved bf16 TFLOP/s of an n x n x n matmul on device 0: the MFU denominator."""
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jax.numpy.bfloat16)
+    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jax.numpy.bfloat16)
+    mm = jax.jit(lambda x, y: x @ y)
+    times, _ = time_calls(lambda _: mm(a, b), None, repeats)
+    return 2 * n ** 3 / statistics.median(times) / 1e12
+
+
+def measure_transformer_step(cfg, batch: int, repeats: int, attention: str) -> dict:
+    """One PPO-shaped training step of the transformer policy on full context windows."""
+    import optax
+    from jaxrl_mgpu.algos.learner import compute_dtype
+    from jaxrl_mgpu.nets.transformer import TransformerActorCritic
+    L, A, obs_dim = cfg.context_len, 8, 16
+    net = TransformerActorCritic(num_actions=A, obs_ndim=1, d_model=cfg.d_model, n_layers=cfg.n_layers,
+                                 n_heads=cfg.n_heads, context_len=L, context_across_episodes=True,
+                                 dtype=compute_dtype(cfg.precision),
+                                 attn_implementation=None if attention == "xla" else attention)
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    obs = jax.random.normal(keys[0], (batch, L, obs_dim))
+    actions = jax.random.randint(keys[1], (batch, L), 0, A)
+    rewards = jax.random.normal(keys[2], (batch, L))
+    first = jax.numpy.zeros((batch, L), bool).at[:, 0].set(True)
+    params = net.init(keys[3], None, obs[:1], actions[:1], rewards[:1], first[:1])
+    tx = optax.adam(1e-4)
+
+    def loss(p):
+        logits, values, _ = net.apply(p, None, obs, actions, rewards, first)
+        logp = jax.numpy.take_along_axis(jax.nn.log_softmax(logits), actions[..., None], -1)
+        return -logp.mean() + jax.numpy.mean((values - rewards) ** 2)
+
+    def step(carry):
+        p, o = carry
+        u, o = tx.update(jax.grad(loss)(p), o, p)
+        return optax.apply_updates(p, u), o
+
+    run = jax.jit(step, donate_argnums=0)
+    times, _ = time_calls(run, (params, tx.init(params)), repeats)
+    matmul_params = sum(x.size for path, x in jax.tree_util.tree_leaves_with_path(params)
+                        if "kernel" in jax.tree_util.keystr(path))
+    tokens = batch * L
+    # PaLM's accounting: 6 N per token for the matmuls (forward + backward) plus 12 x layers x
+    # d_model x L for attention scores and values (not halved for causality).
+    flops = tokens * (6 * matmul_params + 12 * cfg.n_layers * cfg.d_model * L)
+    median = statistics.median(times)
+    return {"impl": "transformer_step", "precision": cfg.precision, "attention": attention,
+            "device_kind": jax.devices()[0].device_kind, "d_model": cfg.d_model, "n_layers": cfg.n_layers,
+            "n_heads": cfg.n_heads, "context_len": L, "batch": batch, "params": matmul_params,
+            "tokens_per_s": tokens / median, "tflops": flops / median / 1e12, "step_ms": 1e3 * median,
+            "spread": (max(times) - min(times)) / median}
+
+
+def transformer_table(rows: list[dict], ceiling: float) -> str:
+    fp32 = {(r["d_model"], r["n_layers"], r["context_len"], r["batch"]): r["tokens_per_s"]
+            for r in rows if r["precision"] == "fp32" and r["attention"] == "xla"}
+    lines = [f"bf16 matmul ceiling: {ceiling:.0f} TFLOP/s ({rows[0]['device_kind']})",
+             f"{'model':<22}{'batch':>6}{'prec':>6}{'attn':>7}{'tokens/s':>13}{'TFLOP/s':>9}{'MFU':>7}{'vs fp32':>9}"]
+    for r in rows:
+        key = (r["d_model"], r["n_layers"], r["context_len"], r["batch"])
+        model = f"d{r['d_model']} L{r['n_layers']} h{r['n_heads']} ctx{r['context_len']}"
+        speedup = r["tokens_per_s"] / fp32[key] if key in fp32 else float("nan")
+        lines.append(f"{model:<22}{r['batch']:>6}{r['precision']:>6}{r['attention']:>7}{r['tokens_per_s']:>13,.0f}"
+                     f"{r['tflops']:>9.1f}{r['mfu']:>7.1%}{speedup:>9.2f}")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     """env-steps/s with speed-up and efficiency against one device at the same per-device work."""
     base = {(r["impl"], r["envs_per_device"]): r["env_steps_per_s"] for r in rows if r["devices"] == 1}
@@ -100,10 +175,36 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def main_transformer(args, base) -> int:
+    rows = []
+    ceiling = matmul_ceiling()
+    for precision in args.precisions:
+        for attention in args.attention:
+            if attention == "cudnn" and precision == "fp32":
+                continue  # cuDNN's fused attention takes bf16/fp16 only
+            cfg = dataclasses.replace(base, precision=precision)
+            row = measure_transformer_step(cfg, args.batch, args.repeats, attention)
+            row["mfu"], row["matmul_ceiling_tflops"] = row["tflops"] / ceiling, ceiling
+            rows.append(row)
+            emit(row, args.out)
+    print(transformer_table(rows, ceiling))
+    return 0
+
+
+def emit(row: dict, out: str | None) -> None:
+    line = json.dumps(row)
+    print(line, flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(line + "\n")
+
+
 def main(argv=None) -> int:
     args, rest = bench_args(argv)
     try:
         base = config_lib.from_args(rest)
+        if args.transformer_step:
+            return main_transformer(args, base)
         device_counts = args.devices or [len(jax.local_devices())]
         runs = []
         for d in device_counts:
@@ -124,13 +225,8 @@ def main(argv=None) -> int:
             baselines_done.add(cfg.num_envs)
             jobs.append(lambda: measure_baseline(cfg, args.updates, args.repeats))
         for job in jobs:
-            row = job()
-            rows.append(row)
-            line = json.dumps(row)
-            print(line, flush=True)
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(line + "\n")
+            rows.append(job())
+            emit(rows[-1], args.out)
     print(table(rows))
     return 0
 

@@ -68,6 +68,8 @@ class Checkpoints:
         arrays are copied off the devices, so the caller may donate them to the next chunk)."""
         args = {"meta": ocp.args.JsonSave({**meta, "num_devices": par.num_devices})}
         for name, value in state._asdict().items():
+            if not jax.tree.leaves(value):
+                continue  # an empty field (e.g. a memoryless policy's memory): nothing to save
             kind = layout[name]
             value = (par.first(value) if kind == REPLICATED else
                      _split_env_axis(value, par) if kind == PER_ENV else value)
@@ -115,6 +117,8 @@ class Checkpoints:
         args, recreated = {}, []
         for name, value in template._asdict().items():
             kind = layout[name]
+            if not jax.tree.leaves(value):
+                continue
             if kind == REPLICATED:
                 target = jax.tree.map(lambda x: np.zeros(x.shape[1:], x.dtype), value)
             elif kind == PER_ENV and meta.get("num_envs") == _num_envs(value):

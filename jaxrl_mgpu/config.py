@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 
 ALGOS = ("ppo",)
-POLICIES = ("mlp",)
-PRECISIONS = ("fp32",)
+POLICIES = ("mlp", "transformer")
+PRECISIONS = ("fp32", "bf16", "fp16")
 PRESET_DIRS = (Path.cwd() / "experiments", Path(__file__).resolve().parents[1] / "experiments")
 
 
@@ -37,9 +37,10 @@ class Config:
     # what to train
     algo: str = option("ppo", "algorithm", choices=ALGOS)
     env: str = option("CartPole-v1", "environment: any gymnax name (e.g. Breakout-MinAtar) or a project env")
-    policy: str = option("mlp", "policy network: mlp (a conv torso is added for image observations)",
-                         choices=POLICIES)
+    policy: str = option("mlp", "policy network: mlp, or transformer over the recent history (a conv "
+                                "torso is added for image observations)", choices=POLICIES)
     total_timesteps: int = option(3_000_000, "environment steps to train for, over all devices")
+    num_updates: int | None = option(None, "train for this many updates instead (the unit of --algo ad)")
     # PPO
     num_envs: int = option(32, "environments, GLOBAL over all devices (per device = num-envs / devices)")
     num_steps: int = option(128, "steps per environment per update (rollout length)")
@@ -79,7 +80,15 @@ class Config:
     hidden_size: int = option(64, "width of the MLP layers")
     num_layers: int = option(2, "hidden layers of the actor and of the critic MLP")
     activation: str = option("tanh", "MLP activation", choices=("tanh", "relu", "gelu"))
-    precision: str = option("fp32", "compute precision", choices=PRECISIONS)
+    precision: str = option("fp32", "compute dtype of forward and backward passes; params, optimizer state "
+                                    "and metrics stay fp32; fp16 uses dynamic loss scaling", choices=PRECISIONS)
+    grad_accum: int = option(1, "micro-batches per optimizer step (gradients accumulated over them)")
+    # transformer policy
+    d_model: int = option(128, "transformer width")
+    n_layers: int = option(2, "transformer blocks")
+    n_heads: int = option(4, "attention heads")
+    context_len: int = option(64, "tokens (steps) each layer attends to, itself included")
+    context_across_episodes: bool = option(False, "let the context window cross episode boundaries (meta-RL)")
     # run
     seed: int = option(0, "random seed (params, environments and sampling all derive from it)")
     run_dir: str | None = option(None, "output directory (default runs/<env>-<algo>-<time>)")
@@ -87,6 +96,13 @@ class Config:
                            choices=("pmap", "shard_map"))
     devices: int | None = option(None, "use the first k local devices of each host (default: all)")
     log_every: int = option(10, "updates per compiled chunk and per log point")
+    # several hosts (jax.distributed); with none of these flags JAX detects SLURM / Open MPI
+    coordinator_address: str | None = option(None, "host:port of process 0, the same on every process")
+    num_processes: int | None = option(None, "processes in the job (one per host, or one per GPU group)")
+    process_id: int | None = option(None, "this process's index, 0 .. num-processes - 1")
+    local_device_ids: str | None = option(None, "comma-separated local device ids this process uses (e.g. 0,1)")
+    failure_timeout: int = option(60, "seconds after which the other processes give up on a dead or "
+                                      "unreachable process (heartbeat and start-up timeout)")
     # checkpoints and evaluation
     checkpoint_every: int = option(100, "save a checkpoint every this many updates (a multiple of --log-every; "
                                         "0 = only at the end)")
@@ -108,8 +124,9 @@ class Config:
         return self.num_envs * self.num_steps
 
     @property
-    def num_updates(self) -> int:
-        return self.total_timesteps // self.batch_size
+    def total_updates(self) -> int:
+        """Updates this run trains for: --num-updates, else --total-timesteps / batch_size."""
+        return self.num_updates if self.num_updates is not None else self.total_timesteps // self.batch_size
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -190,13 +207,31 @@ def load_preset(name: str) -> dict:
     return {k: _coerce(k, v, str(path)) for k, v in data.items()}
 
 
-def from_args(argv: list[str] | None = None) -> Config:
-    """Parses the command line (with its preset) into a validated Config."""
+def parse_args(argv: list[str] | None = None) -> Config:
+    """The command line (with its preset) as a Config; only the multi-host flags are checked
+    (the rest by `validate`, which may import environments, hence JAX's backend, so it must
+    come after `parallel.initialize`)."""
     args = vars(parser().parse_args(argv))
     given = {k: _coerce(k, v, "command line") for k, v in args.items() if v is not None}
     values = load_preset(given["config"]) if given.get("config") else {}
     values.update(given)
-    return validate(Config(**values))
+    return check_distributed(Config(**values))
+
+
+def from_args(argv: list[str] | None = None) -> Config:
+    """Parses the command line (with its preset) into a validated Config."""
+    return validate(parse_args(argv))
+
+
+def check_distributed(cfg: Config) -> Config:
+    given = [cfg.coordinator_address is not None, cfg.num_processes is not None, cfg.process_id is not None]
+    if any(given) and not all(given):
+        raise ConfigError("--coordinator-address, --num-processes and --process-id go together: give all three")
+    if cfg.num_processes is not None and not 0 <= cfg.process_id < cfg.num_processes:
+        raise ConfigError(f"--process-id {cfg.process_id} must be in 0..{cfg.num_processes - 1} (--num-processes)")
+    if cfg.failure_timeout < 1:
+        raise ConfigError(f"--failure-timeout must be at least 1 second, got {cfg.failure_timeout}")
+    return cfg
 
 
 def from_dict(values: dict) -> Config:
@@ -209,7 +244,8 @@ def validate(cfg: Config) -> Config:
 
     envs.check(cfg.env)
     for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs",
-                 "hidden_size", "num_layers", "log_every"):
+                 "hidden_size", "num_layers", "log_every", "grad_accum", "d_model", "n_layers", "n_heads",
+                 "context_len"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
     for name in ("checkpoint_every", "eval_every"):
@@ -226,7 +262,12 @@ def validate(cfg: Config) -> Config:
     for name in ("gamma", "gae_lambda"):
         if not 0.0 <= getattr(cfg, name) <= 1.0:
             raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(cfg, name)}")
-    if cfg.num_updates < 1:
+    if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 2:
+        raise ConfigError(f"--d-model {cfg.d_model} / --n-heads {cfg.n_heads} must be an even whole number "
+                          f"(the head size)")
+    if cfg.num_updates is not None and cfg.num_updates < 1:
+        raise ConfigError(f"--num-updates must be at least 1, got {cfg.num_updates}")
+    if cfg.total_updates < 1:
         raise ConfigError(f"--total-timesteps {cfg.total_timesteps} is less than one update of "
                           f"{cfg.batch_size} steps (--num-envs x --num-steps)")
     return cfg

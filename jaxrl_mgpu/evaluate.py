@@ -24,13 +24,15 @@ from jaxrl_mgpu import parallel
 from jaxrl_mgpu.algos import ALGOS
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.envs import vec
+from jaxrl_mgpu.nets import actor_critic
 from jaxrl_mgpu.parallel import AXIS, global_indices
 
 
-def make_episodes(act, env, env_params, total: int, num_devices: int, greedy: bool):
+def make_episodes(policy, env, env_params, total: int, num_devices: int, greedy: bool):
     """A per-device function `(params, key) -> (sum, sum of squares, count)` of the returns of
     the first episode of `ceil(total / num_devices)` environments per device, summed over all
-    devices and hosts (environments past `total` are padding and do not count)."""
+    devices and hosts (environments past `total` are padding and do not count). `policy` is an
+    actor-critic Policy (nets/actor_critic.py), with whatever memory it keeps."""
     per_device = -(-total // num_devices)
     max_steps = int(env_params.max_steps_in_episode)
 
@@ -39,16 +41,18 @@ def make_episodes(act, env, env_params, total: int, num_devices: int, greedy: bo
         batch = vec.reset(env, env_params, key, ids)
 
         def step(carry, t):
-            batch, first_return, finished = carry
+            batch, memory, first_return, finished = carry
             keys = jax.vmap(jax.random.split)(vec.env_keys(jax.random.fold_in(key, t + 1), ids))
-            action = act(params, batch.obs, keys[:, 0], greedy)
+            logits, _, _, memory = policy.act(params, memory, batch.obs, batch.obs)
+            action = actor_critic.sample(logits, keys[:, 0], greedy)
             batch, out = vec.step(env, env_params, batch, action, keys[:, 1])
             ended = out.done_length > 0
+            memory = policy.remember(memory, action, out.reward, ended)
             first_return = jnp.where(ended & ~finished, out.done_return, first_return)
-            return (batch, first_return, finished | ended), None
+            return (batch, memory, first_return, finished | ended), None
 
-        start = (batch, jnp.zeros(per_device), jnp.zeros(per_device, bool))
-        (_, returns, finished), _ = jax.lax.scan(step, start, jnp.arange(max_steps))
+        start = (batch, policy.init_memory(per_device), jnp.zeros(per_device), jnp.zeros(per_device, bool))
+        (_, _, returns, finished), _ = jax.lax.scan(step, start, jnp.arange(max_steps))
         counted = (ids < total) & finished
         totals = (jnp.where(counted, returns, 0.0).sum(), jnp.where(counted, returns ** 2, 0.0).sum(),
                   counted.sum().astype(jnp.float32))
@@ -137,7 +141,7 @@ def main(argv=None) -> int:
     env, env_params = envs_lib.make(cfg.env)
     algo = ALGOS[cfg.algo].make(cfg, env, env_params, par.num_devices)
     params = ckpts.restore_params(step, params_template(cfg), best=args.best)
-    run = par.map(make_episodes(algo.act, env, env_params, args.episodes, par.num_devices, args.greedy))
+    run = par.map(make_episodes(algo.policy, env, env_params, args.episodes, par.num_devices, args.greedy))
     totals = run(par.replicate(params), par.replicate(np.asarray(jax.random.PRNGKey(args.seed))))
     ckpts.close()
     print(json.dumps({**summarize(par.first(totals)), "step": step, "greedy": args.greedy}))

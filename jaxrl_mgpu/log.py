@@ -21,8 +21,9 @@ def _clean(value):
 
 
 class RunLog:
-    def __init__(self, run_dir: Path | None, total_steps: int, enabled: bool | None = None):
+    def __init__(self, run_dir: Path | None, total_steps: int, enabled: bool | None = None, unit: str = "env_steps"):
         self.enabled = is_main() if enabled is None else enabled
+        self.unit = unit  # the row key progress is counted in
         self.run_dir = run_dir
         self.total_steps = total_steps
         self.tty = sys.stdout.isatty()
@@ -55,17 +56,17 @@ class RunLog:
             self._jsonl.write(json.dumps(row) + "\n")
         if self._tb is not None:
             for k, v in row.items():
-                if k not in ("update", "env_steps") and isinstance(v, (int, float)):
-                    self._tb.add_scalar(k, v, row["env_steps"])
+                if k not in ("update", self.unit) and isinstance(v, (int, float)):
+                    self._tb.add_scalar(k, v, row[self.unit])
         ret = row.get("episode_return")
         ret_text = "n/a" if ret is None else f"{ret:.1f}"
         if row.get("eval/episode_return") is not None:
             ret_text += f"  eval {row['eval/episode_return']:.1f}"
         if self._bar is not None:
-            self._bar.update(row["env_steps"] - self._bar.n)
+            self._bar.update(row[self.unit] - self._bar.n)
             self._bar.set_postfix_str(f"return {ret_text}  {row['sps']:,.0f} steps/s", refresh=False)
         else:
-            print(f"update {row['update']}  env_steps {row['env_steps']:,}/{self.total_steps:,}  "
+            print(f"update {row['update']}  {self.unit} {row[self.unit]:,}/{self.total_steps:,}  "
                   f"return {ret_text}  steps/s {row['sps']:,.0f}  time {row['time']:.0f}s", flush=True)
 
     def close(self) -> None:

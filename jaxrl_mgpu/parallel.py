@@ -13,6 +13,9 @@ per-device code never sees the device axis.
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
+import time
 from typing import Any, Callable
 
 import jax
@@ -60,7 +63,11 @@ class Parallel:
         training state is updated in place."""
         donate_argnums = (0,) if donate else ()
         if self.backend == "pmap":
-            return jax.pmap(fn, axis_name=AXIS, devices=self.devices, donate_argnums=donate_argnums)
+            mapped = jax.pmap(fn, axis_name=AXIS, devices=self.devices, donate_argnums=donate_argnums)
+            if jax.process_count() == 1:
+                return mapped
+            # Across processes pmap returns process-local arrays; keep the global layout.
+            return lambda *args: jax.tree.map(self._global, mapped(*args))
 
         def per_device(*args):
             # shard_map hands each device a slice whose device axis has length 1
@@ -69,6 +76,19 @@ class Parallel:
 
         mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=P(AXIS), out_specs=P(AXIS))
         return jax.jit(mapped, donate_argnums=donate_argnums)
+
+    def _global(self, local: jax.Array) -> jax.Array:
+        """A process-local [num_local_devices, ...] array as the global [num_devices, ...] one."""
+        return jax.make_array_from_single_device_arrays(
+            (self.num_devices,) + local.shape[1:], self.sharding, [s.data for s in local.addressable_shards])
+
+    def compile(self, mapped: Callable, *args) -> Callable:
+        """`mapped` (from `map`) compiled ahead of time for `args`. Across processes, pmap's
+        ahead-of-time path expects process-local shapes while its call takes global arrays, so
+        there it compiles on the first call instead."""
+        if self.backend == "pmap" and jax.process_count() > 1:
+            return mapped
+        return mapped.lower(*args).compile()
 
     def replicate(self, tree: Any) -> Any:
         """The same host value on every device (leading device axis added)."""
@@ -92,6 +112,79 @@ class Parallel:
             shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
             return np.concatenate([np.asarray(s.data) for s in shards], axis=0)
         return jax.tree.map(gather, tree)
+
+
+class DistributedError(RuntimeError):
+    """The processes of a multi-host job could not connect (the CLI prints one line)."""
+
+
+def cluster_detected() -> bool:
+    """A multi-process launch by a cluster manager JAX knows (SLURM, Open MPI)."""
+    return any(int(os.environ.get(var, "1")) > 1 for var in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"))
+
+
+def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None, local_device_ids: str | None = None, timeout: int = 60) -> None:
+    """Starts JAX's multi-controller runtime (`jax.distributed`) when this is one process of
+    several: explicit flags, or a cluster JAX detects. Must run before any other JAX call.
+    After it, `jax.devices()` lists every device of every process, and the device axis spans
+    them all. A process that dies is noticed by the others within `timeout` seconds (missed
+    heartbeats), and they exit instead of hanging in a collective."""
+    if coordinator_address is None and not cluster_detected():
+        return
+    if coordinator_address is not None and process_id:
+        # JAX aborts the whole process (no Python exception) when the coordinator cannot be
+        # reached, so look for it first and fail with a message instead.
+        _wait_for(coordinator_address, timeout)
+    # Collectives between CPU processes (tests, laptops) go through gloo; GPUs use NCCL.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    ids = [int(i) for i in local_device_ids.split(",")] if local_device_ids else None
+    try:
+        jax.distributed.initialize(coordinator_address, num_processes, process_id, local_device_ids=ids,
+                                   initialization_timeout=timeout, heartbeat_timeout_seconds=timeout)
+    except Exception as e:  # JAX raises several kinds; all mean the job cannot start
+        where = coordinator_address or "the address the cluster manager gave"
+        raise DistributedError(f"could not start the multi-process job: coordinator {where} not reachable "
+                               f"or peers missing within --failure-timeout {timeout}s "
+                               f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+
+
+def _wait_for(address: str, timeout: float) -> None:
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            return
+        except (OSError, ValueError):
+            if time.monotonic() > deadline:
+                raise DistributedError(f"--coordinator-address {address}: no coordinator (process 0) answered "
+                                       f"within --failure-timeout {timeout}s") from None
+            time.sleep(0.2)
+
+
+def barrier(name: str) -> None:
+    """Waits until every process gets here (no-op for one process)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)
+
+
+def any_process(flag: bool) -> bool:
+    """True on every process if `flag` is true on any (e.g. a stop signal that reached only
+    some hosts), so all processes take the same branch."""
+    if jax.process_count() == 1:
+        return flag
+    from jax.experimental import multihost_utils
+    return bool(np.asarray(multihost_utils.process_allgather(np.array(flag))).any())
+
+
+def broadcast(value: int) -> int:
+    """Process 0's value of an int, on every process."""
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+    return int(multihost_utils.broadcast_one_to_all(np.array(value, np.int64)))
 
 
 def setup(backend: str = "pmap", devices: int | None = None) -> Parallel:

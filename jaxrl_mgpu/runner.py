@@ -40,12 +40,13 @@ def all_finite(tree) -> jax.Array:
 
 
 def make_chunk(update: Callable, length: int) -> Callable:
-    """A per-device function running `length` updates in one `lax.scan`."""
-    def body(state, _):
-        state, (losses, episodes) = update(state)
-        return state, (losses, episodes, all_finite(losses) & all_finite(state.params))
+    """A per-device function running `length` updates in one `lax.scan`. `data` (optional) is
+    a read-only input every update sees, e.g. a dataset shard kept on the device."""
+    def chunk(state, *data):
+        def body(state, _):
+            state, (losses, episodes) = update(state, *data)
+            return state, (losses, episodes, all_finite(losses) & all_finite(state.params))
 
-    def chunk(state):
         state, (losses, episodes, finite) = jax.lax.scan(body, state, None, length=length)
         return state, Chunk(jax.tree.map(jnp.mean, losses), jax.tree.map(jnp.sum, episodes), finite)
     return chunk
@@ -60,6 +61,13 @@ class Trainer:
         self.algo_module = ALGOS[cfg.algo]
         self.algo = self.algo_module.make(cfg, self.env, self.env_params, par.num_devices)
         self.layout = self.algo_module.STATE_LAYOUT
+        # What progress is counted in: environment steps, or what the algorithm consumes.
+        self.step_unit = getattr(self.algo_module, "STEP_UNIT", "env_steps")
+        self.steps_per_update = getattr(self.algo_module, "steps_per_update", lambda c: c.batch_size)(cfg)
+        # Algorithms that learn from a dataset (AD) load this device's shard once, here; it is
+        # passed to every update, and not part of the (checkpointed) state.
+        load = getattr(self.algo_module, "load_data", None)
+        self.data = () if load is None else (load(cfg, par),)
         self._chunks: dict[int, Callable] = {}
         self._eval = None
 
@@ -73,7 +81,8 @@ class Trainer:
         """The compiled chunk of `length` updates (compiled once per length, ahead of time)."""
         if length not in self._chunks:
             mapped = self.par.map(make_chunk(self.algo.update, length), donate=True)
-            self._chunks[length] = mapped.lower(state).compile()
+            compiled = self.par.compile(mapped, state, *self.data)
+            self._chunks[length] = lambda state: compiled(state, *self.data)
         return self._chunks[length]
 
     def chunk_lengths(self, start_update: int = 0) -> list[int]:
@@ -81,15 +90,15 @@ class Trainer:
         from any chunk boundary runs the same chunks as a run that never stopped."""
         every, ends = self.cfg.log_every, []
         update = start_update
-        while update < self.cfg.num_updates:
-            update = min((update // every + 1) * every, self.cfg.num_updates)
+        while update < self.cfg.total_updates:
+            update = min((update // every + 1) * every, self.cfg.total_updates)
             ends.append(update)
         return [int(n) for n in np.diff([start_update] + ends)]
 
     def evaluate(self, params, update: int) -> dict:
         """`eval_episodes` episodes with the current params, spread over all devices."""
         if self._eval is None:
-            self._eval = self.par.map(make_episodes(self.algo.act, self.env, self.env_params,
+            self._eval = self.par.map(make_episodes(self.algo.policy, self.env, self.env_params,
                                                     self.cfg.eval_episodes, self.par.num_devices, greedy=False))
         # A fixed key per evaluation point: a resumed run evaluates like an uninterrupted one.
         key = self.key(self.cfg.seed + 1_000_003 * (update + 1))
@@ -127,7 +136,8 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
     t0 = time.perf_counter()
     compiled = {n: trainer.chunk_fn(n, state) for n in set(lengths)}
     log.print(f"  compiled {len(compiled)} chunk size(s) in {time.perf_counter() - t0:.1f}s")
-    log.start(start_update * cfg.batch_size)
+    unit, per_update = trainer.step_unit, trainer.steps_per_update
+    log.start(start_update * per_update)
     clock = {"start": time.perf_counter(), "prev": time.perf_counter()}
     last_row: dict = {}
 
@@ -135,8 +145,8 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
         nonlocal last_row
         row = read_chunk(trainer.par, metrics, update - length + 1)  # blocks until that chunk is done
         now = time.perf_counter()
-        last_row = {"update": update, "env_steps": update * cfg.batch_size, **row,
-                    "sps": length * cfg.batch_size / (now - clock["prev"]), "time": now - clock["start"]}
+        last_row = {"update": update, unit: update * per_update, **row,
+                    "sps": length * per_update / (now - clock["prev"]), "time": now - clock["start"]}
         clock["prev"] = now
 
     def due(every: int | None, update: int) -> bool:
@@ -150,7 +160,7 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
             log.write(last_row)
         update += length
         pending = (update, length, metrics)
-        final = update == cfg.num_updates or update == stop_at
+        final = update == cfg.total_updates or update == stop_at
         stop = hooks.stop_requested is not None and hooks.stop_requested()
         evaluate = hooks.evaluate is not None and (due(cfg.eval_every, update) or final)
         checkpoint = hooks.checkpoint is not None and (due(cfg.checkpoint_every, update) or final or stop)

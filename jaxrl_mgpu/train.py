@@ -15,15 +15,15 @@ from pathlib import Path
 
 import jax
 
+# Only light imports here: environments (gymnax) start JAX's backend when imported, and
+# `jax.distributed.initialize` must come first, so they are imported inside main().
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import parallel, runner
-from jaxrl_mgpu.algos import ALGOS
-from jaxrl_mgpu.config import ConfigError
-from jaxrl_mgpu.envs import EnvError
+from jaxrl_mgpu import parallel
+from jaxrl_mgpu.config import ConfigError  # envs.EnvError is a ConfigError
 from jaxrl_mgpu.log import RunLog, truncate_metrics
-from jaxrl_mgpu.parallel import ParallelError
+from jaxrl_mgpu.parallel import DistributedError, ParallelError
 
-USER_ERRORS = (ConfigError, ParallelError, EnvError)
+USER_ERRORS = (ConfigError, ParallelError, DistributedError)
 
 
 def fail(error: Exception) -> None:
@@ -35,8 +35,10 @@ def fail(error: Exception) -> None:
 def plan_run_dir(cfg) -> tuple[Path, int | None]:
     """The run directory and the checkpoint step to resume from (None: a fresh start).
     Checks only; creates nothing. A run directory is never clobbered."""
+    from jaxrl_mgpu.algos import ALGOS
     from jaxrl_mgpu.checkpoint import Checkpoints
-    path = Path(cfg.run_dir or f"runs/{cfg.env}-{cfg.algo}-{time.strftime('%Y%m%d-%H%M%S')}")
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(parallel.broadcast(int(time.time()))))
+    path = Path(cfg.run_dir or f"runs/{cfg.env}-{cfg.algo}-{stamp}")  # the same name on every process
     occupied = path.exists() and (not path.is_dir() or any(path.iterdir()))
     if not cfg.resume:
         if occupied:
@@ -60,22 +62,26 @@ def plan_run_dir(cfg) -> tuple[Path, int | None]:
     return path, step
 
 
-def banner(cfg, par: parallel.Parallel, layout: dict) -> dict:
+def banner(cfg, par: parallel.Parallel, layout: dict, trainer) -> dict:
+    """The start-up summary of the distributed setup. `layout` is the algorithm's
+    {what: (global, per device)} split of the batch (its `check`)."""
     device = par.devices[0]
-    envs, minibatch = layout["envs"], layout["minibatch"]
-    return {
+    rows = {
         "jaxrl_mgpu": f"{cfg.algo} on {cfg.env}, policy {cfg.policy}",
         "processes": f"{jax.process_count()} (this is process {jax.process_index()})",
         "devices": f"{par.num_local_devices} local, {par.num_devices} global: "
                    f"{getattr(device, 'device_kind', device.platform)} ({device.platform})",
         "parallel": f"{par.backend} over axis '{parallel.AXIS}'",
-        "environments": f"{envs[0]} global, {envs[1]} per device",
-        "minibatch": f"{minibatch[0]} global, {minibatch[1]} per device",
-        "batch per update": f"{cfg.batch_size} transitions ({cfg.num_envs} envs x {cfg.num_steps} steps)",
-        "updates": f"{cfg.num_updates}, {cfg.log_every} per compiled chunk",
-        "precision": cfg.precision,
-        "run dir": cfg.run_dir,
     }
+    rows.update({what: f"{total} global, {per_device} per device" for what, (total, per_device) in layout.items()})
+    rows.update({
+        "per update": f"{trainer.steps_per_update:,} {trainer.step_unit}",
+        "updates": f"{cfg.total_updates}, {cfg.log_every} per compiled chunk",
+        "precision": f"{cfg.precision} compute, fp32 params" + (f", {cfg.grad_accum} micro-batches per step"
+                                                                if cfg.grad_accum > 1 else ""),
+        "run dir": cfg.run_dir,
+    })
+    return rows
 
 
 class StopSignal:
@@ -99,13 +105,19 @@ class StopSignal:
         self.log.print(f"{signal.Signals(signum).name}: stopping after the current chunk, with a checkpoint")
 
     def __call__(self) -> bool:
-        return self.requested
+        # Every process must stop at the same chunk, even if the signal reached only some.
+        return parallel.any_process(self.requested)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jaxrl_mgpu.checkpoint import Checkpoints
     try:
-        cfg = config_lib.from_args(argv)
+        cfg = config_lib.parse_args(argv)
+        parallel.initialize(cfg.coordinator_address, cfg.num_processes, cfg.process_id, cfg.local_device_ids,
+                            cfg.failure_timeout)
+        cfg = config_lib.validate(cfg)
+        from jaxrl_mgpu import runner
+        from jaxrl_mgpu.algos import ALGOS
+        from jaxrl_mgpu.checkpoint import Checkpoints
         par = parallel.setup(cfg.parallel, cfg.devices)
         layout = ALGOS[cfg.algo].check(cfg, par.num_devices)
         run_dir, resume_step = plan_run_dir(cfg)
@@ -113,27 +125,30 @@ def main(argv: list[str] | None = None) -> int:
         fail(e)
     cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
 
+    parallel.barrier("run directory checked")  # every process checks it before process 0 writes in it
     if parallel.is_main():
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(config_lib.dump(cfg))
         # Rows logged after the checkpoint we resume from are logged again by this run.
         truncate_metrics(run_dir / "metrics.jsonl", resume_step or 0)
-    log = RunLog(run_dir, cfg.num_updates * cfg.batch_size)
-    log.banner(banner(cfg, par, layout))
-    ckpts = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
+    parallel.barrier("run directory ready")
     trainer = runner.Trainer(cfg, par)
+    per_update = trainer.steps_per_update
+    log = RunLog(run_dir, cfg.total_updates * per_update, unit=trainer.step_unit)
+    log.banner(banner(cfg, par, layout, trainer))
+    ckpts = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
     state, start = None, 0
     if resume_step is not None:
         state, recreated = ckpts.restore(resume_step, trainer.init_state(), trainer.layout, par)
         start = resume_step
-        log.print(f"  resumed from the checkpoint at update {start} ({start * cfg.batch_size:,} env steps)"
+        log.print(f"  resumed from the checkpoint at update {start} ({start * per_update:,} {trainer.step_unit})"
                   + (f"; re-created {', '.join(recreated)} (the saved ones do not fit {par.num_devices} devices"
                      f" x {cfg.num_envs} envs)" if recreated else ""))
     elif cfg.resume == "auto":
         log.print("  --resume auto: no checkpoint yet, starting fresh")
 
     best = {"return": float("-inf")}
-    meta = lambda update: {"update": update, "env_steps": update * cfg.batch_size, "num_envs": cfg.num_envs,
+    meta = lambda update: {"update": update, trainer.step_unit: update * per_update, "num_envs": cfg.num_envs,
                            "config": cfg.to_dict()}
 
     def checkpoint(update, state):
@@ -161,9 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         ckpts.close()  # waits for the asynchronous saves
     ret = last.get("episode_return")
     summary = f"final mean episode return {ret:.1f}" if ret is not None and ret == ret else "no episode finished"
-    if done < cfg.num_updates:
-        log.print(f"stopped at update {done} of {cfg.num_updates} with a checkpoint; continue with --resume")
-    log.print(f"done: {last.get('env_steps', 0):,} env steps in {last.get('time', 0):.0f}s, {summary}")
+    if done < cfg.total_updates:
+        log.print(f"stopped at update {done} of {cfg.total_updates} with a checkpoint; continue with --resume")
+    log.print(f"done: {last.get(trainer.step_unit, 0):,} {trainer.step_unit} in {last.get('time', 0):.0f}s, {summary}")
     log.print(f"results in {run_dir}/: config.json, metrics.jsonl, TensorBoard events, checkpoints/ "
               f"(tensorboard --logdir {run_dir})")
     return 0

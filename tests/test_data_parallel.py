@@ -18,7 +18,7 @@ def run_updates(trainer, n: int):
 def global_rollout(trainer, state):
     """One rollout from `state`, with each leaf laid out [T, global envs] in global env order."""
     algo = trainer.algo
-    traj = trainer.par.map(lambda s: algo.rollout(s.params, s.envs, s.key)[1])(state)
+    traj = trainer.par.map(lambda s: algo.rollout(s.params, s.envs, s.memory, s.key)[2])(state)
     local = trainer.par.local(traj)  # [devices, T, envs per device, ...]
     return jax.tree.map(lambda x: np.concatenate(list(x), axis=1), local)
 
@@ -62,6 +62,6 @@ def test_rollouts_do_not_depend_on_the_device_count(devices):
     trajn = global_rollout(many, many.init_state())
     np.testing.assert_array_equal(traj1.action, trajn.action)
     np.testing.assert_array_equal(traj1.terminated, trajn.terminated)
-    np.testing.assert_allclose(traj1.obs, trajn.obs, rtol=1e-6)
+    np.testing.assert_allclose(traj1.inputs, trajn.inputs, rtol=1e-6)
     np.testing.assert_allclose(traj1.log_prob, trajn.log_prob, rtol=1e-5, atol=1e-6)
     assert traj1.terminated.any(), "the rollout should cross episode boundaries"

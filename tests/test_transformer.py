@@ -225,3 +225,20 @@ def test_benchmark_size_builds_and_jits():
     assert logits1.shape == (batch, 6) and value1.shape == (batch,) and logits1.dtype == jnp.float32
     assert cache.k[0].shape == (batch, 256, 8, 64) and int(cache.pos[0]) == length + 1
     assert bool(jnp.isfinite(logits).all() & jnp.isfinite(logits1).all())
+
+
+def test_peek_equals_step_without_touching_the_cache():
+    model = TransformerActorCritic(num_actions=3, obs_ndim=1, d_model=32, n_layers=2, n_heads=4, context_len=5)
+    B = 4
+    obs = jax.random.normal(jax.random.PRNGKey(1), (12, B, 3))
+    params = model.init(jax.random.PRNGKey(0), None, obs[:1].swapaxes(0, 1), jnp.zeros((B, 1), jnp.int32),
+                        jnp.zeros((B, 1)), jnp.ones((B, 1), bool))
+    params = jax.tree.map(lambda p: p + 0.3 * jax.random.normal(jax.random.PRNGKey(2), p.shape), params)
+    cache = model.init_cache(B)
+    for t in range(12):  # past the window, with an episode start in env 1 at t = 7
+        first = jnp.array([t == 0, t in (0, 7), t == 0, False])
+        args = (obs[t], jnp.full((B,), t % 3), jnp.full((B,), 0.5 * t), first)
+        peek_logits, peek_value = model.apply(params, cache, *args, method=model.peek)
+        logits, value, cache = model.apply(params, cache, *args, method=model.step)
+        np.testing.assert_allclose(peek_logits, logits, atol=1e-5)
+        np.testing.assert_allclose(peek_value, value, atol=1e-5)

@@ -10,11 +10,13 @@ from typing import Any, Callable
 
 import gymnax
 
+from jaxrl_mgpu.config import ConfigError
+
 # Own environments register a factory here (name -> () -> (env, params)).
 _OWN: dict[str, Callable[[], tuple[Any, Any]]] = {}
 
 
-class EnvError(ValueError):
+class EnvError(ConfigError):
     """An unknown environment name (the CLI turns it into a one-line error)."""
 
 
@@ -41,4 +43,4 @@ def check(name: str) -> None:
 
 
 # Own environments register themselves on import (after `register` exists).
-from jaxrl_mgpu.envs import darkroom  # noqa: E402,F401
+from jaxrl_mgpu.envs import darkroom, pomdp  # noqa: E402,F401

@@ -296,3 +296,26 @@ class TransformerActorCritic(nn.Module):
             x = block.finish(x, self._attend(q, k, v, mask))
         logits, value = self._heads(x[:, 0])
         return logits, value, KVCache(tuple(ks), tuple(vs), valid, (cache.pos + 1) % (C * ROPE_PERIOD))
+
+    def peek(self, cache: KVCache, obs, prev_action, prev_reward, is_first):
+        """`step`'s logits and value for one more token, WITHOUT writing it into the cache (and
+        without copying the cache): for extra queries such as the value of a pre-reset
+        observation. Attention is written out by hand: one query over the C-1 newest cached
+        tokens plus itself."""
+        C, across = self.context_len, self.context_across_episodes
+        is_first = is_first.astype(bool)
+        rows = jnp.arange(is_first.shape[0])
+        valid = cache.valid if across else cache.valid & ~is_first[:, None]
+        valid = valid.at[rows, cache.pos % C].set(False)  # the token C steps back: out of the window
+        x = self._tokens(obs[:, None], prev_action[:, None], prev_reward[:, None], is_first[:, None])
+        for layer, block in enumerate(self.blocks):
+            q, k, v = block.qkv(x, cache.pos[:, None])                      # [B, 1, H, Dh]
+            scale = 1.0 / np.sqrt(q.shape[-1])
+            s_ring = jnp.einsum("bqhd,bkhd->bhqk", q, cache.k[layer]).astype(jnp.float32) * scale
+            s_self = jnp.einsum("bqhd,bqhd->bhq", q, k).astype(jnp.float32)[..., None] * scale
+            s_ring = jnp.where(valid[:, None, None, :], s_ring, -jnp.inf)
+            p = jax.nn.softmax(jnp.concatenate([s_ring, s_self], axis=-1), axis=-1).astype(self.dtype)
+            attn = (jnp.einsum("bhqk,bkhd->bqhd", p[..., :C], cache.v[layer])
+                    + jnp.einsum("bhq,bqhd->bqhd", p[..., C], v))
+            x = block.finish(x, attn)
+        return self._heads(x[:, 0])

@@ -1,0 +1,84 @@
+"""Several processes on localhost joined by jax.distributed (CPU collectives through gloo)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_mgpu import evaluate, train
+
+# A single minibatch: 2 processes x 4 devices must then equal 1 process x 8 devices exactly.
+SMALL = ["--num-envs", "16", "--num-steps", "16", "--num-minibatches", "1", "--hidden-size", "16",
+         "--total-timesteps", str(16 * 16 * 4), "--log-every", "2", "--checkpoint-every", "2"]
+
+
+def launch(*argv, timeout=240):
+    out = subprocess.run([sys.executable, "-m", "jaxrl_mgpu.launch", "--num-processes", "2",
+                          "--devices-per-process", "4", "--", *argv],
+                         capture_output=True, text=True, timeout=timeout)
+    return out.returncode, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("backend", ["pmap", "shard_map"])
+def test_two_processes_equal_one_process_with_8_devices(tmp_path, backend):
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert train.main([*SMALL, "--run-dir", str(one), "--parallel", backend]) == 0
+    code, out = launch(*SMALL, "--run-dir", str(two), "--parallel", backend)
+    assert code == 0, out
+    assert "2 (this is process 0)" in out and "8 global" in out
+    assert "[1] " not in out.replace("[1] [Gloo]", ""), "only process 0 prints"
+    _, p1 = evaluate.load_params(str(one))
+    _, p2 = evaluate.load_params(str(two))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), p1, p2)
+    # Only process 0 wrote the logs.
+    assert len(list(two.glob("events.out.tfevents*"))) == 1
+    assert (two / "metrics.jsonl").read_text().count("\n") == 2
+
+
+def test_two_processes_checkpoint_and_resume(tmp_path):
+    run_dir = tmp_path / "run"
+    code, out = launch(*SMALL, "--run-dir", str(run_dir), "--stop-at-update", "2")
+    assert code == 0, out
+    code, out = launch(*SMALL, "--run-dir", str(run_dir), "--resume")
+    assert code == 0, out
+    assert "resumed from the checkpoint at update 2" in out
+    assert evaluate.load_params(str(run_dir))[0] == 4
+
+
+def test_a_dead_process_stops_the_others_in_bounded_time(tmp_path):
+    """Without the launcher: kill one process; the other must exit by itself, not hang."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "PYTHONUNBUFFERED": "1"}
+    port = __import__("jaxrl_mgpu.launch", fromlist=["free_port"]).free_port()
+    args = ["--num-envs", "4", "--num-steps", "8", "--num-minibatches", "1", "--hidden-size", "8",
+            "--total-timesteps", str(10**9), "--log-every", "1", "--checkpoint-every", "0",
+            "--run-dir", str(tmp_path / "run"), "--coordinator-address", f"localhost:{port}",
+            "--num-processes", "2", "--failure-timeout", "10"]
+    procs = [subprocess.Popen([sys.executable, "-m", "jaxrl_mgpu.train", *args, "--process-id", str(i)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    # wait until training is under way
+    deadline = time.time() + 120
+    while time.time() < deadline and not (tmp_path / "run" / "metrics.jsonl").exists():
+        time.sleep(0.2)
+    time.sleep(1)
+    procs[1].send_signal(signal.SIGKILL)
+    start = time.time()
+    out, _ = procs[0].communicate(timeout=90)
+    elapsed = time.time() - start
+    assert procs[0].returncode != 0
+    assert elapsed < 60, elapsed
+    assert "distributed" in out.lower() or "heartbeat" in out.lower() or "task" in out.lower(), out[-2000:]
+
+
+def test_unreachable_coordinator_is_a_clear_error(tmp_path):
+    port = __import__("jaxrl_mgpu.launch", fromlist=["free_port"]).free_port()
+    out = subprocess.run([sys.executable, "-m", "jaxrl_mgpu.train", "--coordinator-address", f"localhost:{port}",
+                          "--num-processes", "2", "--process-id", "1", "--failure-timeout", "3",
+                          "--run-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert "coordinator" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "r").exists()
