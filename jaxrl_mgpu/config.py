@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-ALGOS = ("ppo",)
+ALGOS = ("ppo", "dqn", "ad")
 POLICIES = ("mlp", "transformer")
 PRECISIONS = ("fp32", "bf16", "fp16")
 PRESET_DIRS = (Path.cwd() / "experiments", Path(__file__).resolve().parents[1] / "experiments")
@@ -76,6 +76,19 @@ class Config:
     n_step: int = option(1, "DQN n-step returns (cut at episode ends; time limits bootstrap from the final "
                             "observation)")
     # end DQN --------------------------------------------------------------------------
+    # Algorithm Distillation -----------------------------------------------------------
+    # (--algo ad trains for --num-updates and also uses --lr, --anneal-lr, --max-grad-norm, --d-model,
+    # --n-layers, --n-heads, --precision, --grad-accum; its transformer's context is --n-transit, so
+    # --policy and --context-len do not apply.)
+    dataset: str | None = option(None, "AD: directory of learning histories to distill (written by "
+                                       "python -m jaxrl_mgpu.histories --out DIR)")
+    n_transit: int = option(80, "AD: transitions per training window and in the model's context, across "
+                                "episode boundaries (e.g. 80 = 4 DarkRoom episodes)")
+    ad_batch_size: int = option(128, "AD: windows of n-transit transitions per update, GLOBAL (per device = "
+                                     "ad-batch-size / devices)")
+    ad_episode_stride: int = option(1, "AD: keep every k-th episode of each learning history, so a context of "
+                                       "n episodes spans k x n episodes of the source's learning")
+    # end Algorithm Distillation -------------------------------------------------------
     # network
     hidden_size: int = option(64, "width of the MLP layers")
     num_layers: int = option(2, "hidden layers of the actor and of the critic MLP")
@@ -103,6 +116,19 @@ class Config:
     local_device_ids: str | None = option(None, "comma-separated local device ids this process uses (e.g. 0,1)")
     failure_timeout: int = option(60, "seconds after which the other processes give up on a dead or "
                                       "unreachable process (heartbeat and start-up timeout)")
+    # asynchronous collection and learning on one run directory (elastic.py)
+    mode: str = option("both", "both: act and learn in one process; learn: train from the run's trajectory store "
+                               "and publish checkpoints; collect: follow the newest checkpoint and add episodes "
+                               "to the store", choices=("both", "learn", "collect"))
+    store_max_episodes: int = option(100_000, "learn: keep at most this many episodes in the store (oldest "
+                                              "shards deleted first)")
+    max_replay_ratio: float | None = option(None, "learn: at most this many gradient steps per env step received "
+                                                  "(the learner waits for data beyond it)")
+    collect_before_checkpoint: str = option("wait", "collect: before the learner's first checkpoint, wait or act "
+                                                    "uniformly at random", choices=("wait", "random"))
+    collector_id: str | None = option(None, "collect: this collector's name in the store and the learner's "
+                                            "metrics (default host-pid)")
+    shard_steps: int = option(256, "collect: vector steps of all environments per store shard")
     # checkpoints and evaluation
     checkpoint_every: int = option(100, "save a checkpoint every this many updates (a multiple of --log-every; "
                                         "0 = only at the end)")

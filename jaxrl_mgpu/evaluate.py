@@ -81,6 +81,9 @@ def _args(argv):
     p.add_argument("--devices", type=int, default=None, help="use the first k local devices (default: all)")
     p.add_argument("--parallel", default="pmap", choices=parallel.BACKENDS)
     p.add_argument("--seed", type=int, default=1, help="seed of the evaluation episodes")
+    p.add_argument("--in-context", action="store_true",
+                   help="--algo ad runs: E consecutive episodes on held-out goals with a rolling context and "
+                        "frozen weights; also takes --goals test|train and --envs-per-goal N (jaxrl_mgpu.incontext)")
     return p.parse_args(argv)
 
 
@@ -96,6 +99,17 @@ def load_run(run_dir: str):
     if not (path / "checkpoints").is_dir():
         raise ConfigError(f"--run-dir {run_dir}: the run has no checkpoints")
     return cfg, Checkpoints(path, read_only=True)
+
+
+def pick_step(ckpts, run_dir: str, step: int | None) -> int:
+    """`step` (default: the latest) if it is a complete checkpoint, else a ConfigError."""
+    steps = ckpts.steps()
+    if not steps:
+        raise ConfigError(f"--run-dir {run_dir}: the run has no complete checkpoint")
+    step = max(steps) if step is None else step
+    if step not in steps:
+        raise ConfigError(f"--step {step}: no such checkpoint; available: {', '.join(map(str, sorted(steps)))}")
+    return step
 
 
 def params_template(cfg):
@@ -117,6 +131,10 @@ def load_params(run_dir: str, step: int | None = None, best: bool = False):
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--in-context" in argv:  # Algorithm Distillation: its own options and outputs
+        from jaxrl_mgpu import incontext
+        return incontext.evaluate(argv)
     from jaxrl_mgpu.train import USER_ERRORS, fail
     try:
         args = _args(argv)
@@ -128,12 +146,7 @@ def main(argv=None) -> int:
             if step is None:
                 raise ConfigError(f"--best: the run in {args.run_dir} has no best checkpoint (train with --eval-every)")
         else:
-            steps = ckpts.steps()
-            if not steps:
-                raise ConfigError(f"--run-dir {args.run_dir}: the run has no complete checkpoint")
-            step = max(steps) if args.step is None else args.step
-            if step not in steps:
-                raise ConfigError(f"--step {step}: no such checkpoint; available: {', '.join(map(str, sorted(steps)))}")
+            step = pick_step(ckpts, args.run_dir, args.step)
         par = parallel.setup(args.parallel, args.devices)
     except USER_ERRORS as e:
         fail(e)

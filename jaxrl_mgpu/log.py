@@ -66,7 +66,9 @@ class RunLog:
             self._bar.update(row[self.unit] - self._bar.n)
             self._bar.set_postfix_str(f"return {ret_text}  {row['sps']:,.0f} steps/s", refresh=False)
         else:
-            print(f"update {row['update']}  {self.unit} {row[self.unit]:,}/{self.total_steps:,}  "
+            progress = (f"update {row['update']:,}/{self.total_steps:,}" if self.unit == "update" else
+                        f"update {row['update']}  {self.unit} {row[self.unit]:,}/{self.total_steps:,}")
+            print(f"{progress}  "
                   f"return {ret_text}  steps/s {row['sps']:,.0f}  time {row['time']:.0f}s", flush=True)
 
     def close(self) -> None:

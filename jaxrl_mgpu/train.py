@@ -118,8 +118,13 @@ def main(argv: list[str] | None = None) -> int:
         from jaxrl_mgpu import runner
         from jaxrl_mgpu.algos import ALGOS
         from jaxrl_mgpu.checkpoint import Checkpoints
+        from jaxrl_mgpu import elastic
         par = parallel.setup(cfg.parallel, cfg.devices)
-        layout = ALGOS[cfg.algo].check(cfg, par.num_devices)
+        layout = (ALGOS[cfg.algo].check if cfg.mode == "both" else elastic.check)(cfg, par.num_devices)
+        if cfg.mode == "collect":
+            if not cfg.run_dir:
+                raise ConfigError("--mode collect needs --run-dir: the run whose store it fills")
+            return collect(cfg, par)
         run_dir, resume_step = plan_run_dir(cfg)
     except USER_ERRORS as e:
         fail(e)
@@ -134,11 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     parallel.barrier("run directory ready")
     trainer = runner.Trainer(cfg, par)
     per_update = trainer.steps_per_update
-    log = RunLog(run_dir, cfg.total_updates * per_update, unit=trainer.step_unit)
+    # A learner (--mode learn) counts its own updates; the env steps are the collectors'.
+    log = (RunLog(run_dir, cfg.total_updates * per_update, unit=trainer.step_unit) if cfg.mode == "both" else
+           RunLog(run_dir, cfg.total_updates, unit="update"))
     log.banner(banner(cfg, par, layout, trainer))
     ckpts = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
     state, start = None, 0
-    if resume_step is not None:
+    if resume_step is not None and cfg.mode == "both":
         state, recreated = ckpts.restore(resume_step, trainer.init_state(), trainer.layout, par)
         start = resume_step
         log.print(f"  resumed from the checkpoint at update {start} ({start * per_update:,} {trainer.step_unit})"
@@ -164,7 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopSignal(log)
     hooks = runner.Hooks(checkpoint=checkpoint, evaluate=evaluate if cfg.eval_every else None, stop_requested=stop)
     try:
-        _, last, done = runner.train(trainer, log, state, start, hooks, stop_at=cfg.stop_at_update)
+        if cfg.mode == "learn":
+            last = elastic.learn(cfg, par, run_dir, log, ckpts, stop, resume_step)
+            done = cfg.total_updates  # the learner stops on env steps received, not on updates
+        else:
+            _, last, done = runner.train(trainer, log, state, start, hooks, stop_at=cfg.stop_at_update)
     except runner.NonFinite as e:
         ckpts.wait()
         last_good = ckpts.latest_step()
@@ -181,6 +192,21 @@ def main(argv: list[str] | None = None) -> int:
     log.print(f"done: {last.get(trainer.step_unit, 0):,} {trainer.step_unit} in {last.get('time', 0):.0f}s, {summary}")
     log.print(f"results in {run_dir}/: config.json, metrics.jsonl, TensorBoard events, checkpoints/ "
               f"(tensorboard --logdir {run_dir})")
+    return 0
+
+
+def collect(cfg, par) -> int:
+    """`--mode collect`: no run directory of its own; it adds episodes to `--run-dir`'s store."""
+    from jaxrl_mgpu import elastic
+    log = RunLog(None, 0)
+    log.print(f"collector on {par.num_devices} {par.devices[0].platform} device(s), {cfg.num_envs} envs, "
+              f"store {cfg.run_dir}/store")
+    stop = StopSignal(log)
+    try:
+        total = elastic.collect(cfg, par, log, stop)
+    finally:
+        stop.restore()
+    log.print(f"collector done: {total:,} env steps written")
     return 0
 
 

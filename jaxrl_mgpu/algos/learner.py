@@ -15,13 +15,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxrl_mgpu.nets import compute_dtype  # noqa: F401  (re-exported: algorithms build their nets with it)
 from jaxrl_mgpu.parallel import AXIS
-
-DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
-
-
-def compute_dtype(precision: str):
-    return DTYPES[precision]
 
 
 class LossScale(NamedTuple):

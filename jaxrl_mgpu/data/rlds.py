@@ -41,7 +41,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -126,16 +126,51 @@ def _no_progress_bars():
         tfds.display_progress_bar(was)
 
 
+def _tensor(x: np.ndarray) -> tfds.features.Tensor:
+    """A feature for one item shaped and typed like `x`."""
+    return tfds.features.Tensor(shape=x.shape, dtype=x.dtype)
+
+
+def bytes_tensor(x: np.ndarray) -> tfds.features.Tensor:
+    """A feature for one item shaped and typed like `x`, stored as its raw bytes: TFDS's
+    standard BYTES encoding, many times faster to write and read than a list of floats."""
+    return tfds.features.Tensor(shape=x.shape, dtype=x.dtype, encoding=tfds.features.Encoding.BYTES)
+
+
+def _is_bytes(feature) -> bool:
+    return getattr(feature, "_encoding", None) == tfds.features.Encoding.BYTES
+
+
+def steps_feature(observation: np.ndarray, action: np.ndarray) -> tfds.features.Dataset:
+    """The RLDS `steps` feature for one observation and one action (item shapes and dtypes).
+    Its encoder takes an episode's steps as whole arrays [n, ...] in one go: the stored bytes
+    are the same as TFDS's per-step encoding (which stacks each step's arrays), about 100x
+    faster, and the dataset's feature spec stays the standard `tfds.features.Dataset`.
+    Observations are stored as raw bytes (`bytes_tensor`)."""
+    spec = {"observation": bytes_tensor(observation), "action": _tensor(action), "reward": np.float32,
+            "discount": np.float32, "is_first": np.bool_, "is_last": np.bool_, "is_terminal": np.bool_}
+    feature = tfds.features.Dataset(spec)
+    dtypes = {k: np.dtype(f.np_dtype) for k, f in feature.feature.items()}
+    shapes = {k: tuple(f.shape) for k, f in feature.feature.items()}
+
+    def encode_whole_episode(steps: dict) -> dict:
+        encoded = {k: np.asarray(steps[k], dtypes[k]) for k in spec}
+        n = len(encoded["reward"])
+        for k, v in encoded.items():
+            if v.shape != (n,) + shapes[k]:
+                raise DatasetError(f"step field {k!r} has shape {v.shape}, expected {(n,) + shapes[k]}")
+        obs = encoded["observation"]
+        encoded["observation"] = np.array([row.tobytes() for row in obs], dtype=object)
+        return encoded
+
+    feature.encode_example = encode_whole_episode  # this instance only; the class (and spec) stay TFDS's
+    return feature
+
+
 def _features(h: Histories) -> tfds.features.FeaturesDict:
-    tensor = lambda x: tfds.features.Tensor(shape=x.shape, dtype=x.dtype)  # noqa: E731  (per-item shape)
     return tfds.features.FeaturesDict({
-        "steps": tfds.features.Dataset({
-            "observation": tensor(h.observation[0, 0]),
-            "action": tensor(h.action[0, 0]),
-            "reward": np.float32, "discount": np.float32,
-            "is_first": np.bool_, "is_last": np.bool_, "is_terminal": np.bool_,
-        }),
-        "task": tensor(h.task[0]),
+        "steps": steps_feature(h.observation[0, 0], h.action[0, 0]),
+        "task": _tensor(h.task[0]),
         "task_index": np.int32,
         "episode_index": np.int32,
     })
@@ -195,12 +230,18 @@ def write(path: str | os.PathLike, histories: Histories) -> Path:
               "episodes_per_task": [len(e) for e in ends]}
     metadata = json.loads(json.dumps({**h.metadata, **layout}, default=_jsonable))
 
-    # Build in a hidden sibling (same filesystem), then rename the finished builder directory
-    # onto `path`: rename is atomic, and replaces an empty directory.
+    return build(path, _features(h), metadata, lambda: _examples(h, ends))
+
+
+def build(path: Path, features: tfds.features.FeaturesDict, metadata: dict, examples) -> Path:
+    """Writes the examples `examples()` yields as a TFDS array_record dataset at `path`: built
+    in a hidden sibling directory (same filesystem), then renamed onto `path` — the rename is
+    atomic, so no reader ever sees a partial dataset — with each shard file's size and SHA-256
+    recorded in `shards.json` for `verify`."""
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.parent / f".{path.name}.partial-{uuid.uuid4().hex[:8]}"
     try:
-        builder = _HistoryBuilder(features=_features(h), metadata=metadata, examples=lambda: _examples(h, ends),
+        builder = _HistoryBuilder(features=features, metadata=metadata, examples=examples,
                                   data_dir=staging, file_format="array_record")
         with _no_progress_bars():
             builder.download_and_prepare(download_dir=staging / "downloads")
@@ -270,7 +311,7 @@ def read(path: str | os.PathLike, env: str | None = None, tasks: Iterable[int] |
         source = builder.as_data_source(SPLIT, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
         if len(source) != offsets[-1]:
             raise DatasetError(f"{path} holds {len(source)} episodes; its metadata says {offsets[-1]}")
-        parser = example_parser.ExampleParserNp(builder.info.features.get_serialized_info())
+        parser = episode_parser(builder)
         rows = [_read_task(parser, source, t, offsets[t], offsets[t + 1], metadata["steps_per_task"])
                 for t in tasks]
     except DatasetError:
@@ -280,10 +321,32 @@ def read(path: str | os.PathLike, env: str | None = None, tasks: Iterable[int] |
     return Histories(**{k: np.stack([r[k] for r in rows]) for k in rows[0]}, metadata=metadata)
 
 
+def episode_parser(builder) -> Callable[[bytes], dict]:
+    """Parses one stored episode record into numpy arrays, whole episode at a time (TFDS's
+    numpy tf.Example parser; its public decode path goes step by step, ~15x slower), and
+    turns BYTES-encoded tensors back into arrays."""
+    features = builder.info.features
+    parser = example_parser.ExampleParserNp(features.get_serialized_info())
+    raw = lambda f: (np.dtype(f.np_dtype), tuple(f.shape))  # noqa: E731
+    step_bytes = {k: raw(f) for k, f in features["steps"].feature.items() if _is_bytes(f)}
+    top_bytes = {k: raw(f) for k, f in features.items() if k != "steps" and _is_bytes(f)}
+
+    def parse(record: bytes) -> dict:
+        e = parser.parse_example(record)
+        for k, (dtype, shape) in step_bytes.items():
+            rows = e["steps"][k]
+            e["steps"][k] = np.frombuffer(b"".join(rows), dtype).reshape((len(rows),) + shape)
+        for k, (dtype, shape) in top_bytes.items():
+            e[k] = np.frombuffer(e[k], dtype).reshape(shape)
+        return e
+
+    return parse
+
+
 def _read_task(parser, source, task: int, start: int, stop: int, num_steps: int) -> dict:
     """One task's episodes [start, stop) concatenated into [num_steps] arrays, after checking
     they are the task's episodes in order with consistent RLDS flags."""
-    episodes = [parser.parse_example(r) for r in source.__getitems__(range(start, stop))]
+    episodes = [parser(r) for r in source.__getitems__(range(start, stop))]
     if [(int(e["task_index"]), int(e["episode_index"])) for e in episodes] != \
             [(task, i) for i in range(stop - start)]:
         raise DatasetError(f"episodes {start}..{stop - 1} are not task {task}'s history in order")

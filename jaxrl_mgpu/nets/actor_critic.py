@@ -25,7 +25,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl_mgpu.algos.learner import compute_dtype
+from jaxrl_mgpu.nets import compute_dtype
 from jaxrl_mgpu.nets.mlp import ActorCritic
 from jaxrl_mgpu.nets.transformer import KVCache, TransformerActorCritic
 

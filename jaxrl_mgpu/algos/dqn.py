@@ -1,0 +1,359 @@
+"""Double DQN for ONE device's slice of the work.
+
+`make(cfg, env, env_params, num_devices)` returns the per-device functions the runner maps over
+all devices:
+
+    init(key)      -> DQNState      identical params everywhere (same key), own envs and replay
+    update(state)  -> state, (losses, EpisodeStats)
+
+One update:
+  1. act: `num_steps` epsilon-greedy steps of this device's `num_envs / D` environments
+     (`lax.scan`); every transition goes into this device's replay buffer;
+  2. learn: once `learning_starts` env steps (global) have been collected,
+     `G = num_steps x updates_per_step` gradient steps, each on `replay_batch_size / D`
+     transitions sampled from this device's buffer. Gradients are `lax.pmean`-ed over `AXIS`,
+     so every step follows the average gradient of the GLOBAL sampled batch and the params
+     stay identical on every device.
+
+So `--updates-per-step` counts gradient steps per vectorised env step (one step of all
+`num_envs` environments), and the replay ratio in sampled transitions per collected
+transition is `replay_batch_size x updates_per_step / num_envs`.
+
+Replay: a ring buffer of fixed-size arrays inside the training state (so it is checkpointed
+with it and a resume is exact). It is laid out [envs, rows]: environment e's transitions are a
+time-ordered ring of `buffer_size / num_envs` rows, one per vectorised step, so the n steps
+after a sampled transition are the next rows of the same environment. Every update writes
+`num_steps` rows, so the write position and fill level follow from the update counter. Each
+device holds its own environments' rings (`buffer_size / D` transitions); stacked over devices
+they are exactly the buffer one device would hold, which is why the checkpoint can treat the
+buffer like the environment states (PER_ENV) and restore it on any device count.
+
+Randomness: exploration of environment i comes from its GLOBAL index (as in `vec.env_keys`),
+so acting does not depend on the device count; replay sampling folds in the device index.
+
+Targets (double DQN, n-step): for a sampled (s_t, a_t), sum the discounted rewards of steps
+t..t+k, where k < n is the first step whose episode ended (or n - 1). If it terminated, there is
+no bootstrap; otherwise (time limit, or no end) bootstrap with gamma^(k+1) * Q_target(s', a*),
+a* = argmax Q_online(s'), where s' is the observation after step t+k BEFORE any auto-reset
+(`vec.Step.final_obs`). The loss is the Huber loss (delta 1) of Q_online(s_t, a_t) against that
+target. The gradient step is the shared `learner.step` (the all-reduce, `--grad-accum`
+micro-batches, `--precision`), with `learner.adam`: Adam with global-norm clipping
+(`--max-grad-norm`) and, with `--anneal-lr`, a linear decay to 0 over the run's gradient steps.
+
+Target network: with `--tau 1`, a hard copy of the online params every `--target-update-every`
+gradient steps; with `--tau` < 1, Polyak averaging after every gradient step. Exploration:
+epsilon decays linearly from `--eps-start` to `--eps-end` over `--eps-decay-steps` global env
+steps. For evaluation, `policy` (the actor-critic interface of nets/actor_critic.py) gives
+logits = log of the epsilon-greedy probabilities with `--eps-end`: sampling them is acting
+epsilon-greedily, their argmax (`--greedy`) is acting greedily.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxrl_mgpu.algos import learner
+from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
+from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.envs import vec
+from jaxrl_mgpu.nets.actor_critic import Policy
+from jaxrl_mgpu.nets.qnet import QNetwork
+from jaxrl_mgpu.parallel import ParallelError, device_index, global_indices, split_evenly
+
+
+class Replay(NamedTuple):
+    """One device's ring buffers: [envs per device, rows], one row per vectorised step. Row
+    `written % rows` is written next, where `written` counts the vector steps taken so far."""
+    obs: jax.Array         # [E, R, *obs_shape]  observation acted on
+    action: jax.Array      # [E, R] int32
+    reward: jax.Array      # [E, R] float32
+    terminated: jax.Array  # [E, R] bool: true end, no bootstrap
+    truncated: jax.Array   # [E, R] bool: time limit, bootstrap from next_obs
+    next_obs: jax.Array    # [E, R, *obs_shape]  observation after the step, before any auto-reset
+
+
+class Batch(NamedTuple):
+    """Sampled n-step transitions, ready for the loss."""
+    obs: jax.Array       # [B, *obs_shape]
+    action: jax.Array    # [B]
+    reward: jax.Array    # [B] discounted reward sum over the (at most n) steps
+    discount: jax.Array  # [B] gamma^k where the target bootstraps, 0 where the episode terminated
+    next_obs: jax.Array  # [B, *obs_shape] the observation to bootstrap from
+
+
+class DQNState(NamedTuple):
+    params: Any
+    target_params: Any
+    opt_state: Any
+    loss_scale: learner.LossScale
+    envs: vec.EnvBatch
+    replay: Replay
+    key: jax.Array         # the same on every device; split once per update
+    update: jax.Array      # updates done so far (x num_steps = vector steps written to the replay)
+    grad_steps: jax.Array  # gradient steps done so far (drives the target-network updates)
+
+
+# Options (besides config.STATE_KEYS) that shape this algorithm's state: the replay's shape, and
+# where its write position is (update x num_steps rows into every environment's ring).
+STATE_KEYS = ("buffer_size", "num_envs", "num_steps")
+
+# How each state field is laid out over devices (see checkpoint.py).
+STATE_LAYOUT = {"params": REPLICATED, "target_params": REPLICATED, "opt_state": REPLICATED,
+                "loss_scale": REPLICATED, "envs": PER_ENV, "replay": PER_ENV, "key": REPLICATED,
+                "update": REPLICATED, "grad_steps": REPLICATED}
+
+
+class Algo(NamedTuple):
+    init: Any         # key -> DQNState
+    update: Any       # DQNState -> DQNState, (losses, EpisodeStats)
+    rollout: Any      # params, EnvBatch, Replay, key, vector steps so far -> EnvBatch, Replay, actions, epsilons, Step
+    init_params: Any  # key -> params (the same key gives the same params everywhere)
+    policy: Any       # nets.actor_critic.Policy for evaluation: epsilon-greedy (eps-end) as logits
+    learn: Any        # params, target_params, opt_state, loss_scale, Batch -> params, opt_state, loss_scale, stats
+
+
+# -- layout and checks -------------------------------------------------------------------
+
+def _divide(total: int, parts: int, what: str) -> int:
+    try:
+        return split_evenly(total, parts, what)
+    except ParallelError as e:
+        raise ConfigError(str(e)) from None
+
+
+def grad_steps_per_update(cfg) -> int:
+    return int(round(cfg.num_steps * cfg.updates_per_step))
+
+
+def check(cfg, num_devices: int) -> dict:
+    """The batch layout over `num_devices`, or a ConfigError naming the option that breaks it."""
+    if cfg.policy != "mlp":
+        raise ConfigError(f"--policy {cfg.policy!r} is not supported by --algo dqn yet; use --policy mlp")
+    for name in ("buffer_size", "replay_batch_size", "n_step", "target_update_every"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    for name in ("learning_starts", "eps_decay_steps"):
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be at least 0, got {getattr(cfg, name)}")
+    for name in ("eps_start", "eps_end"):
+        if not 0.0 <= getattr(cfg, name) <= 1.0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(cfg, name)}")
+    if not 0.0 < cfg.tau <= 1.0:
+        raise ConfigError(f"--tau must be in (0, 1], got {cfg.tau}")
+    grads = cfg.num_steps * cfg.updates_per_step
+    if cfg.updates_per_step <= 0 or abs(grads - round(grads)) > 1e-6:
+        raise ConfigError(f"--updates-per-step {cfg.updates_per_step} x --num-steps {cfg.num_steps} must be a "
+                          f"positive whole number of gradient steps per update")
+    envs_per_device = _divide(cfg.num_envs, num_devices, "--num-envs")
+    _divide(cfg.buffer_size, num_devices, "--buffer-size")
+    batch_per_device = _divide(cfg.replay_batch_size, num_devices, "--replay-batch-size")
+    if batch_per_device % cfg.grad_accum:
+        raise ConfigError(f"--grad-accum {cfg.grad_accum} does not divide the per-device replay batch of "
+                          f"{batch_per_device} (--replay-batch-size {cfg.replay_batch_size} / {num_devices} devices)")
+    if cfg.buffer_size % cfg.num_envs:
+        raise ConfigError(f"--buffer-size {cfg.buffer_size} is not a multiple of --num-envs {cfg.num_envs} "
+                          f"(the buffer holds buffer-size / num-envs steps of every environment)")
+    if cfg.buffer_size // cfg.num_envs < cfg.n_step:
+        raise ConfigError(f"--buffer-size {cfg.buffer_size} holds fewer than --n-step {cfg.n_step} steps of each "
+                          f"of the {cfg.num_envs} environments")
+    if cfg.learning_starts >= cfg.total_timesteps:
+        raise ConfigError(f"--learning-starts {cfg.learning_starts} is not below --total-timesteps "
+                          f"{cfg.total_timesteps}: no gradient step would run")
+    return {"environments": (cfg.num_envs, envs_per_device),
+            "minibatch": (cfg.replay_batch_size, batch_per_device),
+            "replay buffer": (cfg.buffer_size, cfg.buffer_size // num_devices)}
+
+
+# -- replay ------------------------------------------------------------------------------
+
+def replay_init(envs: int, rows: int, obs_shape: tuple) -> Replay:
+    z = lambda *shape, dtype=jnp.float32: jnp.zeros((envs, rows) + shape, dtype)
+    return Replay(z(*obs_shape), z(dtype=jnp.int32), z(), z(dtype=bool), z(dtype=bool), z(*obs_shape))
+
+
+def replay_add(replay: Replay, written: jax.Array, obs, action, out: vec.Step) -> Replay:
+    """Writes one vector step (all of this device's envs) as row `written % rows`."""
+    row = written % replay.reward.shape[1]
+    put = lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x.astype(buf.dtype), row, 1)
+    return Replay(put(replay.obs, obs), put(replay.action, action), put(replay.reward, out.reward),
+                  put(replay.terminated, out.terminated), put(replay.truncated, out.truncated),
+                  put(replay.next_obs, out.final_obs))
+
+
+def replay_gather(replay: Replay, env: jax.Array, row: jax.Array, n_step: int, gamma: float) -> Batch:
+    """n-step transitions starting at (env, row); rows row..row+n-1 (mod rows) must be filled."""
+    rows = replay.reward.shape[1]
+    idx = (row[:, None] + jnp.arange(n_step)) % rows                        # [B, n]
+    col = env[:, None]
+    reward, term = replay.reward[col, idx], replay.terminated[col, idx]
+    ended = jnp.logical_or(term, replay.truncated[col, idx]).astype(jnp.float32)
+    # step i counts while no earlier step of the window ended its episode
+    alive = jnp.concatenate([jnp.ones_like(ended[:, :1]), jnp.cumprod(1.0 - ended[:, :-1], axis=1)], axis=1)
+    powers = gamma ** jnp.arange(n_step, dtype=jnp.float32)
+    last = alive.sum(1).astype(jnp.int32) - 1                                # k: the last step used
+    last_row = jnp.take_along_axis(idx, last[:, None], 1)[:, 0]
+    last_term = jnp.take_along_axis(term, last[:, None], 1)[:, 0]
+    discount = gamma ** (last + 1).astype(jnp.float32) * (1.0 - last_term.astype(jnp.float32))
+    return Batch(replay.obs[env, row], replay.action[env, row], (alive * powers * reward).sum(1), discount,
+                 replay.next_obs[env, last_row])
+
+
+def replay_sample(replay: Replay, written: jax.Array, key: jax.Array, batch_size: int, n_step: int,
+                  gamma: float) -> Batch:
+    """Uniform over the stored transitions whose n-step window is complete (needs
+    `written >= n_step`): the oldest `min(written, rows) - n_step + 1` rows of every env."""
+    envs, rows = replay.reward.shape
+    filled = jnp.minimum(written, rows)
+    env_key, row_key = jax.random.split(key)
+    env = jax.random.randint(env_key, (batch_size,), 0, envs)
+    age = jax.random.randint(row_key, (batch_size,), 0, filled - n_step + 1)  # 0 = the oldest row
+    return replay_gather(replay, env, (written - filled + age) % rows, n_step, gamma)
+
+
+# -- the algorithm -------------------------------------------------------------------------
+
+def make_network(cfg, env, env_params) -> QNetwork:
+    obs_shape = env.observation_space(env_params).shape
+    return QNetwork(num_actions=env.num_actions, obs_ndim=len(obs_shape), hidden_size=cfg.hidden_size,
+                    num_layers=cfg.num_layers, activation=cfg.activation, dtype=learner.compute_dtype(cfg.precision))
+
+
+def first_learning_update(cfg) -> int:
+    """Index of the first update that does gradient steps (its data reaches learning_starts)."""
+    return max(math.ceil(cfg.learning_starts / cfg.batch_size) - 1, 0)
+
+
+def gradient_steps(cfg) -> int:
+    """Gradient steps over the whole run (the learning-rate schedule's length)."""
+    return max((cfg.total_updates - first_learning_update(cfg)) * grad_steps_per_update(cfg), 1)
+
+
+def epsilon(cfg, env_steps: jax.Array) -> jax.Array:
+    """Linear from eps_start to eps_end over eps_decay_steps global env steps, then flat."""
+    frac = jnp.clip(env_steps / max(cfg.eps_decay_steps, 1), 0.0, 1.0)
+    return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
+
+
+def make(cfg, env, env_params, num_devices: int) -> Algo:
+    check(cfg, num_devices)
+    net = make_network(cfg, env, env_params)
+    tx = learner.adam(cfg, gradient_steps(cfg))
+    envs_per_device = cfg.num_envs // num_devices
+    rows = cfg.buffer_size // cfg.num_envs
+    batch_per_device = cfg.replay_batch_size // num_devices
+    grad_steps = grad_steps_per_update(cfg)
+    learn_from = first_learning_update(cfg)
+    obs_shape = env.observation_space(env_params).shape
+
+    def init_params(key: jax.Array):
+        return net.init(key, jnp.zeros((1,) + obs_shape))
+
+    def init(key: jax.Array) -> DQNState:
+        params_key, env_key, key = jax.random.split(key, 3)
+        params = init_params(params_key)
+        envs = vec.reset(env, env_params, env_key, global_indices(envs_per_device))
+        zero = jnp.zeros((), jnp.int32)
+        return DQNState(params, params, tx.init(params), learner.LossScale.init(cfg.precision), envs,
+                        replay_init(envs_per_device, rows, obs_shape), key, zero, zero)
+
+    def epsilon_greedy(params, obs, keys, eps):
+        """One key per environment: whether to explore, and the random action if so."""
+        keys = jax.vmap(jax.random.split)(keys)
+        greedy = jnp.argmax(net.apply(params, obs), axis=-1)
+        explore = jax.vmap(jax.random.uniform)(keys[:, 0]) < eps
+        random = jax.vmap(lambda k: jax.random.randint(k, (), 0, env.num_actions))(keys[:, 1])
+        return jnp.where(explore, random, greedy)
+
+    def policy_logits(params, obs):
+        """log of the epsilon-greedy (eps-end) action probabilities, and max Q as the value."""
+        q = net.apply(params, obs)
+        greedy = jax.nn.one_hot(jnp.argmax(q, -1), env.num_actions)
+        probs = cfg.eps_end / env.num_actions + (1.0 - cfg.eps_end) * greedy
+        return jnp.log(probs), q.max(-1)
+
+    def policy_act(params, memory, obs, final_obs):
+        logits, value = policy_logits(params, obs)
+        return logits, value, jnp.zeros_like(value), memory
+
+    policy = Policy(init_params=init_params, init_memory=lambda n: (), act=policy_act,
+                    remember=lambda memory, action, reward, done: memory, inputs=lambda memory, obs: obs,
+                    evaluate=lambda params, memory0, obs: policy_logits(params, obs), sequences=False)
+
+    def rollout(params, envs: vec.EnvBatch, replay: Replay, key: jax.Array, written: jax.Array):
+        """`num_steps` epsilon-greedy vector steps, from the `written`-th vector step of training."""
+        ids = global_indices(envs_per_device)
+
+        def step(carry, t):
+            envs, replay = carry
+            eps = epsilon(cfg, (written + t).astype(jnp.float32) * cfg.num_envs)  # env steps so far
+            keys = jax.vmap(jax.random.split)(vec.env_keys(jax.random.fold_in(key, t), ids))
+            action = epsilon_greedy(params, envs.obs, keys[:, 0], eps)
+            next_envs, out = vec.step(env, env_params, envs, action, keys[:, 1])
+            return (next_envs, replay_add(replay, written + t, envs.obs, action, out)), (action, eps, out)
+
+        (envs, replay), (actions, eps, steps) = jax.lax.scan(step, (envs, replay), jnp.arange(cfg.num_steps))
+        return envs, replay, actions, eps, steps
+
+    def loss_fn(params, target_params, batch: Batch):
+        both = jnp.concatenate([batch.obs, batch.next_obs])  # one forward pass for s and s'
+        q, next_online = jnp.split(net.apply(params, both), 2)
+        q_taken = jnp.take_along_axis(q, batch.action[:, None], -1)[:, 0]
+        best = jnp.argmax(next_online, axis=-1)  # double DQN: the online net picks the action ...
+        next_q = jnp.take_along_axis(net.apply(target_params, batch.next_obs), best[:, None], -1)[:, 0]
+        target = jax.lax.stop_gradient(batch.reward + batch.discount * next_q)  # ... the target net values it
+        td = optax.huber_loss(q_taken, target, delta=1.0).mean()
+        return td, {"loss/td": td, "loss/q_mean": q_taken.mean(), "loss/target_mean": target.mean()}
+
+    def learn(params, target_params, opt_state, loss_scale, batch: Batch):
+        """One gradient step on this device's share of the global batch; the all-reduce in
+        learner.step makes it the step of the whole global batch (every share has one size)."""
+        return learner.step(lambda p, b: loss_fn(p, target_params, b), tx, params, opt_state, loss_scale, batch,
+                            cfg.grad_accum, cfg.precision)
+
+    def update_target(params, target_params, step):
+        if cfg.tau < 1.0:
+            return optax.incremental_update(params, target_params, cfg.tau)
+        return optax.periodic_update(params, target_params, step, cfg.target_update_every)
+
+    def learn_many(carry, replay: Replay, written: jax.Array, key: jax.Array):
+        """`grad_steps` gradient steps, each on a fresh sample; returns the carry and mean stats."""
+        key = jax.random.fold_in(key, device_index())  # each device samples its own share
+
+        def grad_step(carry, k):
+            params, target_params, opt_state, loss_scale, step = carry
+            batch = replay_sample(replay, written, jax.random.fold_in(key, k), batch_per_device, cfg.n_step,
+                                  cfg.gamma)
+            params, opt_state, loss_scale, stats = learn(params, target_params, opt_state, loss_scale, batch)
+            step = step + 1
+            return (params, update_target(params, target_params, step), opt_state, loss_scale, step), stats
+
+        carry, stats = jax.lax.scan(grad_step, carry, jnp.arange(grad_steps))
+        return carry, jax.tree.map(jnp.mean, stats)
+
+    def no_learning(carry, replay, written, key):
+        # zeros shaped like learn_many's stats (traced abstractly: nothing is computed)
+        stats = jax.eval_shape(learn_many, carry, replay, written, key)[1]
+        return carry, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), stats)
+
+    def update(state: DQNState):
+        key, act_key, learn_key = jax.random.split(state.key, 3)
+        written = state.update * cfg.num_steps  # vector steps so far
+        envs, replay, _, eps, steps = rollout(state.params, state.envs, state.replay, act_key, written)
+        written = written + cfg.num_steps
+        # The same on every device (all count the same steps), so all take the same branch.
+        learning = jnp.logical_and(state.update >= learn_from, written >= cfg.n_step)
+        carry = (state.params, state.target_params, state.opt_state, state.loss_scale, state.grad_steps)
+        (params, target_params, opt_state, loss_scale, n), losses = jax.lax.cond(
+            learning, learn_many, no_learning, carry, replay, written, learn_key)
+        losses = {**losses, "epsilon": eps.mean()}
+        if "fp16/loss_scale" in losses:  # the scale in force, also before learning starts
+            losses["fp16/loss_scale"] = loss_scale.scale
+        new = DQNState(params, target_params, opt_state, loss_scale, envs, replay, key, state.update + 1, n)
+        return new, (losses, vec.EpisodeStats.of(steps))
+
+    return Algo(init, update, rollout, init_params, policy, learn)

@@ -1,0 +1,136 @@
+"""The trajectory store of an asynchronous run: `<run-dir>/store/`, shared by any number of
+collector processes (writers) and the learner (the only reader and the only one to delete).
+
+Each shard is a TFDS array_record dataset of RLDS episodes (the layout of `data.rlds`: `steps`
+with observation, action, reward, discount, is_first, is_last, is_terminal), plus each
+episode's `final_observation` (the observation after its last step, before any reset, which a
+learner needs to bootstrap truncated episodes). Shards are built in a hidden staging directory
+and renamed into place (`rlds.build`), so no reader ever sees a partial shard. The shard's
+metadata records who wrote it and with which policy: `collector`, `policy_step`, `episodes`,
+`env_steps`, `env`.
+
+Shard names start with the writer's wall-clock time in nanoseconds, so sorting names is
+first-in-first-out across collectors, which is the eviction order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from jaxrl_mgpu.data import rlds
+from jaxrl_mgpu.data.rlds import DatasetError
+
+
+class Transitions(NamedTuple):
+    """One-step transitions, ready for a replay buffer."""
+    obs: np.ndarray        # [N, *obs_shape]
+    action: np.ndarray     # [N]
+    reward: np.ndarray     # [N] float32
+    discount: np.ndarray   # [N] float32: 0 where the episode terminated (no bootstrap), else 1
+    next_obs: np.ndarray   # [N, *obs_shape] observation after the step, before any reset
+
+
+class Shard(NamedTuple):
+    path: Path
+    meta: dict
+
+
+def _features(obs: np.ndarray, action: np.ndarray) -> tfds.features.FeaturesDict:
+    return tfds.features.FeaturesDict({
+        "steps": rlds.steps_feature(obs, action),
+        "final_observation": rlds.bytes_tensor(obs),
+        "episode_index": np.int32,
+    })
+
+
+class Store:
+    def __init__(self, run_dir: str | os.PathLike):
+        self.root = Path(run_dir).absolute() / "store"
+        self._meta: dict[str, dict] = {}  # shard name -> metadata, read once per shard
+
+    def write(self, episodes: list[dict], collector: str, policy_step: int, env: str) -> Path:
+        """Writes complete episodes, each a dict of `observation` [n, ...], `action` [n],
+        `reward` [n], `terminated` (bool: the episode ended for real, not by a time limit) and
+        `final_observation` [...], as one new shard."""
+        if not episodes:
+            raise DatasetError("a shard needs at least one episode")
+        self.root.mkdir(parents=True, exist_ok=True)
+        meta = {"env": env, "collector": collector, "policy_step": int(policy_step), "episodes": len(episodes),
+                "env_steps": int(sum(len(e["reward"]) for e in episodes)),
+                "return_sum": float(sum(np.sum(e["reward"]) for e in episodes)), "created": time.time()}
+        first = episodes[0]
+        features = _features(np.asarray(first["final_observation"]), np.asarray(first["action"][0]))
+
+        def examples():
+            for i, e in enumerate(episodes):
+                n = len(e["reward"])
+                last = np.arange(n) == n - 1
+                terminal = last & bool(e["terminated"])
+                yield i, {"steps": {"observation": e["observation"], "action": e["action"], "reward": e["reward"],
+                                    "discount": (~terminal).astype(np.float32), "is_first": np.arange(n) == 0,
+                                    "is_last": last, "is_terminal": terminal},
+                          "final_observation": e["final_observation"], "episode_index": i}
+
+        name = f"{time.time_ns():020d}-{collector}-{uuid.uuid4().hex[:6]}"
+        return rlds.build(self.root / name, features, meta, examples)
+
+    def shards(self) -> list[Shard]:
+        """Complete shards, oldest first (staging directories are hidden, hence skipped). Each
+        shard's metadata is read once (TFDS keeps it in the shard's metadata.json)."""
+        if not self.root.is_dir():
+            return []
+        names = sorted(n for n in os.listdir(self.root) if not n.startswith("."))
+        self._meta = {n: self._meta.get(n) or json.loads((self.root / n / "metadata.json").read_text())
+                      for n in names}
+        return [Shard(self.root / n, self._meta[n]) for n in names]
+
+    def episodes(self) -> int:
+        """Episodes in the store now."""
+        return sum(s.meta["episodes"] for s in self.shards())
+
+    def read(self, shard: Shard) -> Transitions:
+        """The shard's episodes as one-step transitions (checksums verified first)."""
+        rlds.verify(shard.path)
+        builder = tfds.builder_from_directory(shard.path)
+        try:
+            source = builder.as_data_source(rlds.SPLIT, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
+            parser = rlds.episode_parser(builder)
+            episodes = [parser(r) for r in source.__getitems__(range(len(source)))]
+        except Exception as e:  # array_record raises RuntimeError on a damaged file
+            raise DatasetError(f"cannot read shard {shard.path}: {type(e).__name__}: {e}".splitlines()[0]) from e
+        steps = {k: np.concatenate([e["steps"][k] for e in episodes]) for k in ("observation", "action", "reward",
+                                                                                  "discount")}
+        next_obs = np.concatenate([np.concatenate([e["steps"]["observation"][1:], e["final_observation"][None]])
+                                   for e in episodes])
+        return Transitions(steps["observation"], steps["action"], steps["reward"], steps["discount"], next_obs)
+
+    def clean_staging(self, older_than_s: float = 600.0) -> None:
+        """Deletes staging directories of writers that died mid-shard (nobody renames them)."""
+        if not self.root.is_dir():
+            return
+        for p in self.root.iterdir():
+            if p.name.startswith(".") and ".partial-" in p.name and time.time() - p.stat().st_mtime > older_than_s:
+                shutil.rmtree(p, ignore_errors=True)
+
+    def evict(self, shards: list[Shard], max_episodes: int) -> list[Shard]:
+        """Deletes the oldest of `shards` until at most `max_episodes` episodes remain; returns
+        the survivors. Only the learner calls this. A shard is renamed to a hidden name first,
+        so a listing never shows a half-deleted shard."""
+        total = sum(s.meta["episodes"] for s in shards)
+        kept = list(shards)
+        while kept and total > max_episodes:
+            victim = kept.pop(0)
+            total -= victim.meta["episodes"]
+            trash = victim.path.parent / f".evicted-{victim.path.name}"
+            os.rename(victim.path, trash)
+            shutil.rmtree(trash, ignore_errors=True)
+        return kept

@@ -1,0 +1,401 @@
+"""Asynchronous, elastic collection and learning on one run directory (`--mode learn|collect`).
+
+    python -m jaxrl_mgpu.train --config cartpole-dqn --mode learn   --run-dir R                 # one learner
+    CUDA_VISIBLE_DEVICES=1 python -m jaxrl_mgpu.train --config cartpole-dqn --mode collect --run-dir R   # any number,
+    CUDA_VISIBLE_DEVICES=2 python -m jaxrl_mgpu.train --config cartpole-dqn --mode collect --run-dir R   # any time
+
+The learner (any number of devices, one or many hosts) trains DQN from the run's trajectory
+store (`data/store.py`, `<run-dir>/store/`) and publishes its params through the run's Orbax
+checkpoints. Collectors follow the newest checkpoint, roll out on their own devices, and
+append whole episodes to the store as atomically written shards. They can be started, killed
+and restarted at any time; nothing else notices but the learner's data rate.
+
+The learner's loop, on the host between compiled calls:
+  1. read the shards it has not seen (oldest first) and queue their transitions;
+  2. move queued transitions into the on-device replay in fixed-size blocks (one compiled
+     insert, each device taking its share);
+  3. if the replay holds `--learning-starts` transitions and the replay ratio is under
+     `--max-replay-ratio`: one compiled chunk of `num_steps x updates_per_step` gradient
+     steps (the same double-DQN step as `--mode both`, gradients `pmean`-ed over devices);
+  4. log, publish a checkpoint every `--checkpoint-every` iterations, evict the oldest shards
+     beyond `--store-max-episodes` (the learner is the only one who deletes).
+The replay is not checkpointed: a restarted learner refills it from the store's shards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import zlib
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxrl_mgpu import envs as envs_lib
+from jaxrl_mgpu.algos import dqn, learner
+from jaxrl_mgpu.checkpoint import REPLICATED, Checkpoints
+from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.data.store import Store, Transitions
+from jaxrl_mgpu.envs import vec
+from jaxrl_mgpu.parallel import Parallel, device_index, global_indices
+
+DONE_MARKER = "learner_done"  # written by the learner at the end: collectors then stop
+BLOCK = 256                   # transitions per device per replay insert (one compiled shape)
+
+
+def check(cfg, num_devices: int) -> dict:
+    if cfg.algo != "dqn":
+        raise ConfigError(f"--mode {cfg.mode} needs an off-policy learner: use --algo dqn (not {cfg.algo})")
+    layout = dqn.check(cfg, num_devices)
+    if cfg.mode == "learn" and cfg.buffer_size // num_devices < BLOCK:
+        raise ConfigError(f"--buffer-size {cfg.buffer_size} must hold at least {BLOCK} transitions per device")
+    if cfg.store_max_episodes < 1 or cfg.shard_steps < 1:
+        raise ConfigError("--store-max-episodes and --shard-steps must be at least 1")
+    return layout
+
+
+# -- the learner ---------------------------------------------------------------------------
+
+class Replay(NamedTuple):
+    """One device's flat ring of one-step transitions (`written` counts inserts so far)."""
+    obs: jax.Array
+    action: jax.Array
+    reward: jax.Array
+    discount: jax.Array
+    next_obs: jax.Array
+    written: jax.Array
+
+
+class LearnerState(NamedTuple):
+    params: Any
+    target_params: Any
+    opt_state: Any
+    loss_scale: Any
+    key: jax.Array
+    grad_steps: jax.Array
+
+
+STATE_LAYOUT = {name: REPLICATED for name in LearnerState._fields}
+
+
+class Learner:
+    """The compiled pieces of the learner over `par`'s devices."""
+
+    def __init__(self, cfg, par: Parallel):
+        self.cfg, self.par = cfg, par
+        env, env_params = envs_lib.make(cfg.env)
+        self.obs_shape = env.observation_space(env_params).shape
+        net = dqn.make_network(cfg, env, env_params)
+        tx = learner.adam(cfg, max(cfg.total_updates * dqn.grad_steps_per_update(cfg), 1))
+        capacity = cfg.buffer_size // par.num_devices
+        batch = cfg.replay_batch_size // par.num_devices
+        grad_steps = dqn.grad_steps_per_update(cfg)
+
+        def init(key):
+            params = net.init(key, jnp.zeros((1,) + self.obs_shape))
+            return LearnerState(params, params, tx.init(params), learner.LossScale.init(cfg.precision),
+                                key, jnp.zeros((), jnp.int32))
+
+        def init_replay(_):
+            z = lambda *shape, dtype=jnp.float32: jnp.zeros((capacity,) + shape, dtype)
+            return Replay(z(*self.obs_shape), z(dtype=jnp.int32), z(), z(), z(*self.obs_shape),
+                          jnp.zeros((), jnp.int32))
+
+        def insert(replay: Replay, block: Transitions) -> Replay:
+            rows = (replay.written + jnp.arange(BLOCK)) % capacity
+            put = lambda buf, x: buf.at[rows].set(x.astype(buf.dtype))
+            return Replay(*(put(b, x) for b, x in zip(replay[:5], block)), replay.written + BLOCK)
+
+        def loss_fn(params, target_params, b: dqn.Batch):
+            q, next_online = jnp.split(net.apply(params, jnp.concatenate([b.obs, b.next_obs])), 2)
+            q_taken = jnp.take_along_axis(q, b.action[:, None], -1)[:, 0]
+            best = jnp.argmax(next_online, -1)
+            next_q = jnp.take_along_axis(net.apply(target_params, b.next_obs), best[:, None], -1)[:, 0]
+            target = jax.lax.stop_gradient(b.reward + b.discount * next_q)
+            td = optax.huber_loss(q_taken, target, delta=1.0).mean()
+            return td, {"loss/td": td, "loss/q_mean": q_taken.mean()}
+
+        def learn(state: LearnerState, replay: Replay):
+            key, sample_key = jax.random.split(state.key)
+            sample_key = jax.random.fold_in(sample_key, device_index())  # each device its own share
+            filled = jnp.minimum(replay.written, capacity)
+
+            def step(carry, k):
+                params, target, opt_state, loss_scale, n = carry
+                idx = jax.random.randint(k, (batch,), 0, filled)
+                b = dqn.Batch(replay.obs[idx], replay.action[idx], replay.reward[idx],
+                              cfg.gamma * replay.discount[idx], replay.next_obs[idx])
+                params, opt_state, loss_scale, stats = learner.step(
+                    lambda p, x: loss_fn(p, target, x), tx, params, opt_state, loss_scale, b, cfg.grad_accum,
+                    cfg.precision)
+                n = n + 1
+                target = (optax.incremental_update(params, target, cfg.tau) if cfg.tau < 1 else
+                          optax.periodic_update(params, target, n, cfg.target_update_every))
+                return (params, target, opt_state, loss_scale, n), stats
+
+            carry = (state.params, state.target_params, state.opt_state, state.loss_scale, state.grad_steps)
+            carry, stats = jax.lax.scan(step, carry, jax.random.split(sample_key, grad_steps))
+            return LearnerState(*carry[:4], key, carry[4]), jax.tree.map(jnp.mean, stats)
+
+        self.init = par.map(init)
+        self.init_replay = par.map(init_replay)
+        self.insert = par.map(insert, donate=True)
+        self.learn = par.map(learn, donate=True)
+
+
+def _host_block(queue: list[Transitions], size: int) -> tuple[Transitions | None, list[Transitions]]:
+    """Takes `size` transitions off the front of the queue (None if it holds fewer)."""
+    if sum(len(t.reward) for t in queue) < size:
+        return None, queue
+    joined = Transitions(*(np.concatenate(f) for f in zip(*queue)))
+    block = Transitions(*(f[:size] for f in joined))
+    rest = Transitions(*(f[size:] for f in joined))
+    return block, ([rest] if len(rest.reward) else [])
+
+
+def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resume_step: int | None) -> dict:
+    """The learner's loop (see the module docstring); returns the last log row."""
+    store, lrn = Store(run_dir), Learner(cfg, par)
+    key = par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed)))
+    state, replay = lrn.init(key), lrn.init_replay(key)
+    meta = {"iteration": 0, "env_steps_received": 0, "episodes_received": 0, "per_collector": {}, "consumed": []}
+    if resume_step is not None:
+        state, _ = ckpts.restore(resume_step, state, STATE_LAYOUT, par)
+        meta.update(ckpts.meta(resume_step)["async"])
+        log.print(f"  resumed the learner at iteration {resume_step}; refilling the replay from the store")
+    consumed = set(meta["consumed"])
+    if resume_step is None:
+        _publish(ckpts, 0, state, par, meta, consumed, cfg)  # waiting collectors can start from it
+    queue: list[Transitions] = []
+    # What arrived since the last log point.
+    window = {"episodes": 0, "return_sum": 0.0, "length_sum": 0, "lag_sum": 0.0, "shards": 0}
+    per_block = BLOCK * par.num_devices
+    inserted = 0
+    iteration = meta["iteration"]
+    t_start = t_prev = time.perf_counter()
+    steps_prev = meta["env_steps_received"]
+    losses: dict = {}
+    last_row: dict = {}
+    # Counted on the host (every learn call does the same number), so the loop never waits
+    # on the devices to decide what to do next.
+    grads = int(par.first(state.grad_steps))
+    per_learn, grads_prev = dqn.grad_steps_per_update(cfg), grads
+    (run_dir / DONE_MARKER).unlink(missing_ok=True)
+
+    # The learner does as many iterations (of num_steps x updates_per_step gradient steps) as
+    # `--mode both` would: total_updates. How much data that takes depends on the collectors.
+    while iteration < cfg.total_updates and not stop():
+        # 1. new shards, oldest first; after a restart, consumed ones only refill the replay
+        for shard in store.shards():
+            if shard.path.name in consumed and resume_step is None:
+                continue
+            transitions, episodes = store.read(shard), shard.meta
+            queue.append(transitions)
+            if shard.path.name in consumed:
+                continue
+            consumed.add(shard.path.name)
+            meta["env_steps_received"] += episodes["env_steps"]
+            meta["episodes_received"] += episodes["episodes"]
+            who = meta["per_collector"].setdefault(episodes["collector"], {"env_steps": 0, "episodes": 0})
+            who["env_steps"] += episodes["env_steps"]
+            who["episodes"] += episodes["episodes"]
+            window["episodes"] += episodes["episodes"]
+            window["return_sum"] += episodes.get("return_sum", 0.0)
+            window["length_sum"] += episodes["env_steps"]
+            window["lag_sum"] += iteration - episodes["policy_step"]
+            window["shards"] += 1
+        resume_step = None
+        # 2. into the replay, in fixed-size blocks
+        while True:
+            block, queue = _host_block(queue, per_block)
+            if block is None:
+                break
+            shaped = Transitions(*(x.reshape((par.num_devices, BLOCK) + x.shape[1:]) for x in block))
+            replay = lrn.insert(replay, par.shard(_local(shaped, par)))
+            inserted += per_block
+        # 3. learn, unless there is too little data or the replay ratio is at its cap
+        capped = cfg.max_replay_ratio is not None and \
+            grads >= cfg.max_replay_ratio * max(meta["env_steps_received"], 1)
+        if inserted < max(cfg.learning_starts, cfg.replay_batch_size) or capped:
+            time.sleep(0.02)
+            continue
+        state, losses = lrn.learn(state, replay)
+        iteration += 1
+        grads += per_learn
+        # 4. log, publish, evict
+        if iteration % cfg.log_every == 0:
+            row_losses = {k: float(v) for k, v in par.first(losses).items()}  # waits for the devices
+            now = time.perf_counter()
+            last_row = {
+                "update": iteration, "env_steps": meta["env_steps_received"],
+                "episode_return": window["return_sum"] / window["episodes"] if window["episodes"] else None,
+                "episode_length": window["length_sum"] / window["episodes"] if window["episodes"] else None,
+                "episodes": window["episodes"], "grad_steps": grads,
+                **row_losses,
+                "sps": (meta["env_steps_received"] - steps_prev) / (now - t_prev),
+                "grad_steps_per_s": (grads - grads_prev) / (now - t_prev), "time": now - t_start,
+                "async/policy_lag": window["lag_sum"] / window["shards"] if window["shards"] else None,
+                "async/episodes_received": meta["episodes_received"],
+                "async/env_steps_received": meta["env_steps_received"],
+                "async/replay_ratio": grads / max(meta["env_steps_received"], 1),
+                **{f"async/env_steps_received/{c}": v["env_steps"] for c, v in meta["per_collector"].items()},
+                **{f"async/episodes_received/{c}": v["episodes"] for c, v in meta["per_collector"].items()},
+            }
+            log.write(last_row)
+            window = dict.fromkeys(window, 0)
+            t_prev, steps_prev, grads_prev = now, meta["env_steps_received"], grads
+        if cfg.checkpoint_every and iteration % cfg.checkpoint_every == 0:
+            _publish(ckpts, iteration, state, par, meta, consumed, cfg)
+            kept = store.evict(store.shards(), cfg.store_max_episodes)
+            store.clean_staging()
+            consumed &= {s.path.name for s in kept}
+    if ckpts.latest_step() != iteration:
+        _publish(ckpts, iteration, state, par, meta, consumed, cfg)
+    ckpts.wait()
+    if not stop():
+        (run_dir / DONE_MARKER).write_text(json.dumps({"iteration": iteration}))
+    return last_row or {"update": iteration, "env_steps": meta["env_steps_received"]}
+
+
+def _publish(ckpts, iteration, state, par, meta, consumed, cfg):
+    meta = {**meta, "iteration": iteration, "consumed": sorted(consumed)}
+    ckpts.save(iteration, state, STATE_LAYOUT, par, {"update": iteration, "async": meta, "config": cfg.to_dict()})
+
+
+def _local(tree, par: Parallel):
+    """This process's device rows of a host array laid out [num_devices, ...]."""
+    first = par.local_devices[0].id
+    index = [d.id for d in par.devices].index(first)
+    return jax.tree.map(lambda x: x[index:index + par.num_local_devices], tree)
+
+
+# -- the collector -------------------------------------------------------------------------
+
+def collector_seed(name: str) -> int:
+    return zlib.crc32(name.encode())
+
+
+def collect(cfg, par: Parallel, log, stop) -> int:
+    """A collector's loop: follow the newest checkpoint, roll out, append episodes to the
+    store, until the learner is done or a stop signal. Returns the env steps collected."""
+    run_dir = Path(cfg.run_dir)
+    name = cfg.collector_id or f"{os.uname().nodename}-{os.getpid()}"
+    env, env_params = envs_lib.make(cfg.env)
+    net = dqn.make_network(cfg, env, env_params)
+    envs_per_device = cfg.num_envs // par.num_devices
+    store = Store(run_dir)
+
+    def reset(key):
+        return vec.reset(env, env_params, key, global_indices(envs_per_device))
+
+    def rollout(envs: vec.EnvBatch, params, key, eps):
+        ids = global_indices(envs_per_device)
+
+        def step(envs, t):
+            keys = jax.vmap(lambda k: jax.random.split(k, 3))(vec.env_keys(jax.random.fold_in(key, t), ids))
+            greedy = jnp.argmax(net.apply(params, envs.obs), -1)
+            explore = jax.vmap(jax.random.uniform)(keys[:, 0]) < eps
+            random = jax.vmap(lambda k: jax.random.randint(k, (), 0, env.num_actions))(keys[:, 1])
+            action = jnp.where(explore, random, greedy)
+            next_envs, out = vec.step(env, env_params, envs, action, keys[:, 2])
+            return next_envs, (envs.obs, action, out.reward, out.terminated, out.truncated, out.final_obs)
+
+        return jax.lax.scan(step, envs, jnp.arange(cfg.shard_steps))
+
+    rollout = par.map(rollout, donate=True)
+    base = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), collector_seed(name))
+    envs = par.map(reset)(par.replicate(np.asarray(base)))
+    params, on_devices, policy_step, eps = None, None, None, 1.0
+    if cfg.collect_before_checkpoint == "wait":
+        log.print(f"collector {name}: following the learner's checkpoints in {run_dir} (waiting for the first)")
+    partial: dict[int, list] = {}
+    total, shard_index = 0, 0
+    while not stop() and not (run_dir / DONE_MARKER).exists():
+        held = policy_step
+        params, policy_step, eps = _follow(cfg, run_dir, par, params, policy_step, eps, log, stop)
+        if params is None:
+            continue
+        if store.episodes() > 2 * cfg.store_max_episodes:
+            time.sleep(0.5)  # back-pressure: the learner is not consuming (and evicting) the store
+            continue
+        if policy_step != held or on_devices is None:
+            on_devices = par.replicate(params)
+        key = par.replicate(np.asarray(jax.random.fold_in(base, shard_index + 1)))
+        envs, traj = rollout(envs, on_devices, key, par.replicate(np.float32(eps)))
+        episodes = _episodes(par, traj, partial)
+        shard_index += 1
+        if episodes:
+            store.write(episodes, name, policy_step, cfg.env)
+            total += sum(len(e["reward"]) for e in episodes)
+            log.print(f"collector {name}: shard {shard_index}, {len(episodes)} episodes, mean return "
+                      f"{np.mean([e['reward'].sum() for e in episodes]):.1f}, policy step {policy_step}, "
+                      f"epsilon {eps:.3f}, {total:,} env steps in all")
+    return total
+
+
+def _follow(cfg, run_dir, par, params, policy_step, eps, log, stop):
+    """The newest published params (or the ones held, if none is newer). Before the first
+    checkpoint: wait, or act randomly (`--collect-before-checkpoint random`). The learner
+    deletes old checkpoints at any time, so a failed read is retried with a fresh listing."""
+    from jaxrl_mgpu.evaluate import params_template
+    for attempt in range(50):
+        ckpts = None
+        try:
+            if (run_dir / "checkpoints").is_dir():
+                ckpts = Checkpoints(run_dir, read_only=True)
+            step = ckpts.latest_step() if ckpts is not None else None
+            if step is None:
+                if cfg.collect_before_checkpoint == "random":
+                    return _random_params(cfg, params), -1, 1.0
+                time.sleep(0.5)
+                if stop() or (run_dir / DONE_MARKER).exists():
+                    return None, policy_step, eps
+                continue
+            if step == policy_step:
+                return params, policy_step, eps
+            new = ckpts.restore_params(step, params_template(cfg))
+            received = ckpts.meta(step)["async"]["env_steps_received"]
+            return new, step, float(dqn.epsilon(cfg, received))
+        except Exception:  # the step was deleted between listing and reading: list again
+            if attempt == 49:
+                raise
+            time.sleep(0.1)
+        finally:
+            if ckpts is not None:
+                ckpts.close()
+    return params, policy_step, eps
+
+
+def _random_params(cfg, params):
+    """Acting uniformly at random before any checkpoint: any params with epsilon 1."""
+    if params is not None:
+        return params
+    from jaxrl_mgpu.evaluate import params_template
+    return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), params_template(cfg))
+
+
+def _episodes(par: Parallel, traj, partial: dict[int, list]) -> list[dict]:
+    """Cuts this host's [T, envs] rollout into finished episodes; unfinished ones carry over
+    in `partial` (a list of step slices per environment) to the next rollout."""
+    obs, action, reward, terminated, truncated, final_obs = (
+        np.concatenate(list(x), axis=1) for x in par.local(traj))  # [T, envs on this host, ...]
+    done = terminated | truncated
+    finished = []
+    for e in range(obs.shape[1]):
+        start = 0
+        for t in np.flatnonzero(done[:, e]):
+            pieces = partial.pop(e, []) + [(obs[start:t + 1, e], action[start:t + 1, e], reward[start:t + 1, e])]
+            finished.append({"observation": np.concatenate([p[0] for p in pieces]),
+                             "action": np.concatenate([p[1] for p in pieces]).astype(np.int32),
+                             "reward": np.concatenate([p[2] for p in pieces]).astype(np.float32),
+                             "terminated": bool(terminated[t, e]), "final_observation": final_obs[t, e]})
+            start = t + 1
+        if start < obs.shape[0]:
+            partial.setdefault(e, []).append((obs[start:, e], action[start:, e], reward[start:, e]))
+    return finished
+
