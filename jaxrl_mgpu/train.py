@@ -67,7 +67,8 @@ def banner(cfg, par: parallel.Parallel, layout: dict, trainer) -> dict:
     {what: (global, per device)} split of the batch (its `check`)."""
     device = par.devices[0]
     rows = {
-        "jaxrl_mgpu": f"{cfg.algo} on {cfg.env}, policy {cfg.policy}",
+        "jaxrl_mgpu": f"{cfg.algo} on {cfg.env}" + ("" if cfg.algo == "ad" else f", policy {cfg.policy}")
+                      + ("" if cfg.mode == "both" else f", --mode {cfg.mode}"),
         "processes": f"{jax.process_count()} (this is process {jax.process_index()})",
         "devices": f"{par.num_local_devices} local, {par.num_devices} global: "
                    f"{getattr(device, 'device_kind', device.platform)} ({device.platform})",
