@@ -51,6 +51,9 @@ BLOCK = 256                   # transitions per device per replay insert (one co
 def check(cfg, num_devices: int) -> dict:
     if cfg.algo != "dqn":
         raise ConfigError(f"--mode {cfg.mode} needs an off-policy learner: use --algo dqn (not {cfg.algo})")
+    if cfg.policy != "mlp":
+        raise ConfigError(f"--mode {cfg.mode} trains a feedforward Q-network: use --policy mlp (the store holds "
+                          f"episodes, not the windows a --policy {cfg.policy} learner would need)")
     layout = dqn.check(cfg, num_devices)
     if cfg.mode == "learn" and cfg.buffer_size // num_devices < BLOCK:
         raise ConfigError(f"--buffer-size {cfg.buffer_size} must hold at least {BLOCK} transitions per device")

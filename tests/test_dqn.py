@@ -197,7 +197,7 @@ def bad(**overrides):
     (dict(replay_batch_size=60), ["--replay-batch-size", "8 devices"]),
     (dict(grad_accum=3), ["--grad-accum", "--replay-batch-size"]),
     (dict(num_envs=12), ["--num-envs", "8 devices"]),
-    (dict(policy="transformer"), ["--policy", "transformer", "mlp"]),
+    (dict(policy="transformer"), ["--context-len", "--buffer-size"]),  # the windows must fit the replay
     (dict(updates_per_step=0.3), ["--updates-per-step", "--num-steps"]),
     (dict(tau=0.0), ["--tau"]),
     (dict(n_step=64), ["--n-step", "--buffer-size"]),
@@ -226,3 +226,51 @@ def test_presets_validate():
         layout = dqn.check(cfg, 1)
         assert layout["minibatch"] == (cfg.replay_batch_size, cfg.replay_batch_size)
 
+
+
+# -- --policy transformer: Q-values from the recent history --------------------------------
+
+def test_replay_windows_follow_the_ring_and_episode_starts():
+    rows, written = 8, 10  # the ring holds absolute steps 2..9
+    steps = np.arange(written)
+    obs = np.zeros((1, rows, 1), np.float32)
+    action = np.zeros((1, rows), np.int32)
+    reward = np.zeros((1, rows), np.float32)
+    done = np.zeros((1, rows), bool)
+    for t in steps[-rows:]:
+        obs[0, t % rows, 0], action[0, t % rows], reward[0, t % rows] = t, t % 3, 10.0 * t
+    done[0, 4 % rows] = True  # the episode ends at step 4: step 5 starts one
+    replay = jax.tree.map(jnp.asarray, dqn.Replay(obs, action, reward, done, np.zeros_like(done), obs + 100))
+    w = dqn.replay_window(replay, jnp.int32(written), jnp.zeros(1, jnp.int32), jnp.array([6]), 6)
+    np.testing.assert_array_equal(w.valid[0], [False, True, True, True, True, True])        # steps 1..6
+    np.testing.assert_array_equal(w.obs[0, 1:, 0], [2, 3, 4, 5, 6])
+    np.testing.assert_array_equal(w.is_first[0, 1:], [True, False, False, True, False])    # 2: oldest held; 5: new episode
+    np.testing.assert_array_equal(w.prev_reward[0, 2:], [20, 30, 40, 50])
+    np.testing.assert_array_equal(w.prev_action[0, 2:], [2 % 3, 3 % 3, 4 % 3, 5 % 3])
+
+
+TRANSFORMER = dict(SMALL, policy="transformer", d_model=16, n_layers=1, n_heads=2, context_len=4, buffer_size=16 * 16)
+
+
+def test_transformer_q_network_keeps_devices_in_sync_and_learns_something():
+    trainer = make_trainer(8, **TRANSFORMER)
+    state, chunk = run_updates(trainer, 8)
+    for leaf in jax.tree.leaves(trainer.par.local(state.params)):
+        np.testing.assert_array_equal(leaf[0], leaf[-1])
+    losses = trainer.par.first(chunk.losses)
+    assert np.isfinite(losses["loss/td"]) and losses["loss/td"] > 0  # gradient steps ran
+    assert jax.tree.leaves(state.memory.cache)[0].shape[:2] == (8, 2)  # a cache per device and env
+
+
+def test_transformer_dqn_resumes_exactly(tmp_path):
+    flags = ["--algo", "dqn", "--policy", "transformer", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
+             "--context-len", "4", "--num-envs", "16", "--num-steps", "4", "--buffer-size", "256",
+             "--replay-batch-size", "32", "--learning-starts", "64", "--updates-per-step", "0.5",
+             "--total-timesteps", str(16 * 4 * 8), "--log-every", "2", "--checkpoint-every", "2", "--devices", "2"]
+    straight, resumed = tmp_path / "a", tmp_path / "b"
+    assert train.main([*flags, "--run-dir", str(straight)]) == 0
+    assert train.main([*flags, "--run-dir", str(resumed), "--stop-at-update", "4"]) == 0
+    assert train.main([*flags, "--run-dir", str(resumed), "--resume"]) == 0
+    rows = lambda d: [{k: v for k, v in json.loads(line).items() if k not in ("sps", "time")}  # noqa: E731
+                      for line in (d / "metrics.jsonl").read_text().splitlines()]
+    assert rows(straight) == rows(resumed)

@@ -40,6 +40,13 @@ target. The gradient step is the shared `learner.step` (the all-reduce, `--grad-
 micro-batches, `--precision`), with `learner.adam`: Adam with global-norm clipping
 (`--max-grad-norm`) and, with `--anneal-lr`, a linear decay to 0 over the run's gradient steps.
 
+Q-network: an MLP over the observation (a conv torso for images), or with `--policy transformer`
+the actor head of the causal transformer (nets/transformer.py) over the recent history. The
+transformer acts incrementally on a per-environment key/value cache kept in the state; the
+learner recomputes Q(s_t) from the last `--context-len` steps of the replay up to s_t, and the
+bootstrap value from the steps up to s' (R2D2-style stored sequences, without a stored cache:
+the ring already holds each environment's steps in order, so a window is a gather).
+
 Target network: with `--tau 1`, a hard copy of the online params every `--target-update-every`
 gradient steps; with `--tau` < 1, Polyak averaging after every gradient step. Exploration:
 epsilon decays linearly from `--eps-start` to `--eps-end` over `--eps-decay-steps` global env
@@ -61,7 +68,8 @@ from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.envs import vec
-from jaxrl_mgpu.nets.actor_critic import Policy
+from jaxrl_mgpu.nets.actor_critic import Memory, Policy
+from jaxrl_mgpu.nets.transformer import TransformerActorCritic
 from jaxrl_mgpu.nets.qnet import QNetwork
 from jaxrl_mgpu.parallel import ParallelError, device_index, global_indices, split_evenly
 
@@ -92,6 +100,7 @@ class DQNState(NamedTuple):
     opt_state: Any
     loss_scale: learner.LossScale
     envs: vec.EnvBatch
+    memory: Any            # the Q-network's per-environment memory (a transformer's cache; mlp: ())
     replay: Replay
     key: jax.Array         # the same on every device; split once per update
     update: jax.Array      # updates done so far (x num_steps = vector steps written to the replay)
@@ -100,18 +109,18 @@ class DQNState(NamedTuple):
 
 # Options (besides config.STATE_KEYS) that shape this algorithm's state: the replay's shape, and
 # where its write position is (update x num_steps rows into every environment's ring).
-STATE_KEYS = ("buffer_size", "num_envs", "num_steps")
+STATE_KEYS = ("buffer_size", "num_envs", "num_steps", "d_model", "n_layers", "n_heads", "context_len")
 
 # How each state field is laid out over devices (see checkpoint.py).
 STATE_LAYOUT = {"params": REPLICATED, "target_params": REPLICATED, "opt_state": REPLICATED,
-                "loss_scale": REPLICATED, "envs": PER_ENV, "replay": PER_ENV, "key": REPLICATED,
+                "loss_scale": REPLICATED, "envs": PER_ENV, "memory": PER_ENV, "replay": PER_ENV, "key": REPLICATED,
                 "update": REPLICATED, "grad_steps": REPLICATED}
 
 
 class Algo(NamedTuple):
     init: Any         # key -> DQNState
     update: Any       # DQNState -> DQNState, (losses, EpisodeStats)
-    rollout: Any      # params, EnvBatch, Replay, key, vector steps so far -> EnvBatch, Replay, actions, epsilons, Step
+    rollout: Any      # params, EnvBatch, memory, Replay, key, vector steps so far -> EnvBatch, memory, Replay, actions, epsilons, Step
     init_params: Any  # key -> params (the same key gives the same params everywhere)
     policy: Any       # nets.actor_critic.Policy for evaluation: epsilon-greedy (eps-end) as logits
     learn: Any        # params, target_params, opt_state, loss_scale, Batch -> params, opt_state, loss_scale, stats
@@ -132,8 +141,6 @@ def grad_steps_per_update(cfg) -> int:
 
 def check(cfg, num_devices: int) -> dict:
     """The batch layout over `num_devices`, or a ConfigError naming the option that breaks it."""
-    if cfg.policy != "mlp":
-        raise ConfigError(f"--policy {cfg.policy!r} is not supported by --algo dqn yet; use --policy mlp")
     for name in ("buffer_size", "replay_batch_size", "n_step", "target_update_every"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
@@ -158,6 +165,9 @@ def check(cfg, num_devices: int) -> dict:
     if cfg.buffer_size % cfg.num_envs:
         raise ConfigError(f"--buffer-size {cfg.buffer_size} is not a multiple of --num-envs {cfg.num_envs} "
                           f"(the buffer holds buffer-size / num-envs steps of every environment)")
+    if cfg.policy == "transformer" and cfg.buffer_size // cfg.num_envs < cfg.context_len + cfg.n_step:
+        raise ConfigError(f"--buffer-size {cfg.buffer_size} holds fewer than --context-len {cfg.context_len} + "
+                          f"--n-step {cfg.n_step} steps of each of the {cfg.num_envs} environments")
     if cfg.buffer_size // cfg.num_envs < cfg.n_step:
         raise ConfigError(f"--buffer-size {cfg.buffer_size} holds fewer than --n-step {cfg.n_step} steps of each "
                           f"of the {cfg.num_envs} environments")
@@ -185,8 +195,9 @@ def replay_add(replay: Replay, written: jax.Array, obs, action, out: vec.Step) -
                   put(replay.next_obs, out.final_obs))
 
 
-def replay_gather(replay: Replay, env: jax.Array, row: jax.Array, n_step: int, gamma: float) -> Batch:
-    """n-step transitions starting at (env, row); rows row..row+n-1 (mod rows) must be filled."""
+def n_step_return(replay: Replay, env: jax.Array, row: jax.Array, n_step: int, gamma: float):
+    """For n-step windows starting at (env, row): the discounted reward sum, the bootstrap
+    discount (0 where the episode terminated) and k, the index of the last step used."""
     rows = replay.reward.shape[1]
     idx = (row[:, None] + jnp.arange(n_step)) % rows                        # [B, n]
     col = env[:, None]
@@ -196,29 +207,87 @@ def replay_gather(replay: Replay, env: jax.Array, row: jax.Array, n_step: int, g
     alive = jnp.concatenate([jnp.ones_like(ended[:, :1]), jnp.cumprod(1.0 - ended[:, :-1], axis=1)], axis=1)
     powers = gamma ** jnp.arange(n_step, dtype=jnp.float32)
     last = alive.sum(1).astype(jnp.int32) - 1                                # k: the last step used
-    last_row = jnp.take_along_axis(idx, last[:, None], 1)[:, 0]
     last_term = jnp.take_along_axis(term, last[:, None], 1)[:, 0]
     discount = gamma ** (last + 1).astype(jnp.float32) * (1.0 - last_term.astype(jnp.float32))
-    return Batch(replay.obs[env, row], replay.action[env, row], (alive * powers * reward).sum(1), discount,
-                 replay.next_obs[env, last_row])
+    return (alive * powers * reward).sum(1), discount, last
+
+
+def replay_gather(replay: Replay, env: jax.Array, row: jax.Array, n_step: int, gamma: float) -> Batch:
+    """n-step transitions starting at (env, row); rows row..row+n-1 (mod rows) must be filled."""
+    reward, discount, last = n_step_return(replay, env, row, n_step, gamma)
+    last_row = (row + last) % replay.reward.shape[1]
+    return Batch(replay.obs[env, row], replay.action[env, row], reward, discount, replay.next_obs[env, last_row])
+
+
+class Window(NamedTuple):
+    """Tokens of consecutive steps of one environment, for a sequence model [B, W, ...]."""
+    obs: jax.Array
+    prev_action: jax.Array
+    prev_reward: jax.Array
+    is_first: jax.Array
+    valid: jax.Array
+
+
+class SeqBatch(NamedTuple):
+    """n-step transitions with their histories: Q(s_t) is read at the last token of `online`,
+    the bootstrap value at the last token of `target` (which ends with s', the observation
+    after the last step used, before any reset)."""
+    online: Window
+    target: Window
+    action: jax.Array
+    reward: jax.Array
+    discount: jax.Array
+
+
+def replay_window(replay: Replay, written: jax.Array, env: jax.Array, end: jax.Array, length: int) -> Window:
+    """The `length` steps of `env` ending at absolute vector step `end` (inclusive). A step is
+    valid while the ring still holds it; the previous action and reward come from the step
+    before, and a step starts an episode where the one before ended (or is not held)."""
+    rows = replay.reward.shape[1]
+    oldest = written - jnp.minimum(written, rows)
+    steps = end[:, None] - (length - 1) + jnp.arange(length)      # [B, length] absolute steps
+    row, prev = steps % rows, (steps - 1) % rows
+    col = env[:, None]
+    prev_done = replay.terminated[col, prev] | replay.truncated[col, prev]
+    return Window(replay.obs[col, row], replay.action[col, prev], replay.reward[col, prev],
+                  (steps - 1 < oldest) | prev_done, steps >= oldest)
 
 
 def replay_sample(replay: Replay, written: jax.Array, key: jax.Array, batch_size: int, n_step: int,
-                  gamma: float) -> Batch:
+                  gamma: float, context: int = 0) -> Batch | SeqBatch:
     """Uniform over the stored transitions whose n-step window is complete (needs
-    `written >= n_step`): the oldest `min(written, rows) - n_step + 1` rows of every env."""
+    `written >= n_step`): the oldest `min(written, rows) - n_step + 1` rows of every env. With
+    `context` > 0 (a sequence model), each comes with the `context` steps up to s_t and up to s'."""
     envs, rows = replay.reward.shape
     filled = jnp.minimum(written, rows)
     env_key, row_key = jax.random.split(key)
     env = jax.random.randint(env_key, (batch_size,), 0, envs)
     age = jax.random.randint(row_key, (batch_size,), 0, filled - n_step + 1)  # 0 = the oldest row
-    return replay_gather(replay, env, (written - filled + age) % rows, n_step, gamma)
+    start = written - filled + age                                            # absolute step of s_t
+    if not context:
+        return replay_gather(replay, env, start % rows, n_step, gamma)
+    reward, discount, last = n_step_return(replay, env, start % rows, n_step, gamma)
+    end = start + last                                   # the last step used; s' follows it
+    col, end_row = env[:, None], (end % rows)[:, None]
+    final = Window(replay.next_obs[col, end_row], replay.action[col, end_row], replay.reward[col, end_row],
+                   jnp.zeros((batch_size, 1), bool), jnp.ones((batch_size, 1), bool))
+    history = replay_window(replay, written, env, end, context - 1)
+    target = jax.tree.map(lambda h, f: jnp.concatenate([h, f], axis=1), history, final)
+    return SeqBatch(replay_window(replay, written, env, start, context), target,
+                    replay.action[env, start % rows], reward, discount)
 
 
 # -- the algorithm -------------------------------------------------------------------------
 
-def make_network(cfg, env, env_params) -> QNetwork:
+def make_network(cfg, env, env_params):
+    """Q-values from an MLP (conv torso for images), or from the actor head of the transformer
+    of nets/transformer.py (`--policy transformer`), which sees the recent history."""
     obs_shape = env.observation_space(env_params).shape
+    if cfg.policy == "transformer":
+        return TransformerActorCritic(num_actions=env.num_actions, obs_ndim=len(obs_shape), d_model=cfg.d_model,
+                                      n_layers=cfg.n_layers, n_heads=cfg.n_heads, context_len=cfg.context_len,
+                                      context_across_episodes=cfg.context_across_episodes,
+                                      dtype=learner.compute_dtype(cfg.precision))
     return QNetwork(num_actions=env.num_actions, obs_ndim=len(obs_shape), hidden_size=cfg.hidden_size,
                     num_layers=cfg.num_layers, activation=cfg.activation, dtype=learner.compute_dtype(cfg.precision))
 
@@ -250,8 +319,35 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
     learn_from = first_learning_update(cfg)
     obs_shape = env.observation_space(env_params).shape
 
+    sequence = cfg.policy == "transformer"  # Q from the recent history, not one observation
+
     def init_params(key: jax.Array):
-        return net.init(key, jnp.zeros((1,) + obs_shape))
+        if not sequence:
+            return net.init(key, jnp.zeros((1,) + obs_shape))
+        one = lambda shape, dtype: jnp.zeros((1, 1) + shape, dtype)  # noqa: E731
+        return net.init(key, None, one(obs_shape, jnp.float32), one((), jnp.int32), one((), jnp.float32),
+                        jnp.ones((1, 1), bool))
+
+    def init_memory(n: int):
+        return Memory(net.init_cache(n), jnp.zeros(n, jnp.int32), jnp.zeros(n), jnp.ones(n, bool)) if sequence else ()
+
+    def act_q(params, memory, obs):
+        """Q-values of this step's observations; a transformer also advances its cache."""
+        if not sequence:
+            return net.apply(params, obs), memory
+        q, _, cache = net.apply(params, memory.cache, obs, memory.prev_action, memory.prev_reward, memory.is_first,
+                                method=net.step)
+        return q, memory._replace(cache=cache)
+
+    def remember(memory, action, reward, done):
+        return Memory(memory.cache, action.astype(jnp.int32), reward.astype(jnp.float32), done) if sequence else memory
+
+    def learner_q(params, x):
+        """Q-values for the learner: of observations [B, ...], or at the last token of windows."""
+        if not sequence:
+            return net.apply(params, x)
+        logits, _, _ = net.apply(params, None, x.obs, x.prev_action, x.prev_reward, x.is_first, valid=x.valid)
+        return logits[:, -1]
 
     def init(key: jax.Array) -> DQNState:
         params_key, env_key, key = jax.random.split(key, 3)
@@ -259,57 +355,66 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
         envs = vec.reset(env, env_params, env_key, global_indices(envs_per_device))
         zero = jnp.zeros((), jnp.int32)
         return DQNState(params, params, tx.init(params), learner.LossScale.init(cfg.precision), envs,
-                        replay_init(envs_per_device, rows, obs_shape), key, zero, zero)
+                        init_memory(envs_per_device), replay_init(envs_per_device, rows, obs_shape), key, zero, zero)
 
-    def epsilon_greedy(params, obs, keys, eps):
+    def epsilon_greedy(q, keys, eps):
         """One key per environment: whether to explore, and the random action if so."""
         keys = jax.vmap(jax.random.split)(keys)
-        greedy = jnp.argmax(net.apply(params, obs), axis=-1)
         explore = jax.vmap(jax.random.uniform)(keys[:, 0]) < eps
         random = jax.vmap(lambda k: jax.random.randint(k, (), 0, env.num_actions))(keys[:, 1])
-        return jnp.where(explore, random, greedy)
+        return jnp.where(explore, random, jnp.argmax(q, axis=-1))
 
-    def policy_logits(params, obs):
+    def policy_logits(q):
         """log of the epsilon-greedy (eps-end) action probabilities, and max Q as the value."""
-        q = net.apply(params, obs)
         greedy = jax.nn.one_hot(jnp.argmax(q, -1), env.num_actions)
         probs = cfg.eps_end / env.num_actions + (1.0 - cfg.eps_end) * greedy
         return jnp.log(probs), q.max(-1)
 
     def policy_act(params, memory, obs, final_obs):
-        logits, value = policy_logits(params, obs)
+        q, memory = act_q(params, memory, obs)
+        logits, value = policy_logits(q)
         return logits, value, jnp.zeros_like(value), memory
 
-    policy = Policy(init_params=init_params, init_memory=lambda n: (), act=policy_act,
-                    remember=lambda memory, action, reward, done: memory, inputs=lambda memory, obs: obs,
-                    evaluate=lambda params, memory0, obs: policy_logits(params, obs), sequences=False)
+    def policy_evaluate(params, memory0, inputs):
+        if not sequence:
+            return policy_logits(net.apply(params, inputs))
+        return policy_logits(net.apply(params, memory0.cache, *inputs)[0])
 
-    def rollout(params, envs: vec.EnvBatch, replay: Replay, key: jax.Array, written: jax.Array):
+    policy = Policy(init_params=init_params, init_memory=init_memory, act=policy_act, remember=remember,
+                    inputs=lambda memory, obs: (obs, memory.prev_action, memory.prev_reward, memory.is_first)
+                    if sequence else obs, evaluate=policy_evaluate, sequences=sequence)
+
+    def rollout(params, envs: vec.EnvBatch, memory, replay: Replay, key: jax.Array, written: jax.Array):
         """`num_steps` epsilon-greedy vector steps, from the `written`-th vector step of training."""
         ids = global_indices(envs_per_device)
 
         def step(carry, t):
-            envs, replay = carry
+            envs, memory, replay = carry
             eps = epsilon(cfg, (written + t).astype(jnp.float32) * cfg.num_envs)  # env steps so far
             keys = jax.vmap(jax.random.split)(vec.env_keys(jax.random.fold_in(key, t), ids))
-            action = epsilon_greedy(params, envs.obs, keys[:, 0], eps)
+            q, memory = act_q(params, memory, envs.obs)
+            action = epsilon_greedy(q, keys[:, 0], eps)
             next_envs, out = vec.step(env, env_params, envs, action, keys[:, 1])
-            return (next_envs, replay_add(replay, written + t, envs.obs, action, out)), (action, eps, out)
+            memory = remember(memory, action, out.reward, out.terminated | out.truncated)
+            replay = replay_add(replay, written + t, envs.obs, action, out)
+            return (next_envs, memory, replay), (action, eps, out)
 
-        (envs, replay), (actions, eps, steps) = jax.lax.scan(step, (envs, replay), jnp.arange(cfg.num_steps))
-        return envs, replay, actions, eps, steps
+        (envs, memory, replay), (actions, eps, steps) = jax.lax.scan(step, (envs, memory, replay),
+                                                                     jnp.arange(cfg.num_steps))
+        return envs, memory, replay, actions, eps, steps
 
-    def loss_fn(params, target_params, batch: Batch):
-        both = jnp.concatenate([batch.obs, batch.next_obs])  # one forward pass for s and s'
-        q, next_online = jnp.split(net.apply(params, both), 2)
+    def loss_fn(params, target_params, batch):
+        now, after = (batch.online, batch.target) if sequence else (batch.obs, batch.next_obs)
+        both = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), now, after)  # one forward pass for s and s'
+        q, next_online = jnp.split(learner_q(params, both), 2)
         q_taken = jnp.take_along_axis(q, batch.action[:, None], -1)[:, 0]
         best = jnp.argmax(next_online, axis=-1)  # double DQN: the online net picks the action ...
-        next_q = jnp.take_along_axis(net.apply(target_params, batch.next_obs), best[:, None], -1)[:, 0]
+        next_q = jnp.take_along_axis(learner_q(target_params, after), best[:, None], -1)[:, 0]
         target = jax.lax.stop_gradient(batch.reward + batch.discount * next_q)  # ... the target net values it
         td = optax.huber_loss(q_taken, target, delta=1.0).mean()
         return td, {"loss/td": td, "loss/q_mean": q_taken.mean(), "loss/target_mean": target.mean()}
 
-    def learn(params, target_params, opt_state, loss_scale, batch: Batch):
+    def learn(params, target_params, opt_state, loss_scale, batch: Batch | SeqBatch):
         """One gradient step on this device's share of the global batch; the all-reduce in
         learner.step makes it the step of the whole global batch (every share has one size)."""
         return learner.step(lambda p, b: loss_fn(p, target_params, b), tx, params, opt_state, loss_scale, batch,
@@ -327,7 +432,7 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
         def grad_step(carry, k):
             params, target_params, opt_state, loss_scale, step = carry
             batch = replay_sample(replay, written, jax.random.fold_in(key, k), batch_per_device, cfg.n_step,
-                                  cfg.gamma)
+                                  cfg.gamma, cfg.context_len if sequence else 0)
             params, opt_state, loss_scale, stats = learn(params, target_params, opt_state, loss_scale, batch)
             step = step + 1
             return (params, update_target(params, target_params, step), opt_state, loss_scale, step), stats
@@ -343,7 +448,8 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
     def update(state: DQNState):
         key, act_key, learn_key = jax.random.split(state.key, 3)
         written = state.update * cfg.num_steps  # vector steps so far
-        envs, replay, _, eps, steps = rollout(state.params, state.envs, state.replay, act_key, written)
+        envs, memory, replay, _, eps, steps = rollout(state.params, state.envs, state.memory, state.replay, act_key,
+                                                      written)
         written = written + cfg.num_steps
         # The same on every device (all count the same steps), so all take the same branch.
         learning = jnp.logical_and(state.update >= learn_from, written >= cfg.n_step)
@@ -353,7 +459,7 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
         losses = {**losses, "epsilon": eps.mean()}
         if "fp16/loss_scale" in losses:  # the scale in force, also before learning starts
             losses["fp16/loss_scale"] = loss_scale.scale
-        new = DQNState(params, target_params, opt_state, loss_scale, envs, replay, key, state.update + 1, n)
+        new = DQNState(params, target_params, opt_state, loss_scale, envs, memory, replay, key, state.update + 1, n)
         return new, (losses, vec.EpisodeStats.of(steps))
 
     return Algo(init, update, rollout, init_params, policy, learn)
