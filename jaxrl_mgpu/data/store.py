@@ -88,10 +88,14 @@ class Store:
         shard's metadata is read once (TFDS keeps it in the shard's metadata.json)."""
         if not self.root.is_dir():
             return []
-        names = sorted(n for n in os.listdir(self.root) if not n.startswith("."))
-        self._meta = {n: self._meta.get(n) or json.loads((self.root / n / "metadata.json").read_text())
-                      for n in names}
-        return [Shard(self.root / n, self._meta[n]) for n in names]
+        known = {}
+        for n in sorted(n for n in os.listdir(self.root) if not n.startswith(".")):
+            try:
+                known[n] = self._meta.get(n) or json.loads((self.root / n / "metadata.json").read_text())
+            except FileNotFoundError:  # evicted by the learner since the listing
+                continue
+        self._meta = known
+        return [Shard(self.root / n, m) for n, m in known.items()]
 
     def episodes(self) -> int:
         """Episodes in the store now."""
@@ -118,7 +122,13 @@ class Store:
         if not self.root.is_dir():
             return
         for p in self.root.iterdir():
-            if p.name.startswith(".") and ".partial-" in p.name and time.time() - p.stat().st_mtime > older_than_s:
+            if not (p.name.startswith(".") and ".partial-" in p.name):
+                continue
+            try:
+                stale = time.time() - p.stat().st_mtime > older_than_s
+            except FileNotFoundError:  # its writer just finished and renamed it into place
+                continue
+            if stale:
                 shutil.rmtree(p, ignore_errors=True)
 
     def evict(self, shards: list[Shard], max_episodes: int) -> list[Shard]:
