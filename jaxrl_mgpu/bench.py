@@ -106,7 +106,7 @@ def matmul_ceiling(n: int = 8192, repeats: int = 10) -> float:
 def measure_transformer_step(cfg, batch: int, repeats: int, attention: str) -> dict:
     """One PPO-shaped training step of the transformer policy on full context windows."""
     import optax
-    from jaxrl_mgpu.algos.learner import compute_dtype
+    from jaxrl_mgpu.nets import compute_dtype
     from jaxrl_mgpu.nets.transformer import TransformerActorCritic
     L, A, obs_dim = cfg.context_len, 8, 16
     net = TransformerActorCritic(num_actions=A, obs_ndim=1, d_model=cfg.d_model, n_layers=cfg.n_layers,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import types
 import typing
 from pathlib import Path
@@ -190,12 +189,10 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
-def parser(prog: str = "python -m jaxrl_mgpu.train", fields=None) -> argparse.ArgumentParser:
-    p = _Parser(prog=prog, description="Train an RL agent data-parallel on all local devices.")
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m jaxrl_mgpu.train", description="Train an RL agent data-parallel on all local devices.")
     defaults = Config()
     for f in dataclasses.fields(Config):
-        if fields is not None and f.name not in fields:
-            continue
         flag, kind = "--" + f.name.replace("_", "-"), _base_type(f.name)
         help_ = f"{f.metadata['help']} (default: {getattr(defaults, f.name)})"
         if kind is bool:

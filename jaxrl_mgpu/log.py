@@ -21,8 +21,8 @@ def _clean(value):
 
 
 class RunLog:
-    def __init__(self, run_dir: Path | None, total_steps: int, enabled: bool | None = None, unit: str = "env_steps"):
-        self.enabled = is_main() if enabled is None else enabled
+    def __init__(self, run_dir: Path | None, total_steps: int, unit: str = "env_steps"):
+        self.enabled = is_main()
         self.unit = unit  # the row key progress is counted in
         self.run_dir = run_dir
         self.total_steps = total_steps

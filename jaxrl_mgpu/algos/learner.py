@@ -4,7 +4,7 @@
     -> (fp16: unscale, skip the step if not finite, adapt the loss scale)  ->  optax update
 
 Params and optimizer state stay float32 whatever `--precision` says; the networks compute in
-the chosen dtype (`compute_dtype`), and losses and metrics are float32.
+the chosen dtype (`nets.compute_dtype`), and losses and metrics are float32.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxrl_mgpu.nets import compute_dtype  # noqa: F401  (re-exported: algorithms build their nets with it)
 from jaxrl_mgpu.parallel import AXIS
 
 
