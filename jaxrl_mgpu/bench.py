@@ -38,6 +38,9 @@ def bench_args(argv):
     p.add_argument("--repeats", type=int, default=5, help="timed calls per measurement; the median is reported")
     p.add_argument("--baseline", action="store_true", help="also time reference_ppo.py on one device")
     p.add_argument("--out", default=None, help="append the JSON lines to this file too")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="also write a jax.profiler trace of two calls per measurement under DIR "
+                        "(TensorBoard's profile plugin or Perfetto open it)")
     p.add_argument("--transformer-step", action="store_true",
                    help="instead: time one training step (forward, backward, Adam) of the transformer policy on "
                         "[--batch, --context-len] sequences, in each of --precisions, and report tokens/s and "
@@ -49,14 +52,22 @@ def bench_args(argv):
     return p.parse_known_args(argv)
 
 
-def time_calls(fn, state, repeats: int) -> tuple[list[float], object]:
-    """Warm-up call, then `repeats` timed calls; the state is threaded through (donated)."""
+PROFILE_DIR: str | None = None  # --profile: where traces of the timed calls go
+
+
+def time_calls(fn, state, repeats: int, name: str = "") -> tuple[list[float], object]:
+    """Warm-up call, then `repeats` timed calls; the state is threaded through (donated). With
+    --profile, two more calls run under `jax.profiler.trace` (not timed)."""
     state = jax.block_until_ready(fn(state))
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
         state = jax.block_until_ready(fn(state))
         times.append(time.perf_counter() - t)
+    if PROFILE_DIR and name:
+        with jax.profiler.trace(f"{PROFILE_DIR}/{name}"):
+            for _ in range(2):
+                state = jax.block_until_ready(fn(state))
     return times, state
 
 
@@ -68,7 +79,7 @@ def measure(cfg, devices: int, updates: int, repeats: int) -> dict:
     t = time.perf_counter()
     chunk = trainer.chunk_fn(updates, state)
     compile_s = time.perf_counter() - t
-    times, _ = time_calls(lambda s: chunk(s)[0], state, repeats)
+    times, _ = time_calls(lambda s: chunk(s)[0], state, repeats, f"jaxrl_mgpu-{par.num_devices}dev-{cfg.num_envs}envs")
     return result(cfg, "jaxrl_mgpu", par.num_devices, updates, times, compile_s)
 
 
@@ -79,7 +90,7 @@ def measure_baseline(cfg, updates: int, repeats: int) -> dict:
     t = time.perf_counter()
     run = run.lower(carry).compile()  # a plain single-device jit
     compile_s = time.perf_counter() - t
-    times, _ = time_calls(run, carry, repeats)
+    times, _ = time_calls(run, carry, repeats, f"reference_ppo-{cfg.num_envs}envs")
     return result(cfg, "reference_ppo", 1, updates, times, compile_s)
 
 
@@ -132,7 +143,8 @@ def measure_transformer_step(cfg, batch: int, repeats: int, attention: str) -> d
         return optax.apply_updates(p, u), o
 
     run = jax.jit(step, donate_argnums=0)
-    times, _ = time_calls(run, (params, tx.init(params)), repeats)
+    times, _ = time_calls(run, (params, tx.init(params)), repeats,
+                          f"transformer-d{cfg.d_model}-L{cfg.n_layers}-b{batch}-{cfg.precision}-{attention}")
     matmul_params = sum(x.size for path, x in jax.tree_util.tree_leaves_with_path(params)
                         if "kernel" in jax.tree_util.keystr(path))
     tokens = batch * L
@@ -200,7 +212,9 @@ def emit(row: dict, out: str | None) -> None:
 
 
 def main(argv=None) -> int:
+    global PROFILE_DIR
     args, rest = bench_args(argv)
+    PROFILE_DIR = args.profile
     try:
         base = config_lib.from_args(rest)
         if args.transformer_step:

@@ -461,6 +461,6 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
         if "fp16/loss_scale" in losses:  # the scale in force, also before learning starts
             losses["fp16/loss_scale"] = loss_scale.scale
         new = DQNState(params, target_params, opt_state, loss_scale, envs, memory, replay, key, state.update + 1, n)
-        return new, (losses, vec.EpisodeStats.of(steps))
+        return new, (losses, vec.EpisodeStats.of(steps.done_return, steps.done_length))
 
     return Algo(init, update, rollout, init_params, policy, learn)

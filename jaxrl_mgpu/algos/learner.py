@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxrl_mgpu.parallel import AXIS
+from jaxrl_mgpu.parallel import all_mean
 
 
 class LossScale(NamedTuple):
@@ -31,15 +31,16 @@ class LossScale(NamedTuple):
 GROWTH_INTERVAL = 2000  # finite steps before the fp16 loss scale doubles
 
 
-def accumulated_grads(loss_fn: Callable, params, batch, grad_accum: int, scale: jax.Array):
+def accumulated_grads(loss_fn: Callable, params, batch, grad_accum: int, scale: jax.Array | None = None):
     """Mean gradient and stats of `loss_fn(params, micro_batch) -> (loss, stats)` over
     `grad_accum` equal micro-batches of `batch` (leading axis split), so a batch K times larger
-    than fits in memory gives the same gradient as one big batch."""
+    than fits in memory gives the same gradient as one big batch. `scale` (fp16 loss scaling)
+    multiplies the loss before differentiation."""
     def scaled(p, b):
         loss, stats = loss_fn(p, b)
         return loss * scale, stats
 
-    grad_fn = jax.grad(scaled, has_aux=True)
+    grad_fn = jax.grad(loss_fn if scale is None else scaled, has_aux=True)
     if grad_accum == 1:
         return grad_fn(params, batch)
     micro = jax.tree.map(lambda x: x.reshape((grad_accum, -1) + x.shape[1:]), batch)
@@ -58,9 +59,11 @@ def step(loss_fn: Callable, tx: optax.GradientTransformation, params, opt_state,
     """One optimizer step on this device's `batch`, with gradients averaged over all devices.
     Returns params, opt_state, loss_scale and the stats (averaged over devices, with
     `skipped` = 1.0 where an fp16 step overflowed and was skipped)."""
-    grads, stats = accumulated_grads(loss_fn, params, batch, grad_accum, loss_scale.scale)
-    grads, stats = jax.lax.pmean((grads, stats), AXIS)  # the all-reduce
-    grads = jax.tree.map(lambda g: g / loss_scale.scale, grads)
+    scale = loss_scale.scale if precision == "fp16" else None
+    grads, stats = accumulated_grads(loss_fn, params, batch, grad_accum, scale)
+    grads, stats = all_mean((grads, stats))  # the all-reduce: one collective for all leaves
+    if scale is not None:
+        grads = jax.tree.map(lambda g: g / scale, grads)
     updates, new_opt_state = tx.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
     if precision != "fp16":

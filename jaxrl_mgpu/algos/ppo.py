@@ -9,7 +9,7 @@ over all devices:
 One update: roll out `num_steps` on this device's environments (`lax.scan`), compute GAE,
 then `update_epochs` passes of `num_minibatches` minibatches. The only cross-device code is
 `lax.pmean` / `lax.psum` on `AXIS` (in learner.step, normalize_per_minibatch and
-EpisodeStats): gradients and losses are averaged, advantage statistics are taken over the
+EpisodeStats, each one all-reduce): gradients and losses are averaged, advantage statistics are taken over the
 global minibatch, so one update on D devices equals one update on one device with the same
 global batch. The policy is an MLP or a transformer (nets/actor_critic.py); with a
 transformer, minibatches are whole environment sequences instead of shuffled transitions.
@@ -27,7 +27,7 @@ from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.nets import actor_critic
-from jaxrl_mgpu.parallel import AXIS, device_index, global_indices, split_evenly
+from jaxrl_mgpu.parallel import all_mean, device_index, global_indices, split_evenly
 
 
 class PPOState(NamedTuple):
@@ -121,7 +121,7 @@ def normalize_per_minibatch(adv: jax.Array) -> jax.Array:
     """Advantages [minibatches, ...per device] -> (adv - mean) / std, each minibatch with the
     mean and std of that minibatch over ALL devices. One all-reduce for the whole epoch."""
     flat = adv.reshape(adv.shape[0], -1)
-    moments = jax.lax.pmean(jnp.stack([flat.mean(1), jnp.square(flat).mean(1)]), AXIS)
+    moments = all_mean(jnp.stack([flat.mean(1), jnp.square(flat).mean(1)]))
     mean, var = moments[0], jnp.maximum(moments[1] - jnp.square(moments[0]), 0.0)
     shape = (-1,) + (1,) * (adv.ndim - 1)
     return (adv - mean.reshape(shape)) / (jnp.sqrt(var).reshape(shape) + 1e-8)
@@ -143,25 +143,40 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
         """`num_steps` steps of this device's environments; also returns V(last observation)."""
         ids = global_indices(envs_per_device)
 
-        def step(carry, t):
-            envs, memory, prev_final_obs = carry
+        def draws(t):
+            """Step t's randomness, per environment from (key, t, global index) alone."""
             keys = jax.vmap(jax.random.split)(vec.env_keys(jax.random.fold_in(key, t), ids))
+            return actor_critic.gumbel_noise(keys[:, 0], env.num_actions), keys[:, 1]
+
+        # All of the rollout's random numbers in one batched op before the loop, instead of a
+        # few small kernels in every step of it.
+        noise, env_keys = jax.vmap(draws)(jnp.arange(cfg.num_steps))
+
+        def step(carry, xs):
+            envs, memory, prev_final_obs = carry
+            action_noise, step_keys = xs
             inputs = policy.inputs(memory, envs.obs)
             logits, value, prev_bootstrap, memory = policy.act(params, memory, envs.obs, prev_final_obs)
-            action = actor_critic.sample(logits, keys[:, 0])
-            next_envs, out = vec.step(env, env_params, envs, action, keys[:, 1])
+            action = actor_critic.sample_with_noise(logits, action_noise)
+            next_envs, out = vec.step(env, env_params, envs, action, step_keys)
             memory = policy.remember(memory, action, out.reward, out.terminated | out.truncated)
-            traj = Rollout(inputs, action, actor_critic.log_prob(logits, action), value, out.reward,
-                           out.terminated.astype(jnp.float32), out.truncated.astype(jnp.float32), prev_bootstrap)
-            return (next_envs, memory, out.final_obs), (traj, out)
+            # The per-environment scalars leave the loop as ONE [E, 8] array: each scan output
+            # is one more small kernel in every step, and steps are what a rollout is made of.
+            scalars = jnp.stack([actor_critic.log_prob(logits, action), value, out.reward,
+                                 out.terminated.astype(jnp.float32), out.truncated.astype(jnp.float32),
+                                 prev_bootstrap, out.done_return, out.done_length.astype(jnp.float32)], -1)
+            return (next_envs, memory, out.final_obs), (inputs, action, scalars)
 
-        (envs, memory, final_obs), (traj, steps) = jax.lax.scan(
-            step, (envs, memory, envs.obs), jnp.arange(cfg.num_steps))
+        (envs, memory, final_obs), (inputs, action, scalars) = jax.lax.scan(
+            step, (envs, memory, envs.obs), (noise, env_keys))
+        log_prob, value, reward, terminated, truncated, prev_bootstrap, done_return, done_length = (
+            scalars[..., i] for i in range(8))
         _, last_value, last_bootstrap, _ = policy.act(params, memory, envs.obs, final_obs)
         # Step t's bootstrap was computed at step t + 1 (the last one just above).
-        bootstrap = jnp.concatenate([traj.bootstrap[1:], last_bootstrap[None]])
-        traj = traj._replace(bootstrap=jnp.where(traj.truncated > 0, bootstrap, 0.0))
-        return envs, memory, traj, last_value, vec.EpisodeStats.of(steps)
+        bootstrap = jnp.concatenate([prev_bootstrap[1:], last_bootstrap[None]])
+        traj = Rollout(inputs, action, log_prob, value, reward, terminated, truncated,
+                       jnp.where(truncated > 0, bootstrap, 0.0))
+        return envs, memory, traj, last_value, vec.EpisodeStats.of(done_return, done_length)
 
     def loss_fn(params, batch: Batch):
         logits, value = policy.evaluate(params, batch.memory, batch.inputs)

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl_mgpu.parallel import AXIS
+from jaxrl_mgpu.parallel import all_sum
 
 
 class EnvBatch(NamedTuple):
@@ -67,8 +67,9 @@ class EpisodeStats(NamedTuple):
     count: jax.Array
 
     @staticmethod
-    def of(steps: Step) -> "EpisodeStats":
-        """Totals of the episodes that ended in `steps`, summed over the device axis."""
-        stats = EpisodeStats(steps.done_return.sum(), steps.done_length.sum().astype(jnp.float32),
-                             (steps.done_length > 0).sum().astype(jnp.float32))
-        return jax.lax.psum(stats, AXIS)
+    def of(done_return: jax.Array, done_length: jax.Array) -> "EpisodeStats":
+        """Totals of the episodes that ended in some steps (`Step.done_return` and
+        `Step.done_length`, any shape), summed over the device axis."""
+        stats = EpisodeStats(done_return.sum(), done_length.sum().astype(jnp.float32),
+                             (done_length > 0).sum().astype(jnp.float32))
+        return all_sum(stats)

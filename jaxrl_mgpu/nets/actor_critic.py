@@ -61,10 +61,7 @@ def _mlp(cfg, num_actions: int, obs_shape: tuple, dtype) -> Policy:
                       num_layers=cfg.num_layers, activation=cfg.activation, dtype=dtype)
 
     def act(params, memory, obs, final_obs):
-        # One forward pass over [obs; final_obs]: the same launches as acting alone.
-        n = obs.shape[0]
-        logits, values = net.apply(params, jnp.concatenate([obs, final_obs]))
-        return logits[:n], values[:n], values[n:], memory
+        return (*net.apply(params, obs, final_obs, method=net.act), memory)
 
     return Policy(
         init_params=lambda key: net.init(key, jnp.zeros((1,) + obs_shape)),
@@ -112,7 +109,18 @@ def _transformer(cfg, num_actions: int, obs_shape: tuple, dtype) -> Policy:
 
 def sample(logits: jax.Array, keys: jax.Array, greedy: bool = False) -> jax.Array:
     """One action per row of `logits`, each with its own key (per-environment streams)."""
-    return jnp.argmax(logits, -1) if greedy else jax.vmap(jax.random.categorical)(keys, logits)
+    return jnp.argmax(logits, -1) if greedy else sample_with_noise(logits, gumbel_noise(keys, logits.shape[-1]))
+
+
+def gumbel_noise(keys: jax.Array, num_actions: int) -> jax.Array:
+    """[n, num_actions] Gumbel noise, row i from keys[i]: drawn ahead of the logits it perturbs."""
+    return jax.vmap(lambda k: jax.random.gumbel(k, (num_actions,)))(keys)
+
+
+def sample_with_noise(logits: jax.Array, noise: jax.Array) -> jax.Array:
+    """The Gumbel-max trick, exactly what `jax.random.categorical(key, logits)` computes when
+    `noise` is `gumbel(key)`."""
+    return jnp.argmax(noise + logits, -1)
 
 
 def log_prob(logits: jax.Array, action: jax.Array) -> jax.Array:

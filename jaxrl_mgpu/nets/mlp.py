@@ -62,5 +62,10 @@ class ActorCritic(nn.Module):
         x = self.torso(obs)
         return self.actor(x).astype(jnp.float32), self.critic(x)[..., 0].astype(jnp.float32)
 
-    def value(self, obs):
-        return self.critic(self.torso(obs))[..., 0].astype(jnp.float32)
+    def act(self, obs, final_obs):
+        """Logits and value of `obs`, and the value of `final_obs`, in the launches of one
+        forward pass: the torso and critic run on [obs; final_obs], the actor on obs only."""
+        n = obs.shape[0]
+        x = self.torso(jnp.concatenate([obs, final_obs]))
+        values = self.critic(x)[..., 0].astype(jnp.float32)
+        return self.actor(x[:n]).astype(jnp.float32), values[:n], values[n:]

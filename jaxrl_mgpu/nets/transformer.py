@@ -117,9 +117,12 @@ def rope(x: jax.Array, pos: jax.Array) -> jax.Array:
     # (pos % 2**16) * turns < 2**16 * 10431 < 2**31: exact in int32, so identical on both paths.
     phase = ((pos % ROPE_PERIOD)[..., None] * turns) % ROPE_PERIOD
     angle = phase.astype(jnp.float32) * np.float32(2 * np.pi / ROPE_PERIOD)
-    cos, sin = jnp.cos(angle)[:, :, None, :], jnp.sin(angle)[:, :, None, :]
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+    # The rotation itself in x's dtype: in bf16 an fp32 round trip of q and k costs two more
+    # passes over them per layer (forward and backward) and buys nothing the bf16 matmuls keep.
+    cos = jnp.cos(angle)[:, :, None, :].astype(x.dtype)
+    sin = jnp.sin(angle)[:, :, None, :].astype(x.dtype)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
 
 class Block(nn.Module):
