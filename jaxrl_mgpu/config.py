@@ -20,6 +20,7 @@ import yaml
 ALGOS = ("ppo", "dqn", "ad")
 POLICIES = ("mlp", "transformer")
 PRECISIONS = ("fp32", "bf16", "fp16")
+SOURCE_ALGOS = ("ucb", "q")  # exploration of AD's tabular Q-learning source (histories.py)
 PRESET_DIRS = (Path.cwd() / "experiments", Path(__file__).resolve().parents[1] / "experiments")
 
 
@@ -87,6 +88,14 @@ class Config:
                                      "ad-batch-size / devices)")
     ad_episode_stride: int = option(1, "AD: keep every k-th episode of each learning history, so a context of "
                                        "n episodes spans k x n episodes of the source's learning")
+    # (--algo ad with --mode collect|learn: the histories come from the run's store, elastic_ad.py)
+    ad_history_steps: int = option(4000, "AD --mode collect|learn: environment steps of each source learning "
+                                         "history (a multiple of the episode length); the same for collectors "
+                                         "and learner")
+    ad_history_tasks: int = option(32, "AD --mode collect: tasks (goals) learned at once, one source learner "
+                                       "each, per store shard")
+    ad_source: str = option("ucb", "AD --mode collect: exploration of the tabular Q-learning source",
+                            choices=SOURCE_ALGOS)
     # end Algorithm Distillation -------------------------------------------------------
     # network
     hidden_size: int = option(64, "width of the MLP layers")
@@ -120,7 +129,8 @@ class Config:
                                "and publish checkpoints; collect: follow the newest checkpoint and add episodes "
                                "to the store", choices=("both", "learn", "collect"))
     store_max_episodes: int = option(100_000, "learn: keep at most this many episodes in the store (oldest "
-                                              "shards deleted first)")
+                                              "shards deleted first); --algo ad: also the capacity of the "
+                                              "learner's on-device buffer, in whole learning histories")
     max_replay_ratio: float | None = option(None, "learn: at most this many gradient steps per env step received "
                                                   "(the learner waits for data beyond it)")
     collect_before_checkpoint: str = option("wait", "collect: before the learner's first checkpoint, wait or act "

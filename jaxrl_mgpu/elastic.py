@@ -1,4 +1,6 @@
-"""Asynchronous, elastic collection and learning on one run directory (`--mode learn|collect`).
+"""Asynchronous, elastic collection and learning on one run directory (`--mode learn|collect`):
+DQN here, with the bookkeeping every asynchronous learner shares; Algorithm Distillation on a
+growing store of learning histories in `elastic_ad.py`.
 
     python -m jaxrl_mgpu.train --config cartpole-dqn --mode learn   --run-dir R                 # one learner
     CUDA_VISIBLE_DEVICES=1 python -m jaxrl_mgpu.train --config cartpole-dqn --mode collect --run-dir R   # any number,
@@ -40,7 +42,7 @@ from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import dqn, learner
 from jaxrl_mgpu.checkpoint import REPLICATED, Checkpoints
 from jaxrl_mgpu.config import ConfigError
-from jaxrl_mgpu.data.store import Store, Transitions
+from jaxrl_mgpu.data.store import Shard, Store, Transitions
 from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.parallel import Parallel, device_index, global_indices
 
@@ -50,7 +52,8 @@ BLOCK = 256                   # transitions per device per replay insert (one co
 
 def check(cfg, num_devices: int) -> dict:
     if cfg.algo != "dqn":
-        raise ConfigError(f"--mode {cfg.mode} needs an off-policy learner: use --algo dqn (not {cfg.algo})")
+        raise ConfigError(f"--mode {cfg.mode} needs an off-policy learner: use --algo dqn, or --algo ad on a "
+                          f"Dark Room (not {cfg.algo})")
     if cfg.policy != "mlp":
         raise ConfigError(f"--mode {cfg.mode} trains a feedforward Q-network: use --policy mlp (the store holds "
                           f"episodes, not the windows a --policy {cfg.policy} learner would need)")
@@ -60,6 +63,10 @@ def check(cfg, num_devices: int) -> dict:
     if cfg.store_max_episodes < 1 or cfg.shard_steps < 1:
         raise ConfigError("--store-max-episodes and --shard-steps must be at least 1")
     return layout
+
+
+def per_update(cfg) -> str:
+    return f"{dqn.grad_steps_per_update(cfg)} gradient steps of {cfg.replay_batch_size} transitions"
 
 
 # -- the learner ---------------------------------------------------------------------------
@@ -151,14 +158,18 @@ class Learner:
         self.learn = par.map(learn, donate=True)
 
 
-def _host_block(queue: list[Transitions], size: int) -> tuple[Transitions | None, list[Transitions]]:
-    """Takes `size` transitions off the front of the queue (None if it holds fewer)."""
-    if sum(len(t.reward) for t in queue) < size:
-        return None, queue
-    joined = Transitions(*(np.concatenate(f) for f in zip(*queue)))
-    block = Transitions(*(f[:size] for f in joined))
-    rest = Transitions(*(f[size:] for f in joined))
-    return block, ([rest] if len(rest.reward) else [])
+def _host_blocks(queue: list[Transitions], size: int) -> tuple[list[Transitions], list[Transitions]]:
+    """All whole blocks of `size` transitions at the front of the queue, and what remains.
+    The queue is joined once per call: joining it again for every block made reading a large
+    shard quadratic (a 65k-step MinAtar shard took seconds per block)."""
+    total = sum(len(t.reward) for t in queue)
+    if total < size:
+        return [], queue
+    joined = Transitions(*(np.concatenate(f) for f in zip(*queue))) if len(queue) > 1 else queue[0]
+    whole = total // size * size
+    blocks = [Transitions(*(f[i:i + size] for f in joined)) for i in range(0, whole, size)]
+    rest = Transitions(*(f[whole:] for f in joined))
+    return blocks, ([rest] if total > whole else [])
 
 
 def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resume_step: int | None) -> dict:
@@ -166,14 +177,7 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
     store, lrn = Store(run_dir), Learner(cfg, par)
     key = par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed)))
     state, replay = lrn.init(key), lrn.init_replay(key)
-    meta = {"iteration": 0, "env_steps_received": 0, "episodes_received": 0, "per_collector": {}, "consumed": []}
-    if resume_step is not None:
-        state, _ = ckpts.restore(resume_step, state, STATE_LAYOUT, par)
-        meta.update(ckpts.meta(resume_step)["async"])
-        log.print(f"  resumed the learner at iteration {resume_step}; refilling the replay from the store")
-    consumed = set(meta["consumed"])
-    if resume_step is None:
-        _publish(ckpts, 0, state, par, meta, consumed, cfg)  # waiting collectors can start from it
+    state, meta, consumed = start(ckpts, state, STATE_LAYOUT, par, cfg, resume_step, log, "replay")
     queue: list[Transitions] = []
     # What arrived since the last log point.
     window = {"episodes": 0, "return_sum": 0.0, "length_sum": 0, "lag_sum": 0.0, "shards": 0}
@@ -188,25 +192,17 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
     # on the devices to decide what to do next.
     grads = int(par.first(state.grad_steps))
     per_learn, grads_prev = dqn.grad_steps_per_update(cfg), grads
-    (run_dir / DONE_MARKER).unlink(missing_ok=True)
 
     # The learner does as many iterations (of num_steps x updates_per_step gradient steps) as
     # `--mode both` would: total_updates. How much data that takes depends on the collectors.
     while iteration < cfg.total_updates and not stop():
         # 1. new shards, oldest first; after a restart, consumed ones only refill the replay
-        for shard in store.shards():
-            if shard.path.name in consumed and resume_step is None:
+        for shard, new in unread(store, consumed, refill=resume_step is not None):
+            queue.append(store.read(shard))
+            if not new:
                 continue
-            transitions, episodes = store.read(shard), shard.meta
-            queue.append(transitions)
-            if shard.path.name in consumed:
-                continue
-            consumed.add(shard.path.name)
-            meta["env_steps_received"] += episodes["env_steps"]
-            meta["episodes_received"] += episodes["episodes"]
-            who = meta["per_collector"].setdefault(episodes["collector"], {"env_steps": 0, "episodes": 0})
-            who["env_steps"] += episodes["env_steps"]
-            who["episodes"] += episodes["episodes"]
+            episodes = shard.meta
+            receive(meta, episodes, COUNTS)
             window["episodes"] += episodes["episodes"]
             window["return_sum"] += episodes.get("return_sum", 0.0)
             window["length_sum"] += episodes["env_steps"]
@@ -214,12 +210,10 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
             window["shards"] += 1
         resume_step = None
         # 2. into the replay, in fixed-size blocks
-        while True:
-            block, queue = _host_block(queue, per_block)
-            if block is None:
-                break
+        blocks, queue = _host_blocks(queue, per_block)
+        for block in blocks:
             shaped = Transitions(*(x.reshape((par.num_devices, BLOCK) + x.shape[1:]) for x in block))
-            replay = lrn.insert(replay, par.shard(_local(shaped, par)))
+            replay = lrn.insert(replay, par.shard(local_rows(shaped, par)))
             inserted += per_block
         # 3. learn, unless there is too little data or the replay ratio is at its cap
         capped = cfg.max_replay_ratio is not None and \
@@ -243,34 +237,94 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
                 "sps": (meta["env_steps_received"] - steps_prev) / (now - t_prev),
                 "grad_steps_per_s": (grads - grads_prev) / (now - t_prev), "time": now - t_start,
                 "async/policy_lag": window["lag_sum"] / window["shards"] if window["shards"] else None,
-                "async/episodes_received": meta["episodes_received"],
-                "async/env_steps_received": meta["env_steps_received"],
-                "async/replay_ratio": grads / max(meta["env_steps_received"], 1),
-                **{f"async/env_steps_received/{c}": v["env_steps"] for c, v in meta["per_collector"].items()},
-                **{f"async/episodes_received/{c}": v["episodes"] for c, v in meta["per_collector"].items()},
+                **async_metrics(meta, grads, COUNTS),
             }
             log.write(last_row)
             window = dict.fromkeys(window, 0)
             t_prev, steps_prev, grads_prev = now, meta["env_steps_received"], grads
         if cfg.checkpoint_every and iteration % cfg.checkpoint_every == 0:
-            _publish(ckpts, iteration, state, par, meta, consumed, cfg)
-            kept = store.evict(store.shards(), cfg.store_max_episodes)
-            store.clean_staging()
-            consumed &= {s.path.name for s in kept}
+            consumed = publish_and_evict(ckpts, iteration, state, STATE_LAYOUT, par, meta, consumed, cfg, store)
+    finish(ckpts, iteration, state, STATE_LAYOUT, par, meta, consumed, cfg, stop)
+    return last_row or {"update": iteration, "env_steps": meta["env_steps_received"],
+                        "time": time.perf_counter() - t_start}
+
+
+# -- what every asynchronous learner shares --------------------------------------------------
+
+COUNTS = ("env_steps", "episodes")  # what a learner counts of each shard it receives
+
+
+def start(ckpts, state, layout, par, cfg, resume_step, log, memory: str, counts=COUNTS):
+    """The learner's state and bookkeeping (`meta`, saved in every checkpoint it publishes,
+    and the set of shards consumed): restored from `resume_step`, or fresh and published at
+    iteration 0 so that waiting collectors can start."""
+    meta = {"iteration": 0, **{f"{k}_received": 0 for k in counts}, "per_collector": {}, "consumed": []}
+    if resume_step is not None:
+        state, _ = ckpts.restore(resume_step, state, layout, par)
+        meta.update(ckpts.meta(resume_step)["async"])
+        log.print(f"  resumed the learner at iteration {resume_step}; refilling the {memory} from the store")
+    else:
+        publish(ckpts, 0, state, layout, par, meta, set(), cfg)
+    (Path(cfg.run_dir) / DONE_MARKER).unlink(missing_ok=True)
+    return state, meta, set(meta["consumed"])
+
+
+def unread(store: Store, consumed: set, refill: bool) -> list[tuple[Shard, bool]]:
+    """The store's shards to read now, oldest first, each with whether it is new; new ones are
+    marked consumed. After a restart (`refill`), the consumed shards still in the store are
+    read again, to refill the learner's on-device memory, but not counted again."""
+    todo = []
+    for shard in store.shards():
+        new = shard.path.name not in consumed
+        if new or refill:
+            todo.append((shard, new))
+        consumed.add(shard.path.name)
+    return todo
+
+
+def receive(meta: dict, shard_meta: dict, counts=COUNTS) -> None:
+    """Adds a new shard's counts to the learner's totals and to its collector's."""
+    who = meta["per_collector"].setdefault(shard_meta["collector"], {})
+    for k in counts:
+        meta[f"{k}_received"] += shard_meta[k]
+        who[k] = who.get(k, 0) + shard_meta[k]
+
+
+def async_metrics(meta: dict, grads: int, counts=COUNTS) -> dict:
+    """The `async/*` log keys: totals received, also per collector, and the replay ratio
+    (gradient steps per env step received)."""
+    return {**{f"async/{k}_received": meta[f"{k}_received"] for k in counts},
+            "async/replay_ratio": grads / max(meta["env_steps_received"], 1),
+            **{f"async/{k}_received/{c}": v.get(k, 0) for k in counts for c, v in meta["per_collector"].items()}}
+
+
+def publish(ckpts, iteration, state, layout, par, meta, consumed, cfg) -> None:
+    """A checkpoint collectors (and `evaluate`) can read, with the bookkeeping a restarted
+    learner resumes from."""
+    meta = {**meta, "iteration": iteration, "consumed": sorted(consumed)}
+    ckpts.save(iteration, state, layout, par, {"update": iteration, "async": meta, "config": cfg.to_dict()})
+
+
+def publish_and_evict(ckpts, iteration, state, layout, par, meta, consumed, cfg, store: Store) -> set:
+    """Publishes, then deletes the oldest shards beyond `--store-max-episodes` (only the learner
+    deletes); returns the consumed shards still in the store."""
+    publish(ckpts, iteration, state, layout, par, meta, consumed, cfg)
+    kept = store.evict(store.shards(), cfg.store_max_episodes)
+    store.clean_staging()
+    return consumed & {s.path.name for s in kept}
+
+
+def finish(ckpts, iteration, state, layout, par, meta, consumed, cfg, stop) -> None:
+    """The last checkpoint; then, unless stopped by a signal (a restart will follow), the marker
+    that tells collectors the learner is done."""
     if ckpts.latest_step() != iteration:
-        _publish(ckpts, iteration, state, par, meta, consumed, cfg)
+        publish(ckpts, iteration, state, layout, par, meta, consumed, cfg)
     ckpts.wait()
     if not stop():
-        (run_dir / DONE_MARKER).write_text(json.dumps({"iteration": iteration}))
-    return last_row or {"update": iteration, "env_steps": meta["env_steps_received"]}
+        (Path(cfg.run_dir) / DONE_MARKER).write_text(json.dumps({"iteration": iteration}))
 
 
-def _publish(ckpts, iteration, state, par, meta, consumed, cfg):
-    meta = {**meta, "iteration": iteration, "consumed": sorted(consumed)}
-    ckpts.save(iteration, state, STATE_LAYOUT, par, {"update": iteration, "async": meta, "config": cfg.to_dict()})
-
-
-def _local(tree, par: Parallel):
+def local_rows(tree, par: Parallel):
     """This process's device rows of a host array laid out [num_devices, ...]."""
     first = par.local_devices[0].id
     index = [d.id for d in par.devices].index(first)
@@ -278,6 +332,10 @@ def _local(tree, par: Parallel):
 
 
 # -- the collector -------------------------------------------------------------------------
+
+def collector_name(cfg) -> str:
+    return cfg.collector_id or f"{os.uname().nodename}-{os.getpid()}"
+
 
 def collector_seed(name: str) -> int:
     return zlib.crc32(name.encode())
@@ -287,7 +345,7 @@ def collect(cfg, par: Parallel, log, stop) -> int:
     """A collector's loop: follow the newest checkpoint, roll out, append episodes to the
     store, until the learner is done or a stop signal. Returns the env steps collected."""
     run_dir = Path(cfg.run_dir)
-    name = cfg.collector_id or f"{os.uname().nodename}-{os.getpid()}"
+    name = collector_name(cfg)
     env, env_params = envs_lib.make(cfg.env)
     net = dqn.make_network(cfg, env, env_params)
     envs_per_device = cfg.num_envs // par.num_devices

@@ -27,11 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mgpu import parallel
+from jaxrl_mgpu.config import SOURCE_ALGOS as ALGOS
 from jaxrl_mgpu.data import rlds
 from jaxrl_mgpu.envs import EnvError, darkroom
 from jaxrl_mgpu.parallel import ParallelError
-
-ALGOS = ("ucb", "q")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +144,15 @@ def darkroom_env(env_name: str):
     return env, env.default_params
 
 
+def source_metadata(env_name: str, cfg: LearnerConfig, tasks: int, steps: int, seed: int, split: str) -> dict:
+    """What a dataset of learning histories records about its source: env, algorithm and its
+    config, size, and the seed and split of the goals (in-context evaluation holds out the
+    other split)."""
+    env, _ = darkroom_env(env_name)
+    return {"env": env_name, "algo": f"tabular-q-{cfg.algo}", "algo_config": dataclasses.asdict(cfg),
+            "tasks": tasks, "steps": steps, "seed": seed, "split": split, "episode_len": env.episode_len}
+
+
 def episode_returns(h: rlds.Histories, episode_len: int) -> np.ndarray:
     """[tasks, episodes] returns of fixed-length episodes."""
     return h.reward.reshape(h.num_tasks, -1, episode_len).sum(-1)
@@ -197,9 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cfg = LearnerConfig(algo=args.algo)
     histories = run(args.env, goals, args.steps, args.seed, cfg, par)
-    metadata = {"env": args.env, "algo": f"tabular-q-{args.algo}", "algo_config": dataclasses.asdict(cfg),
-                "tasks": args.tasks, "steps": args.steps, "seed": args.seed, "split": args.split,
-                "episode_len": env.episode_len}
+    metadata = source_metadata(args.env, cfg, args.tasks, args.steps, args.seed, args.split)
     rlds.write(args.out, dataclasses.replace(histories, metadata=metadata))
     returns = episode_returns(histories, env.episode_len).mean(0)
     print(f"wrote {args.tasks} learning histories x {args.steps} steps ({len(returns)} episodes of "

@@ -1,7 +1,7 @@
 """In-context evaluation of Algorithm Distillation, and the AD input-pipeline throughput.
 
     python -m jaxrl_mgpu.evaluate --run-dir DIR --in-context --episodes E [--goals test|train]
-                                  [--envs-per-goal N] [--step S] [--seed K]
+                                  [--envs-per-goal N] [--step S] [--seed K] [--greedy]
 
 loads an `--algo ad` checkpoint (the latest by default) and lets the model play E consecutive
 episodes on every goal of a split of the run's Dark Room, `N` environments per goal, spread
@@ -9,9 +9,10 @@ over all devices, with NO weight updates: the model's only memory is its rolling
 transformer's KV cache of the last n_transit steps, across episodes), and actions are sampled
 from its predicted distribution. The goal split is the one the source's learning histories
 were drawn with (its seed is read from the dataset's metadata), so `--goals test` (default)
-are goals AD never saw. It writes `incontext-<goals>.json` (every environment's per-episode
-returns, their mean per episode, a uniform-random baseline on the same goals, and the source's
-learning curve from the dataset) and `incontext-<goals>.png` into the run directory, and prints
+are goals AD never saw; `--greedy` takes the most likely action instead of sampling. It writes
+`incontext-<goals>[-greedy].json` (every environment's per-episode returns, their mean per
+episode, a uniform-random baseline on the same goals, and the source's learning curve from the
+dataset) and `incontext-<goals>[-greedy].png` into the run directory, and prints
 one JSON line: the mean return of each in-context episode, and the source's first and final
 episode returns for reference.
 
@@ -45,11 +46,12 @@ from jaxrl_mgpu.parallel import AXIS, global_indices
 
 
 def make_incontext(policy, env, goals: np.ndarray, envs_per_goal: int, episodes: int, num_devices: int,
-                   uniform: bool = False):
+                   uniform: bool = False, greedy: bool = False):
     """A per-device function `(params, key) -> returns [envs, episodes]` of `episodes`
     consecutive episodes of every environment, on EVERY device (each device fills its own rows,
     then a psum), environment i playing goal `i // envs_per_goal`. The policy's memory is never
-    reset, so it carries its context across the episodes. `uniform`: random actions instead."""
+    reset, so it carries its context across the episodes. `uniform`: random actions instead;
+    `greedy`: the model's most likely action instead of a sample."""
     total = len(goals) * envs_per_goal
     per_device = -(-total // num_devices)
     # Padding environments (past `total`) replay the last goal; the caller drops their rows.
@@ -68,7 +70,7 @@ def make_incontext(policy, env, goals: np.ndarray, envs_per_goal: int, episodes:
                 logits = jnp.zeros((per_device, env.num_actions))
             else:
                 logits, _, _, memory = policy.act(params, memory, obs, obs)
-            action = actor_critic.sample(logits, keys[:, 0])
+            action = actor_critic.sample(logits, keys[:, 0], greedy and not uniform)
             obs, state, reward, terminated, truncated, _ = jax.vmap(env.step)(keys[:, 1], state, action, env_params)
             memory = policy.remember(memory, action, reward, jnp.logical_or(terminated, truncated))
             return (obs, state, memory), reward
@@ -87,6 +89,18 @@ def source_curve(h: rlds.Histories) -> np.ndarray:
     per_task = [np.add.reduceat(r, np.flatnonzero(np.concatenate([[True], d[:-1]]))) for r, d in zip(h.reward, h.done)]
     n = min(map(len, per_task))
     return np.mean([p[:n] for p in per_task], axis=0)
+
+
+def source_histories(cfg, run_dir: str) -> tuple[dict, rlds.Histories, str]:
+    """The learning histories a run distilled, their metadata and where they are: `--dataset`,
+    or for an asynchronous run (`--mode learn`) the histories now in its store."""
+    from jaxrl_mgpu.algos import ad
+    if cfg.mode == "learn":
+        from jaxrl_mgpu import elastic_ad
+        meta, h = elastic_ad.store_histories(cfg, run_dir)
+        return meta, h, str(Path(run_dir) / "store")
+    meta = ad.open_dataset(cfg)
+    return meta, rlds.read(cfg.dataset, env=cfg.env), str(cfg.dataset)
 
 
 def plot(path: Path, result: dict) -> None:
@@ -134,6 +148,8 @@ def _args(argv):
     p.add_argument("--devices", type=int, default=None, help="use the first k local devices (default: all)")
     p.add_argument("--parallel", default="pmap", choices=parallel.BACKENDS)
     p.add_argument("--seed", type=int, default=1, help="seed of the evaluation episodes")
+    p.add_argument("--greedy", action="store_true", help="act with the model's most likely action instead of "
+                   "sampling it (writes incontext-<goals>-greedy.*)")
     return p.parse_args(argv)
 
 
@@ -148,7 +164,7 @@ def evaluate(argv=None) -> int:
         cfg, ckpts = load_run(args.run_dir)
         if cfg.algo != "ad":
             raise ConfigError(f"--in-context evaluates --algo ad runs; the run in {args.run_dir} is --algo {cfg.algo}")
-        meta = ad.open_dataset(cfg)  # the histories' goal split and seed, and the source's curve
+        meta, h, where = source_histories(cfg, args.run_dir)  # the goal split and seed, the source's curve
         goals = darkroom.goals(cfg.env, args.goals, meta.get("seed", 0))
         step = pick_step(ckpts, args.run_dir, args.step)
         par = parallel.setup(args.parallel, args.devices)
@@ -162,22 +178,24 @@ def evaluate(argv=None) -> int:
     key = par.replicate(np.asarray(jax.random.PRNGKey(args.seed)))
     envs = len(goals) * args.envs_per_goal
     run = lambda uniform: par.first(par.map(make_incontext(  # noqa: E731
-        algo.policy, env, goals, args.envs_per_goal, args.episodes, par.num_devices, uniform))(params, key))[:envs]
+        algo.policy, env, goals, args.envs_per_goal, args.episodes, par.num_devices, uniform, args.greedy))(
+        params, key))[:envs]
     returns, random = run(False), run(True)
 
-    h = rlds.read(cfg.dataset, env=cfg.env)
     source = source_curve(h)
     by_goal = returns.reshape(len(goals), args.envs_per_goal, args.episodes).mean(1)
     result = {"env": cfg.env, "step": step, "goals": args.goals, "goal_cells": goals.tolist(),
               "envs_per_goal": args.envs_per_goal, "envs": envs, "episodes": args.episodes, "seed": args.seed,
+              "greedy": args.greedy,
               "mean_return": returns.mean(0).tolist(), "std_return": returns.std(0).tolist(),
               "random_return": random.mean(0).tolist(), "per_goal_return": by_goal.tolist(),
               "returns": returns.tolist(),
-              "source": {"dataset": str(cfg.dataset), "algo": meta.get("algo"), "goals": meta.get("split"),
+              "source": {"dataset": where, "algo": meta.get("algo"), "goals": meta.get("split"),
                          "tasks": h.num_tasks, "episode_stride": cfg.ad_episode_stride,
                          "mean_return": source.tolist()}}
     run_dir = Path(args.run_dir)
-    out_json, out_png = run_dir / f"incontext-{args.goals}.json", run_dir / f"incontext-{args.goals}.png"
+    name = f"incontext-{args.goals}" + ("-greedy" if args.greedy else "")
+    out_json, out_png = run_dir / f"{name}.json", run_dir / f"{name}.png"
     if parallel.is_main():
         out_json.write_text(json.dumps(result))
         plot(out_png, result)

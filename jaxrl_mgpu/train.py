@@ -62,7 +62,7 @@ def plan_run_dir(cfg) -> tuple[Path, int | None]:
     return path, step
 
 
-def banner(cfg, par: parallel.Parallel, layout: dict, trainer) -> dict:
+def banner(cfg, par: parallel.Parallel, layout: dict, per_update: str) -> dict:
     """The start-up summary of the distributed setup. `layout` is the algorithm's
     {what: (global, per device)} split of the batch (its `check`)."""
     device = par.devices[0]
@@ -76,7 +76,7 @@ def banner(cfg, par: parallel.Parallel, layout: dict, trainer) -> dict:
     }
     rows.update({what: f"{total} global, {per_device} per device" for what, (total, per_device) in layout.items()})
     rows.update({
-        "per update": f"{trainer.steps_per_update:,} {trainer.step_unit}",
+        "per update": per_update,
         "updates": f"{cfg.total_updates}, {cfg.log_every} per compiled chunk",
         "precision": f"{cfg.precision} compute, fp32 params" + (f", {cfg.grad_accum} micro-batches per step"
                                                                 if cfg.grad_accum > 1 else ""),
@@ -116,16 +116,17 @@ def main(argv: list[str] | None = None) -> int:
         parallel.initialize(cfg.coordinator_address, cfg.num_processes, cfg.process_id, cfg.local_device_ids,
                             cfg.failure_timeout)
         cfg = config_lib.validate(cfg)
-        from jaxrl_mgpu import runner
+        from jaxrl_mgpu import elastic, elastic_ad, runner
         from jaxrl_mgpu.algos import ALGOS
         from jaxrl_mgpu.checkpoint import Checkpoints
-        from jaxrl_mgpu import elastic
+        # --mode learn|collect: DQN from episodes, or AD from learning histories, in the run's store
+        asynchronous = elastic_ad if cfg.algo == "ad" else elastic
         par = parallel.setup(cfg.parallel, cfg.devices)
-        layout = (ALGOS[cfg.algo].check if cfg.mode == "both" else elastic.check)(cfg, par.num_devices)
+        layout = (ALGOS[cfg.algo].check if cfg.mode == "both" else asynchronous.check)(cfg, par.num_devices)
         if cfg.mode == "collect":
             if not cfg.run_dir:
                 raise ConfigError("--mode collect needs --run-dir: the run whose store it fills")
-            return collect(cfg, par)
+            return collect(cfg, par, asynchronous)
         run_dir, resume_step = plan_run_dir(cfg)
     except USER_ERRORS as e:
         fail(e)
@@ -138,25 +139,30 @@ def main(argv: list[str] | None = None) -> int:
         # Rows logged after the checkpoint we resume from are logged again by this run.
         truncate_metrics(run_dir / "metrics.jsonl", resume_step or 0)
     parallel.barrier("run directory ready")
-    trainer = runner.Trainer(cfg, par)
-    per_update = trainer.steps_per_update
-    # A learner (--mode learn) counts its own updates; the env steps are the collectors'.
-    log = (RunLog(run_dir, cfg.total_updates * per_update, unit=trainer.step_unit) if cfg.mode == "both" else
-           RunLog(run_dir, cfg.total_updates, unit="update"))
-    log.banner(banner(cfg, par, layout, trainer))
+    # A learner (--mode learn) has no trainer: it counts its own updates, and the env steps
+    # are the collectors'.
+    if cfg.mode == "both":
+        trainer = runner.Trainer(cfg, par)
+        unit, per_update = trainer.step_unit, trainer.steps_per_update
+        log = RunLog(run_dir, cfg.total_updates * per_update, unit=unit)
+        log.banner(banner(cfg, par, layout, f"{per_update:,} {unit}"))
+    else:
+        unit = "env_steps"  # received from the collectors
+        log = RunLog(run_dir, cfg.total_updates, unit="update")
+        log.banner(banner(cfg, par, layout, asynchronous.per_update(cfg)))
     ckpts = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
     state, start = None, 0
     if resume_step is not None and cfg.mode == "both":
         state, recreated = ckpts.restore(resume_step, trainer.init_state(), trainer.layout, par)
         start = resume_step
-        log.print(f"  resumed from the checkpoint at update {start} ({start * per_update:,} {trainer.step_unit})"
+        log.print(f"  resumed from the checkpoint at update {start} ({start * per_update:,} {unit})"
                   + (f"; re-created {', '.join(recreated)} (the saved ones do not fit {par.num_devices} devices"
                      f" x {cfg.num_envs} envs)" if recreated else ""))
     elif cfg.resume == "auto":
         log.print("  --resume auto: no checkpoint yet, starting fresh")
 
     best = {"return": float("-inf")}
-    meta = lambda update: {"update": update, trainer.step_unit: update * per_update, "num_envs": cfg.num_envs,
+    meta = lambda update: {"update": update, unit: update * per_update, "num_envs": cfg.num_envs,
                            "config": cfg.to_dict()}
 
     def checkpoint(update, state):
@@ -173,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     hooks = runner.Hooks(checkpoint=checkpoint, evaluate=evaluate if cfg.eval_every else None, stop_requested=stop)
     try:
         if cfg.mode == "learn":
-            last = elastic.learn(cfg, par, run_dir, log, ckpts, stop, resume_step)
+            last = asynchronous.learn(cfg, par, run_dir, log, ckpts, stop, resume_step)
             done = cfg.total_updates  # the learner stops on env steps received, not on updates
         else:
             _, last, done = runner.train(trainer, log, state, start, hooks, stop_at=cfg.stop_at_update)
@@ -190,21 +196,22 @@ def main(argv: list[str] | None = None) -> int:
     summary = f"final mean episode return {ret:.1f}" if ret is not None and ret == ret else "no episode finished"
     if done < cfg.total_updates:
         log.print(f"stopped at update {done} of {cfg.total_updates} with a checkpoint; continue with --resume")
-    log.print(f"done: {last.get(trainer.step_unit, 0):,} {trainer.step_unit} in {last.get('time', 0):.0f}s, {summary}")
+    log.print(f"done: {last.get(unit, 0):,} {unit} in {last.get('time', 0):.0f}s, {summary}")
     log.print(f"results in {run_dir}/: config.json, metrics.jsonl, TensorBoard events, checkpoints/ "
               f"(tensorboard --logdir {run_dir})")
     return 0
 
 
-def collect(cfg, par) -> int:
-    """`--mode collect`: no run directory of its own; it adds episodes to `--run-dir`'s store."""
-    from jaxrl_mgpu import elastic
+def collect(cfg, par, asynchronous) -> int:
+    """`--mode collect`: no run directory of its own; it adds episodes (or, for --algo ad,
+    learning histories) to `--run-dir`'s store."""
     log = RunLog(None, 0)
-    log.print(f"collector on {par.num_devices} {par.devices[0].platform} device(s), {cfg.num_envs} envs, "
-              f"store {cfg.run_dir}/store")
+    log.print(f"collector on {par.num_devices} {par.devices[0].platform} device(s), "
+              + (f"{cfg.ad_history_tasks} tasks" if cfg.algo == "ad" else f"{cfg.num_envs} envs")
+              + f", store {cfg.run_dir}/store")
     stop = StopSignal(log)
     try:
-        total = elastic.collect(cfg, par, log, stop)
+        total = asynchronous.collect(cfg, par, log, stop)
     finally:
         stop.restore()
     log.print(f"collector done: {total:,} env steps written")

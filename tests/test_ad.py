@@ -100,6 +100,14 @@ def test_train_then_evaluate_in_context(dataset, tmp_path, capsys):
     assert saved["goal_cells"] == [list(g) for g in np.asarray(envs.darkroom.goals("DarkRoom", "test", 0)).tolist()]
     assert (run_dir / "incontext-test.png").read_bytes()[:4] == b"\x89PNG"
 
+    # Greedy acting writes its own files and leaves the sampled ones alone.
+    assert evaluate.main(["--run-dir", str(run_dir), "--in-context", "--episodes", "3", "--envs-per-goal", "1",
+                          "--greedy"]) == 0
+    greedy = json.loads(capsys.readouterr().out.strip())
+    assert json.loads((run_dir / "incontext-test-greedy.json").read_text())["greedy"] is True
+    assert json.loads((run_dir / "incontext-test.json").read_text())["greedy"] is False
+    assert greedy["random_return"] == out["random_return"]  # the same uniform baseline
+
     # The AD model is also an ordinary policy for the standard evaluation.
     assert evaluate.main(["--run-dir", str(run_dir), "--episodes", "8"]) == 0
     assert json.loads(capsys.readouterr().out)["episodes"] == 8

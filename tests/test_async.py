@@ -1,14 +1,11 @@
 """Asynchronous collection and learning: one learner, collectors that come and go."""
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 
+from helpers import spawn_train, wait_until
 from jaxrl_mgpu.data.store import Store
 
 DQN = ["--config", "cartpole-dqn", "--num-envs", "8", "--num-steps", "1", "--updates-per-step", "4",
@@ -18,18 +15,7 @@ DQN = ["--config", "cartpole-dqn", "--num-envs", "8", "--num-steps", "1", "--upd
 
 
 def spawn(*argv):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen([sys.executable, "-m", "jaxrl_mgpu.train", *DQN, *argv], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def wait_until(condition, timeout=120):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError("timed out")
+    return spawn_train([*DQN, *argv])
 
 
 def test_learner_with_two_collectors_one_killed(tmp_path):

@@ -18,7 +18,7 @@ if [ "${DRY:-0}" = 1 ]; then
   STEP_ARGS="--repeats 2"; AD_STEP="--batch 8"; D512="--d-model 32 --n-layers 1 --n-heads 2 --context-len 16 --batch 4"
 fi
 gpu() { if [ "${DRY:-0}" = 1 ]; then env -u CUDA_VISIBLE_DEVICES "${@:2}"; else CUDA_VISIBLE_DEVICES=$1 "${@:2}"; fi; }
-R=/tmp/runs; D=/tmp/data; mkdir -p $R $D
+R=$(mktemp -d /tmp/runs.XXXX); D=$(mktemp -d /tmp/data.XXXX)  # fresh: runs never clobber old ones
 Q="--config breakout-minatar-dqn --num-envs 256 --log-every 5 --checkpoint-every 20"
 
 ad() {  # GPU 2

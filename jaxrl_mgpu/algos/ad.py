@@ -90,7 +90,7 @@ class Memory(NamedTuple):
 
 class Algo(NamedTuple):
     init: Any         # key -> ADState
-    update: Any       # ADState, Steps [tasks, steps] -> ADState, (losses, EpisodeStats)
+    update: Any       # ADState, Steps [tasks, steps] (, filled rows) -> ADState, (losses, EpisodeStats)
     init_params: Any  # key -> params (the same key gives the same params everywhere)
     policy: Any       # nets.actor_critic.Policy: the model acting with its KV cache as context
     sample: Any       # Steps [tasks, steps], key, windows -> Steps [windows, n_transit]
@@ -157,8 +157,9 @@ def load_data(cfg, par) -> Steps:
 
 # -- checks --------------------------------------------------------------------------------
 
-def check(cfg, num_devices: int) -> dict:
-    """The batch layout over `num_devices` and a checked dataset, or a ConfigError."""
+def check_batch(cfg, num_devices: int) -> dict:
+    """The checks of the model and its batch over `num_devices` (no dataset: `--mode learn`
+    fills its histories from the run's store, elastic_ad.py); the batch layout, or a ConfigError."""
     if cfg.num_updates is None:
         raise ConfigError("--algo ad trains for --num-updates gradient steps: give --num-updates")
     for name in ("n_transit", "ad_batch_size", "ad_episode_stride"):
@@ -176,6 +177,12 @@ def check(cfg, num_devices: int) -> dict:
     per_device = cfg.ad_batch_size // num_devices
     if per_device % cfg.grad_accum:
         raise ConfigError(f"--grad-accum {cfg.grad_accum} does not divide the {per_device} windows per device")
+    return {"windows": (cfg.ad_batch_size, per_device)}
+
+
+def check(cfg, num_devices: int) -> dict:
+    """The batch layout over `num_devices` and a checked dataset, or a ConfigError."""
+    layout = check_batch(cfg, num_devices)
     meta = open_dataset(cfg)
     tasks, steps = meta["num_tasks"], meta["steps_per_task"]
     if tasks < num_devices:
@@ -184,19 +191,20 @@ def check(cfg, num_devices: int) -> dict:
     if cfg.n_transit > steps // cfg.ad_episode_stride:
         raise ConfigError(f"--n-transit {cfg.n_transit} is longer than the learning histories ({steps} steps, "
                           f"every {cfg.ad_episode_stride}-th episode kept: --ad-episode-stride)")
-    return {"windows": (cfg.ad_batch_size, per_device),
-            "tasks": (tasks // num_devices * num_devices, tasks // num_devices)}
+    return {**layout, "tasks": (tasks // num_devices * num_devices, tasks // num_devices)}
 
 
 # -- the algorithm ---------------------------------------------------------------------------
 
-def sample(data: Steps, key: jax.Array, windows: int, length: int) -> Steps:
+def sample(data: Steps, key: jax.Array, windows: int, length: int, filled: jax.Array | None = None) -> Steps:
     """`windows` windows of `length` consecutive steps, each from a uniformly drawn task and
     start (a window may span several episodes, and starts at the history's beginning with the
-    same chance as anywhere else)."""
+    same chance as anywhere else). `filled` (traced; default: all rows): draw tasks only from
+    the first `filled` rows, the filled slots of a fixed-capacity buffer that grows
+    (`--mode learn`, elastic_ad.py), so its shape, hence the compiled update, never changes."""
     tasks, steps = data.action.shape
     task_key, start_key = jax.random.split(key)
-    task = jax.random.randint(task_key, (windows,), 0, tasks)
+    task = jax.random.randint(task_key, (windows,), 0, tasks if filled is None else filled)
     start = jax.random.randint(start_key, (windows,), 0, steps - length + 1)
 
     def window(t, s):
@@ -270,9 +278,9 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
         the step of the global batch (every device's share has the same size)."""
         return learner.step(loss_fn, tx, params, opt_state, loss_scale, batch, cfg.grad_accum, cfg.precision)
 
-    def update(state: ADState, data: Steps):
+    def update(state: ADState, data: Steps, filled: jax.Array | None = None):
         key, sample_key = jax.random.split(state.key)
-        batch = sample(data, jax.random.fold_in(sample_key, device_index()), windows, cfg.n_transit)
+        batch = sample(data, jax.random.fold_in(sample_key, device_index()), windows, cfg.n_transit, filled)
         params, opt_state, loss_scale, losses = learn(state.params, state.opt_state, state.loss_scale, batch)
         no_episodes = vec.EpisodeStats(*(jnp.zeros((), jnp.float32),) * 3)
         return ADState(params, opt_state, loss_scale, key, state.update + 1), (losses, no_episodes)

@@ -118,12 +118,12 @@ def gae(cfg, traj: Rollout, last_value: jax.Array) -> tuple[jax.Array, jax.Array
 
 
 def normalize_per_minibatch(adv: jax.Array) -> jax.Array:
-    """Advantages [epochs, minibatches, ...per device] -> (adv - mean) / std, each minibatch
-    with the mean and std of that minibatch over ALL devices. One all-reduce for all of them."""
-    flat = adv.reshape(adv.shape[:2] + (-1,))
-    moments = all_mean(jnp.stack([flat.mean(-1), jnp.square(flat).mean(-1)]))
+    """Advantages [minibatches, ...per device] -> (adv - mean) / std, each minibatch with the
+    mean and std of that minibatch over ALL devices. One all-reduce for the whole epoch."""
+    flat = adv.reshape(adv.shape[0], -1)
+    moments = all_mean(jnp.stack([flat.mean(1), jnp.square(flat).mean(1)]))
     mean, var = moments[0], jnp.maximum(moments[1] - jnp.square(moments[0]), 0.0)
-    shape = adv.shape[:2] + (1,) * (adv.ndim - 2)
+    shape = (-1,) + (1,) * (adv.ndim - 1)
     return (adv - mean.reshape(shape)) / (jnp.sqrt(var).reshape(shape) + 1e-8)
 
 
@@ -197,18 +197,12 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
     def learn(params, opt_state, loss_scale, data: Batch, key):
         """`update_epochs` passes over the rollout in `num_minibatches` shuffled minibatches:
         of transitions (mlp), or of whole environment sequences (transformer)."""
-        n = jax.tree.leaves(data.action)[0].shape[0]
-        shape = lambda x: (cfg.update_epochs, cfg.num_minibatches, -1) + x.shape[1:]
-        # Each device shuffles its own data: fold in the device index. Every epoch's order is
-        # drawn up front, so all epochs' advantage statistics take one all-reduce.
-        perms = jax.vmap(lambda k: jax.random.permutation(jax.random.fold_in(k, device_index()), n))(
-            jax.random.split(key, cfg.update_epochs))
-        advantages = normalize_per_minibatch(data.advantage[perms].reshape(shape(data.advantage)))
-
-        def epoch(carry, xs):
-            perm, epoch_advantages = xs
-            minibatches = jax.tree.map(lambda x: x[perm].reshape(shape(x)[1:]), data._replace(advantage=()))
-            minibatches = minibatches._replace(advantage=epoch_advantages)
+        def epoch(carry, epoch_key):
+            # Each device shuffles its own data: fold in the device index.
+            n = jax.tree.leaves(data.action)[0].shape[0]
+            perm = jax.random.permutation(jax.random.fold_in(epoch_key, device_index()), n)
+            minibatches = jax.tree.map(lambda x: x[perm].reshape((cfg.num_minibatches, -1) + x.shape[1:]), data)
+            minibatches = minibatches._replace(advantage=normalize_per_minibatch(minibatches.advantage))
 
             def minibatch(carry, batch):
                 params, opt_state, loss_scale = carry
@@ -218,7 +212,7 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
 
             return jax.lax.scan(minibatch, carry, minibatches)
 
-        carry, stats = jax.lax.scan(epoch, (params, opt_state, loss_scale), (perms, advantages))
+        carry, stats = jax.lax.scan(epoch, (params, opt_state, loss_scale), jax.random.split(key, cfg.update_epochs))
         return (*carry, jax.tree.map(jnp.mean, stats))
 
     def update(state: PPOState):

@@ -2,12 +2,16 @@
 collector processes (writers) and the learner (the only reader and the only one to delete).
 
 Each shard is a TFDS array_record dataset of RLDS episodes (the layout of `data.rlds`: `steps`
-with observation, action, reward, discount, is_first, is_last, is_terminal), plus each
-episode's `final_observation` (the observation after its last step, before any reset, which a
-learner needs to bootstrap truncated episodes). Shards are built in a hidden staging directory
-and renamed into place (`rlds.build`), so no reader ever sees a partial shard. The shard's
-metadata records who wrote it and with which policy: `collector`, `policy_step`, `episodes`,
-`env_steps`, `env`.
+with observation, action, reward, discount, is_first, is_last, is_terminal), of one of two kinds:
+- `write` (DQN collectors): episodes of the collector's policy, plus each episode's
+  `final_observation` (the observation after its last step, before any reset, which a learner
+  needs to bootstrap truncated episodes); the metadata records the `policy_step` that acted.
+- `write_histories` (AD history collectors): whole learning histories of a source learner, in
+  exactly the layout `rlds.write` gives a `histories` dataset (so `rlds.read` reads a shard),
+  with the source algorithm, its config and the goals' seed and split in the metadata.
+Shards are built in a hidden staging directory and renamed into place (`rlds.build`), so no
+reader ever sees a partial shard. Every shard's metadata records who wrote it: `collector`,
+`episodes`, `env_steps`, `env`.
 
 Shard names start with the writer's wall-clock time in nanoseconds, so sorting names is
 first-in-first-out across collectors, which is the eviction order.
@@ -15,6 +19,7 @@ first-in-first-out across collectors, which is the eviction order.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -80,8 +85,19 @@ class Store:
                                     "is_last": last, "is_terminal": terminal},
                           "final_observation": e["final_observation"], "episode_index": i}
 
-        name = f"{time.time_ns():020d}-{collector}-{uuid.uuid4().hex[:6]}"
-        return rlds.build(self.root / name, features, meta, examples)
+        return rlds.build(self._new_path(collector), features, meta, examples)
+
+    def write_histories(self, histories: rlds.Histories, collector: str) -> Path:
+        """Writes whole learning histories (each task's history ending on a done step) as one
+        new shard, with `histories.metadata` (the source's) plus the store's own keys."""
+        meta = {**histories.metadata, "collector": collector, "episodes": int(histories.done.sum()),
+                "env_steps": int(histories.reward.size), "return_sum": float(histories.reward.sum()),
+                "created": time.time()}
+        return rlds.write(self._new_path(collector), dataclasses.replace(histories, metadata=meta))
+
+    def _new_path(self, collector: str) -> Path:
+        # Wall-clock nanoseconds first: sorted names are first-in-first-out (the module docstring).
+        return self.root / f"{time.time_ns():020d}-{collector}-{uuid.uuid4().hex[:6]}"
 
     def shards(self) -> list[Shard]:
         """Complete shards, oldest first (staging directories are hidden, hence skipped). Each

@@ -1,0 +1,288 @@
+"""Algorithm Distillation on a growing store of learning histories (`--mode collect|learn --algo ad`).
+
+    python -m jaxrl_mgpu.train --config darkroom-ad --mode learn --run-dir R                        # one learner
+    CUDA_VISIBLE_DEVICES=1 python -m jaxrl_mgpu.train --config darkroom-ad --mode collect --run-dir R  # any number,
+    CUDA_VISIBLE_DEVICES=2 python -m jaxrl_mgpu.train --config darkroom-ad --mode collect --run-dir R  # any time
+
+A history collector runs the tabular source learner of `histories.py` on `--ad-history-tasks`
+new training tasks at once (goals of the train split, drawn from the collector's own stream),
+for `--ad-history-steps` steps each, and appends their whole learning histories to the run's
+store (`data/store.py`) as one atomically written shard; then the next batch, until the learner
+is done. It does not follow the learner's checkpoints: the source learns every task from
+scratch, whatever AD has learned.
+
+The learner keeps a FIXED-capacity buffer of learning histories on every device (as many as
+`--store-max-episodes` holds, split over the devices), so shapes never change and nothing is
+recompiled as data arrives. Its loop, on the host between compiled calls:
+  1. read the shards it has not seen (oldest first), as AD's inputs (`ad.prepare`);
+  2. insert them, at most one history per device per compiled insert, round robin over the
+     devices so they fill evenly; a full buffer overwrites its oldest history (FIFO, like the
+     store's eviction);
+  3. once every device holds a history (and under `--max-replay-ratio`): one compiled chunk of
+     `--log-every` AD updates (`ad.update`, windows sampled from the filled slots only);
+  4. log, publish a checkpoint every `--checkpoint-every` updates (what `evaluate --in-context`
+     reads), evict the oldest shards beyond `--store-max-episodes` (only the learner deletes).
+The buffer is not checkpointed: a restarted learner refills it from the store.
+
+There is no `async/policy_lag`: the source learners never act with the learner's params, so
+the data's age in learner steps says nothing about it; the FIFO buffer bounds its age instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_mgpu import config as config_lib
+from jaxrl_mgpu import elastic, histories, runner
+from jaxrl_mgpu.algos import ad
+from jaxrl_mgpu.checkpoint import Checkpoints
+from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.data import rlds
+from jaxrl_mgpu.data.store import Store
+from jaxrl_mgpu.envs import darkroom
+from jaxrl_mgpu.parallel import Parallel
+
+COUNTS = ("env_steps", "episodes", "tasks")  # what the learner counts of each shard it receives
+# Options a collector's histories must share with the run's learner to be usable by it.
+SHARED_WITH_LEARNER = ("algo", "env", "ad_history_steps")
+
+
+def check(cfg, num_devices: int) -> dict:
+    if cfg.env not in darkroom.ROOMS:
+        raise ConfigError(f"--mode {cfg.mode} --algo ad runs the tabular source learner of the Dark Rooms: use "
+                          f"--env {' or '.join(darkroom.ROOMS)} (not {cfg.env})")
+    if cfg.dataset:
+        raise ConfigError(f"--dataset is for --mode both; with --mode {cfg.mode} the learning histories are the "
+                          f"run's store (--run-dir)")
+    episode_len = darkroom.ROOMS[cfg.env].episode_len
+    if cfg.ad_history_steps < 1 or cfg.ad_history_steps % episode_len:
+        raise ConfigError(f"--ad-history-steps {cfg.ad_history_steps} must be a positive multiple of the {cfg.env} "
+                          f"episode length {episode_len}")
+    if cfg.store_max_episodes < 1:
+        raise ConfigError("--store-max-episodes must be at least 1")
+    if cfg.mode == "collect":
+        if cfg.ad_history_tasks < 1:
+            raise ConfigError(f"--ad-history-tasks must be at least 1, got {cfg.ad_history_tasks}")
+        if jax.process_count() > 1:
+            raise ConfigError("a history collector runs in one process; start one per host instead")
+        saved = Path(cfg.run_dir or "") / "config.json"
+        if cfg.run_dir and saved.is_file():
+            differ = config_lib.incompatible(json.loads(saved.read_text()), cfg, SHARED_WITH_LEARNER)
+            if differ:
+                raise ConfigError(f"--run-dir {cfg.run_dir}: its learner has a different {', '.join(differ)} and "
+                                  f"could not use these histories")
+        return {"tasks per shard": (cfg.ad_history_tasks, -(-cfg.ad_history_tasks // num_devices))}
+    layout = ad.check_batch(cfg, num_devices)
+    length = _slot(cfg).action.shape[0]
+    if cfg.n_transit > length:
+        raise ConfigError(f"--n-transit {cfg.n_transit} is longer than the learning histories ({length} steps of "
+                          f"--ad-history-steps {cfg.ad_history_steps}, every {cfg.ad_episode_stride}-th episode kept)")
+    per_device = capacity(cfg, num_devices)
+    if per_device < 1:
+        per_history = cfg.ad_history_steps // episode_len
+        raise ConfigError(f"--store-max-episodes {cfg.store_max_episodes} holds {cfg.store_max_episodes // per_history} "
+                          f"learning histories of {per_history} episodes, fewer than the {num_devices} devices: "
+                          f"every device needs room for one")
+    return {**layout, "buffer (histories)": (per_device * num_devices, per_device)}
+
+
+def per_update(cfg) -> str:
+    return f"1 gradient step, {ad.steps_per_update(cfg):,} tokens"
+
+
+def capacity(cfg, num_devices: int) -> int:
+    """Learning histories in each device's buffer: as many as `--store-max-episodes` holds,
+    split over the devices (so the buffer and the store keep about the same histories)."""
+    return cfg.store_max_episodes // (cfg.ad_history_steps // darkroom.ROOMS[cfg.env].episode_len) // num_devices
+
+
+def _slot(cfg) -> ad.Steps:
+    """One buffer slot (zeros): what `ad.prepare` makes of one learning history of
+    `--ad-history-steps` steps, so the buffer's shapes follow AD's inputs exactly."""
+    env, env_params = histories.darkroom_env(cfg.env)
+    n, shape = cfg.ad_history_steps, env.observation_space(env_params).shape
+    done = (np.arange(n) % env.episode_len == env.episode_len - 1)[None]
+    empty = rlds.Histories(observation=np.zeros((1, n) + shape, np.float32), action=np.zeros((1, n), np.int32),
+                           reward=np.zeros((1, n), np.float32), done=done, terminated=np.zeros_like(done),
+                           task=np.zeros((1, 2), np.int32))
+    return jax.tree.map(lambda x: x[0], ad.prepare(empty, cfg.ad_episode_stride))
+
+
+def _fits(cfg, shard_meta: dict) -> bool:
+    """Whether a shard holds learning histories this learner can use (a store may hold shards
+    of collectors started with other options)."""
+    return shard_meta.get("env") == cfg.env and shard_meta.get("steps_per_task") == cfg.ad_history_steps
+
+
+# -- the buffer (per device) -------------------------------------------------------------
+
+class Buffer(NamedTuple):
+    """One device's learning histories: a ring of `capacity` slots of AD's inputs
+    (`ad.Steps` [capacity, steps, ...]); `written` counts the histories inserted so far."""
+    steps: ad.Steps
+    written: jax.Array
+
+
+def new_buffer(slot: ad.Steps, capacity: int) -> Buffer:
+    return Buffer(jax.tree.map(lambda x: jnp.zeros((capacity,) + x.shape, x.dtype), slot), jnp.zeros((), jnp.int32))
+
+
+def insert(buffer: Buffer, history: ad.Steps, valid: jax.Array) -> Buffer:
+    """Writes `history` over the oldest slot, if `valid` (an insert call need not have a
+    history for every device)."""
+    slot = buffer.written % buffer.steps.action.shape[0]
+    steps = jax.tree.map(lambda b, x: b.at[slot].set(jnp.where(valid, x.astype(b.dtype), b[slot])),
+                         buffer.steps, history)
+    return Buffer(steps, buffer.written + valid.astype(jnp.int32))
+
+
+def filled(buffer: Buffer) -> jax.Array:
+    return jnp.minimum(buffer.written, buffer.steps.action.shape[0])
+
+
+# -- the learner -----------------------------------------------------------------------------
+
+def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resume_step: int | None) -> dict:
+    """The learner's loop (see the module docstring); returns the last log row."""
+    env, env_params = histories.darkroom_env(cfg.env)
+    algo, slot, per_device, devices = ad.make(cfg, env, env_params, par.num_devices), _slot(cfg), \
+        capacity(cfg, par.num_devices), par.num_devices
+    key = par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed)))
+    state, buffer = par.map(algo.init)(key), par.map(lambda _: new_buffer(slot, per_device))(key)
+    state, meta, consumed = elastic.start(ckpts, state, ad.STATE_LAYOUT, par, cfg, resume_step, log, "buffer",
+                                          COUNTS)
+    insert_fn = par.map(insert, donate=True)
+    # The buffer is an input of every update, not part of the (checkpointed) state.
+    chunks = {}  # compiled chunk of n updates, for the (at most two) lengths n a run uses
+    store = Store(run_dir)
+    queue: list[ad.Steps] = []  # histories read, waiting for a slot, oldest first
+    inserted, waiting_said = 0, False  # history i went to device i % devices
+    iteration = meta["iteration"]
+    t_start = t_prev = time.perf_counter()
+    steps_prev, last_row = meta["env_steps_received"], {}
+
+    # As many updates as `--mode both` would do (--num-updates); how much data that sees
+    # depends on the collectors.
+    while iteration < cfg.total_updates and not stop():
+        # 1. new shards, oldest first; after a restart, consumed ones only refill the buffer
+        for shard, new in elastic.unread(store, consumed, refill=resume_step is not None):
+            if not _fits(cfg, shard.meta):
+                if new:
+                    log.print(f"  skipping store shard {shard.path.name}: not {cfg.env} histories of "
+                              f"--ad-history-steps {cfg.ad_history_steps}")
+                continue
+            h = rlds.read(shard.path, env=cfg.env)  # checksums verified first
+            queue.extend(ad.Steps(*task) for task in zip(*ad.prepare(h, cfg.ad_episode_stride)))  # one per task
+            if new:
+                elastic.receive(meta, shard.meta, COUNTS)
+        resume_step = None
+        # 2. into the buffers; histories beyond their capacity would be overwritten unused
+        queue = queue[-per_device * devices:]
+        while queue:
+            take, queue = queue[:devices], queue[devices:]
+            block = jax.tree.map(lambda x: np.zeros((devices,) + x.shape, x.dtype), slot)
+            valid = np.zeros(devices, bool)
+            for j, history in enumerate(take):
+                d = (inserted + j) % devices
+                for rows, x in zip(block, history):
+                    rows[d] = x
+                valid[d] = True
+            buffer = insert_fn(buffer, par.shard(elastic.local_rows(block, par)),
+                               par.shard(elastic.local_rows(valid, par)))
+            inserted += len(take)
+        # 3. learn, once every device has a history to sample from, and under the replay ratio cap
+        if inserted < devices:
+            if not waiting_said:
+                log.print(f"  waiting for learning histories in {store.root}: each of the {devices} device(s) "
+                          f"needs one (start a collector: --mode collect --algo ad --run-dir {run_dir})")
+                waiting_said = True
+            time.sleep(0.1)
+            continue
+        if cfg.max_replay_ratio is not None and iteration >= cfg.max_replay_ratio * max(meta["env_steps_received"], 1):
+            time.sleep(0.02)
+            continue
+        n = min(cfg.log_every, cfg.total_updates - iteration)
+        if n not in chunks:
+            update = lambda state, buf: algo.update(state, buf.steps, filled(buf))  # noqa: E731
+            chunks[n] = par.map(runner.make_chunk(update, n), donate=True)
+        state, chunk = chunks[n](state, buffer)
+        losses = runner.read_chunk(par, chunk, iteration + 1)  # waits for the devices; raises NonFinite
+        iteration += n
+        # 4. log, publish, evict (one optimizer step per update: gradient steps = updates)
+        now = time.perf_counter()
+        last_row = {
+            "update": iteration, ad.STEP_UNIT: iteration * ad.steps_per_update(cfg),
+            "env_steps": meta["env_steps_received"], "grad_steps": iteration,
+            **{k: v for k, v in losses.items() if k.startswith("loss/")},
+            "sps": (meta["env_steps_received"] - steps_prev) / (now - t_prev),
+            "grad_steps_per_s": n / (now - t_prev), "time": now - t_start,
+            "async/buffer_histories": min(inserted, per_device * devices),
+            **elastic.async_metrics(meta, iteration, COUNTS),
+        }
+        log.write(last_row)
+        t_prev, steps_prev = now, meta["env_steps_received"]
+        if cfg.checkpoint_every and iteration % cfg.checkpoint_every == 0:
+            consumed = elastic.publish_and_evict(ckpts, iteration, state, ad.STATE_LAYOUT, par, meta, consumed, cfg,
+                                                 store)
+    elastic.finish(ckpts, iteration, state, ad.STATE_LAYOUT, par, meta, consumed, cfg, stop)
+    return last_row or {"update": iteration, "env_steps": meta["env_steps_received"],
+                        "time": time.perf_counter() - t_start}
+
+
+# -- the history collector -----------------------------------------------------------------
+
+def collect(cfg, par: Parallel, log, stop) -> int:
+    """A history collector's loop: batches of source learning histories into the store, until
+    the learner is done or a stop signal. Returns the env steps collected."""
+    run_dir = Path(cfg.run_dir)
+    name = elastic.collector_name(cfg)
+    env, _ = histories.darkroom_env(cfg.env)
+    source = histories.LearnerConfig(algo=cfg.ad_source)
+    pool = darkroom.goals(cfg.env, "train", cfg.seed)  # the split in-context evaluation holds out
+    store = Store(run_dir)
+    # A restarted collector continues after its last batch still in the store, so it does new work.
+    batch = 1 + max((s.meta.get("batch", -1) for s in store.shards() if s.meta.get("collector") == name), default=-1)
+    log.print(f"collector {name}: tabular-q-{cfg.ad_source} source learners on {cfg.ad_history_tasks} {cfg.env} "
+              f"train goals x {cfg.ad_history_steps} steps per shard, into {store.root}")
+    total = 0
+    while not stop() and not (run_dir / elastic.DONE_MARKER).exists():
+        if store.episodes() > 2 * cfg.store_max_episodes:
+            time.sleep(0.5)  # back-pressure: the learner is not consuming (and evicting) the store
+            continue
+        # Each (collector, batch) draws its own goals and learner keys: collectors with other
+        # ids, and later batches, learn new tasks rather than repeating one another.
+        stream = np.random.default_rng([cfg.seed, elastic.collector_seed(name), batch])
+        goals = pool[stream.integers(len(pool), size=cfg.ad_history_tasks)]
+        key_seed = int(stream.integers(2 ** 31))
+        h = histories.run(cfg.env, goals, cfg.ad_history_steps, key_seed, source, par)
+        # "seed" is the goal split's (what evaluation reads); the learners' keys come from key_seed.
+        meta = {**histories.source_metadata(cfg.env, source, len(goals), cfg.ad_history_steps, cfg.seed, "train"),
+                "batch": batch, "key_seed": key_seed}
+        store.write_histories(dataclasses.replace(h, metadata=meta), name)
+        total += h.reward.size
+        returns = histories.episode_returns(h, env.episode_len).mean(0)
+        log.print(f"collector {name}: shard {batch}, {h.num_tasks} learning histories, source return first episode "
+                  f"{returns[0]:.2f}, last {returns[-1]:.2f}, {total:,} env steps in all")
+        batch += 1
+    return total
+
+
+def store_histories(cfg, run_dir) -> tuple[dict, rlds.Histories]:
+    """The learning histories now in an asynchronous AD run's store, oldest first, with the
+    first shard's metadata (the goals' split and seed, the source): what `evaluate
+    --in-context` compares the model with."""
+    shards = [s for s in Store(run_dir).shards() if _fits(cfg, s.meta)]
+    if not shards:
+        raise ConfigError(f"--run-dir {run_dir}: its store holds no {cfg.env} learning histories")
+    parts = [rlds.read(s.path, env=cfg.env) for s in shards]
+    fields = ("observation", "action", "reward", "done", "terminated", "task")
+    joined = {f: np.concatenate([getattr(p, f) for p in parts]) for f in fields}
+    return shards[0].meta, rlds.Histories(**joined, metadata=shards[0].meta)

@@ -1,0 +1,118 @@
+"""Algorithm Distillation on a growing store: the fixed-capacity history buffer, and one
+learner with history collectors that come and go (real processes)."""
+
+import json
+import signal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import spawn_train, wait_until
+from jaxrl_mgpu import config as config_lib
+from jaxrl_mgpu import elastic_ad, incontext, train
+from jaxrl_mgpu.algos import ad
+from jaxrl_mgpu.data.store import Store
+
+AD = ["--algo", "ad", "--env", "DarkRoom", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
+      "--n-transit", "20", "--ad-batch-size", "8", "--num-updates", "40", "--log-every", "10",
+      "--checkpoint-every", "10", "--ad-history-steps", "60", "--ad-history-tasks", "4",
+      "--store-max-episodes", "60", "--max-replay-ratio", "0.04"]
+
+
+def history(mark: int, length: int = 6) -> ad.Steps:
+    """One prepared history whose every action is `mark` (so a sample tells its slot)."""
+    return ad.Steps(obs=jnp.full((length, 3), float(mark)), prev_action=jnp.zeros(length, jnp.int32),
+                    prev_reward=jnp.zeros(length), is_first=jnp.arange(length) == 0,
+                    action=jnp.full(length, mark, jnp.int32))
+
+
+def test_buffer_inserts_into_a_ring_and_samples_only_filled_slots():
+    buffer = elastic_ad.new_buffer(history(0), 3)
+    insert = jax.jit(elastic_ad.insert)
+    sample = jax.jit(lambda b, k: ad.sample(b.steps, k, 256, 4, elastic_ad.filled(b)))
+    buffer = insert(buffer, history(1), jnp.bool_(True))
+    buffer = insert(buffer, history(9), jnp.bool_(False))  # no history for this device: nothing changes
+    assert int(elastic_ad.filled(buffer)) == 1
+    assert set(np.unique(sample(buffer, jax.random.PRNGKey(0)).action)) == {1}  # never the empty slots' 0
+    buffer = insert(buffer, history(2), jnp.bool_(True))
+    assert set(np.unique(sample(buffer, jax.random.PRNGKey(1)).action)) == {1, 2}
+    for mark in (3, 4):  # the ring is full after 3; 4 overwrites the oldest (1)
+        buffer = insert(buffer, history(mark), jnp.bool_(True))
+    assert int(elastic_ad.filled(buffer)) == 3 and int(buffer.written) == 4
+    np.testing.assert_array_equal(buffer.steps.action[:, 0], [4, 2, 3])
+    assert set(np.unique(sample(buffer, jax.random.PRNGKey(2)).action)) == {2, 3, 4}
+
+
+def spawn(*argv, devices=1):
+    return spawn_train([*AD, *argv], devices)
+
+
+def rows(run_dir):
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_ad_learner_with_history_collectors_one_killed_and_a_restart(tmp_path):
+    run_dir = tmp_path / "run"
+    store = Store(run_dir)
+    learner = spawn("--mode", "learn", "--run-dir", str(run_dir), devices=2)
+    wait_until(lambda: (run_dir / "checkpoints").is_dir())  # collectors start after the learner
+    c1 = spawn("--mode", "collect", "--run-dir", str(run_dir), "--collector-id", "c1")
+    c2 = spawn("--mode", "collect", "--run-dir", str(run_dir), "--collector-id", "c2")
+    wait_until(lambda: any(s.meta["collector"] == "c2" for s in store.shards()))
+    c2.send_signal(signal.SIGKILL)  # killed midway: possibly mid-shard
+    c2.wait()
+    wait_until(lambda: len(rows(run_dir)) >= 2)
+    learner.send_signal(signal.SIGTERM)  # preempted: saves and exits 0
+    out, _ = learner.communicate(timeout=60)
+    assert learner.returncode == 0, out
+    assert "waiting for learning histories" in out
+    learner = spawn("--mode", "learn", "--run-dir", str(run_dir), "--resume", devices=2)
+    out, _ = learner.communicate(timeout=120)
+    assert learner.returncode == 0, out
+    assert "resumed the learner" in out
+    c1_out, _ = c1.communicate(timeout=60)  # stops by itself when the learner is done
+    assert c1.returncode == 0, c1_out
+
+    log = rows(run_dir)
+    updates = [r["update"] for r in log]
+    assert updates == sorted(set(updates)) and updates[-1] == 40, "no update logged twice, all done"
+    received = [r["async/tasks_received"] for r in log]
+    assert received == sorted(received) and received[-1] > received[0], "histories kept arriving"
+    last = log[-1]
+    assert last["async/tasks_received/c1"] > 0 and last["async/tasks_received/c2"] > 0
+    assert last["async/env_steps_received"] == 60 * last["async/tasks_received"]
+    assert last["async/env_steps_received"] == last["async/env_steps_received/c1"] + \
+        last["async/env_steps_received/c2"]
+    assert 0 < last["async/replay_ratio"] <= 0.04 + 1e-9  # the cap held
+    assert 2 <= last["async/buffer_histories"] <= 20  # a device's buffer holds 60 episodes / 3 / 2 histories
+    assert all(np.isfinite(r["loss/cross_entropy"]) for r in log)
+    # Every listed shard is complete (checksums verified on read); a shard the killed collector
+    # was writing stays in a hidden staging directory that is never listed.
+    for shard in store.shards():
+        assert not shard.path.name.startswith(".") and shard.meta["algo"] == "tabular-q-ucb"
+    cfg = config_lib.from_dict(json.loads((run_dir / "config.json").read_text()))
+    meta, h = elastic_ad.store_histories(cfg, run_dir)
+    assert h.num_steps == 60 and meta["split"] == "train"
+    # The learner's checkpoints are what in-context evaluation reads.
+    assert incontext.evaluate(["--run-dir", str(run_dir), "--in-context", "--episodes", "2",
+                               "--envs-per-goal", "1"]) == 0
+    assert (run_dir / "incontext-test.json").is_file()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--mode", "learn", "--env", "CartPole-v1"], "--env DarkRoom or DarkRoomHard"),
+    (["--mode", "learn", "--dataset", "/tmp/x-never"], "--dataset is for --mode both"),
+    (["--mode", "collect", "--ad-history-steps", "30"], "multiple of the DarkRoom episode length 20"),
+    (["--mode", "learn", "--store-max-episodes", "2"], "every device needs room for one"),
+])
+def test_async_ad_bad_options_are_one_line_errors(tmp_path, capsys, argv, words):
+    run_dir = tmp_path / "never"
+    with pytest.raises(SystemExit) as e:
+        train.main([*AD, "--run-dir", str(run_dir), *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1, err
+    assert not run_dir.exists()
