@@ -5,11 +5,12 @@
 #             preset (d128, 4 layers) in bf16, in-context evaluation, input-pipeline throughput
 #   GPU 3     the transformer training-step table (MFU), then the second collector
 # Run from the repo root:  bash experiments/gpu/run.sh async_ad
+# PHASES="ad" GPU_AD=0 AD_ARGS="--num-updates 40000" EPISODES=60 T_AD=420: AD alone on a one-GPU machine.
 # DRY=1 runs the same commands at toy sizes on a CPU machine (GPU pinning off).
 source experiments/gpu/setup.sh
 set -o pipefail
-T_ASYNC=${T_ASYNC:-60}; T_HIST=150; T_AD=240
-SIZE_ASYNC=""; SIZE_AD="--precision bf16"; TASKS=2048; EPISODES=40
+T_ASYNC=${T_ASYNC:-60}; T_HIST=150; T_AD=${T_AD:-240}
+SIZE_ASYNC=""; SIZE_AD="--precision bf16 ${AD_ARGS:-}"; TASKS=2048; EPISODES=${EPISODES:-40}
 STEP_ARGS="--repeats 10"; AD_STEP="--batch 4096"; D512="--d-model 512 --n-layers 6 --n-heads 8 --context-len 256 --batch 256"
 if [ "${DRY:-0}" = 1 ]; then
   T_ASYNC=25; T_HIST=60; T_AD=90; TASKS=16; EPISODES=4
@@ -22,15 +23,17 @@ R=$(mktemp -d /tmp/runs.XXXX); D=$(mktemp -d /tmp/data.XXXX)  # fresh: runs neve
 Q="--config breakout-minatar-dqn --num-envs 256 --log-every 5 --checkpoint-every 20"
 
 ad() {  # GPU 2
-  gpu 2 timeout $T_HIST python3 -m jaxrl_mgpu.histories --env DarkRoom --tasks $TASKS --steps 4000 --out $D/darkroom \
+  gpu ${GPU_AD:-2} timeout $T_HIST python3 -m jaxrl_mgpu.histories --env DarkRoom --tasks $TASKS --steps 4000 --out $D/darkroom \
       > $OUT/ad_histories.log 2>&1; echo "histories exit $?" >> $OUT/phases.txt
-  gpu 2 timeout $T_AD python3 -m jaxrl_mgpu.train --config darkroom-ad --dataset $D/darkroom --run-dir $R/ad $SIZE_AD \
+  gpu ${GPU_AD:-2} timeout $T_AD python3 -m jaxrl_mgpu.train --config darkroom-ad --dataset $D/darkroom --run-dir $R/ad $SIZE_AD \
       > $OUT/ad_train.log 2>&1; echo "ad train exit $?" >> $OUT/phases.txt
   cp $R/ad/metrics.jsonl $OUT/ad_metrics.jsonl
-  gpu 2 timeout 60 python3 -m jaxrl_mgpu.evaluate --run-dir $R/ad --in-context --episodes $EPISODES \
-      > $OUT/ad_incontext.json 2>>$OUT/ad_errors.log; echo "ad eval exit $?" >> $OUT/phases.txt
-  cp $R/ad/incontext-test.* $OUT/ 2>/dev/null
-  gpu 2 timeout 120 python3 -m jaxrl_mgpu.incontext --throughput --config darkroom-ad --dataset $D/darkroom $SIZE_AD \
+  for mode in "" --greedy; do
+    gpu ${GPU_AD:-2} timeout 60 python3 -m jaxrl_mgpu.evaluate --run-dir $R/ad --in-context --episodes $EPISODES $mode \
+        > $OUT/ad_incontext$mode.json 2>>$OUT/ad_errors.log; echo "ad eval $mode exit $?" >> $OUT/phases.txt
+  done
+  cp $R/ad/incontext-test* $OUT/ 2>/dev/null
+  gpu ${GPU_AD:-2} timeout 120 python3 -m jaxrl_mgpu.incontext --throughput --config darkroom-ad --dataset $D/darkroom $SIZE_AD \
       > $OUT/ad_throughput.json 2>>$OUT/ad_errors.log; echo "ad throughput exit $?" >> $OUT/phases.txt
 }
 
@@ -66,12 +69,18 @@ async_split() {  # a learner on GPU 0, collectors on GPU 1 (and GPU 3)
   cp $run/metrics.jsonl $OUT/async_split_${collectors}_metrics.jsonl
 }
 
-ad & AD_PID=$!
-steps & STEPS_PID=$!
-async_both; async_split 1
-wait $STEPS_PID; async_split 2
-wait $AD_PID
+# PHASES picks what runs (default all): e.g. PHASES=async after a scaling run on the same machine.
+PHASES=${PHASES:-"ad steps async"}
+has() { [[ " $PHASES " == *" $1 "* ]]; }
+has ad && { ad & }
+has steps && { steps & STEPS_PID=$!; }
+if has async; then
+  async_both; async_split 1
+  [ -n "$STEPS_PID" ] && wait $STEPS_PID
+  async_split 2
+fi
+wait
 echo "--- summary"
-cat $OUT/phases.txt; cat $OUT/bench_transformer.txt
+cat $OUT/phases.txt; cat $OUT/bench_transformer.txt 2>/dev/null
 for f in $OUT/async_*.log; do echo "$f"; grep -v "^update \|^\[Gloo\]\|WARNING" $f | tail -n 3; done
-tail -n 2 $OUT/ad_histories.log $OUT/ad_train.log; cat $OUT/ad_incontext.json $OUT/ad_throughput.json
+has ad && { tail -n 2 $OUT/ad_histories.log $OUT/ad_train.log; cat $OUT/ad_incontext*.json $OUT/ad_throughput.json; }
