@@ -5,7 +5,8 @@
 #             preset (d128, 4 layers) in bf16, in-context evaluation, input-pipeline throughput
 #   GPU 3     the transformer training-step table (MFU), then the second collector
 # Run from the repo root:  bash experiments/gpu/run.sh async_ad
-# PHASES="ad" GPU_AD=0 AD_ARGS="--num-updates 40000" EPISODES=60 T_AD=420: AD alone on a one-GPU machine.
+# PHASES="ad" GPU_AD=0 AD_ARGS="--num-updates 40000" EPISODES=60 T_AD=420 AD_THROUGHPUT=0: AD alone on
+# a one-GPU machine, longer, without the throughput measurement.
 # DRY=1 runs the same commands at toy sizes on a CPU machine (GPU pinning off).
 source experiments/gpu/setup.sh
 set -o pipefail
@@ -33,7 +34,7 @@ ad() {  # GPU 2
         > $OUT/ad_incontext$mode.json 2>>$OUT/ad_errors.log; echo "ad eval $mode exit $?" >> $OUT/phases.txt
   done
   cp $R/ad/incontext-test* $OUT/ 2>/dev/null
-  gpu ${GPU_AD:-2} timeout 120 python3 -m jaxrl_mgpu.incontext --throughput --config darkroom-ad --dataset $D/darkroom $SIZE_AD \
+  [ "${AD_THROUGHPUT:-1}" = 1 ] && gpu ${GPU_AD:-2} timeout 120 python3 -m jaxrl_mgpu.incontext --throughput --config darkroom-ad --dataset $D/darkroom $SIZE_AD \
       > $OUT/ad_throughput.json 2>>$OUT/ad_errors.log; echo "ad throughput exit $?" >> $OUT/phases.txt
 }
 
