@@ -13,7 +13,8 @@ append whole episodes to the store as atomically written shards. They can be sta
 and restarted at any time; nothing else notices but the learner's data rate.
 
 The learner's loop, on the host between compiled calls:
-  1. read the shards it has not seen (oldest first) and queue their transitions;
+  1. take the shards a background thread (`ShardReader`) has read since, oldest first, and
+     queue their transitions;
   2. move queued transitions into the on-device replay in fixed-size blocks (one compiled
      insert, each device taking its share);
   3. if the replay holds `--learning-starts` transitions and the replay ratio is under
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -158,14 +161,14 @@ class Learner:
         self.learn = par.map(learn, donate=True)
 
 
-def _host_blocks(queue: list[Transitions], size: int) -> tuple[list[Transitions], list[Transitions]]:
-    """All whole blocks of `size` transitions at the front of the queue, and what remains.
-    The queue is joined once per call: joining it again for every block made reading a large
-    shard quadratic (a 65k-step MinAtar shard took seconds per block)."""
-    total = sum(len(t.reward) for t in queue)
+def _host_blocks(pending: list[Transitions], size: int) -> tuple[list[Transitions], list[Transitions]]:
+    """All whole blocks of `size` transitions at the front of `pending`, and what remains.
+    It is joined once per call: joining it again for every block made reading a large shard
+    quadratic (a 65k-step MinAtar shard took seconds per block)."""
+    total = sum(len(t.reward) for t in pending)
     if total < size:
-        return [], queue
-    joined = Transitions(*(np.concatenate(f) for f in zip(*queue))) if len(queue) > 1 else queue[0]
+        return [], pending
+    joined = Transitions(*(np.concatenate(f) for f in zip(*pending))) if len(pending) > 1 else pending[0]
     whole = total // size * size
     blocks = [Transitions(*(f[i:i + size] for f in joined)) for i in range(0, whole, size)]
     rest = Transitions(*(f[whole:] for f in joined))
@@ -178,7 +181,7 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
     key = par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed)))
     state, replay = lrn.init(key), lrn.init_replay(key)
     state, meta, consumed = start(ckpts, state, STATE_LAYOUT, par, cfg, resume_step, log, "replay")
-    queue: list[Transitions] = []
+    pending: list[Transitions] = []  # read, not yet in the replay
     # What arrived since the last log point.
     window = {"episodes": 0, "return_sum": 0.0, "length_sum": 0, "lag_sum": 0.0, "shards": 0}
     per_block = BLOCK * par.num_devices
@@ -193,12 +196,15 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
     grads = int(par.first(state.grad_steps))
     per_learn, grads_prev = dqn.grad_steps_per_update(cfg), grads
 
+    reader = ShardReader(store, consumed, refill=resume_step is not None, read=store.read)
     # The learner does as many iterations (of num_steps x updates_per_step gradient steps) as
     # `--mode both` would: total_updates. How much data that takes depends on the collectors.
     while iteration < cfg.total_updates and not stop():
-        # 1. new shards, oldest first; after a restart, consumed ones only refill the replay
-        for shard, new in unread(store, consumed, refill=resume_step is not None):
-            queue.append(store.read(shard))
+        # 1. shards the reader has read, oldest first; after a restart, consumed ones only
+        #    refill the replay
+        for shard, new, transitions in reader.ready():
+            pending.append(transitions)
+            consumed.add(shard.path.name)
             if not new:
                 continue
             episodes = shard.meta
@@ -208,9 +214,8 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
             window["length_sum"] += episodes["env_steps"]
             window["lag_sum"] += iteration - episodes["policy_step"]
             window["shards"] += 1
-        resume_step = None
         # 2. into the replay, in fixed-size blocks
-        blocks, queue = _host_blocks(queue, per_block)
+        blocks, pending = _host_blocks(pending, per_block)
         for block in blocks:
             shaped = Transitions(*(x.reshape((par.num_devices, BLOCK) + x.shape[1:]) for x in block))
             replay = lrn.insert(replay, par.shard(local_rows(shaped, par)))
@@ -244,6 +249,7 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
             t_prev, steps_prev, grads_prev = now, meta["env_steps_received"], grads
         if cfg.checkpoint_every and iteration % cfg.checkpoint_every == 0:
             consumed = publish_and_evict(ckpts, iteration, state, STATE_LAYOUT, par, meta, consumed, cfg, store)
+    reader.close()
     finish(ckpts, iteration, state, STATE_LAYOUT, par, meta, consumed, cfg, stop)
     return last_row or {"update": iteration, "env_steps": meta["env_steps_received"],
                         "time": time.perf_counter() - t_start}
@@ -269,17 +275,69 @@ def start(ckpts, state, layout, par, cfg, resume_step, log, memory: str, counts=
     return state, meta, set(meta["consumed"])
 
 
-def unread(store: Store, consumed: set, refill: bool) -> list[tuple[Shard, bool]]:
-    """The store's shards to read now, oldest first, each with whether it is new; new ones are
-    marked consumed. After a restart (`refill`), the consumed shards still in the store are
-    read again, to refill the learner's on-device memory, but not counted again."""
-    todo = []
-    for shard in store.shards():
-        new = shard.path.name not in consumed
-        if new or refill:
-            todo.append((shard, new))
-        consumed.add(shard.path.name)
-    return todo
+class ShardReader:
+    """Reads the store's shards in a background thread, oldest first, so the learner keeps
+    learning while it reads. Read on the learner's own thread, a 65k-step MinAtar shard took
+    ~2 s of host time; two collectors wrote faster than that, and the learner then did nothing
+    but read (seen on 4 H100s). `read(shard)` turns a shard into what the learner inserts (None
+    skips it); at most `max_ready` read shards wait, so a slow learner holds back the reader,
+    not its memory. After a restart (`refill`), the shards in `consumed` are read once more, to
+    refill the learner's on-device memory, and are flagged as not new (not counted again)."""
+
+    def __init__(self, store: Store, consumed: set, refill: bool, read, max_ready: int = 4):
+        self._store, self._read, self._refill = store, read, refill
+        self._seen = set() if refill else set(consumed)
+        self._consumed_at_start = set(consumed)
+        self._ready: queue.Queue = queue.Queue(max_ready)
+        self._stop, self._error = threading.Event(), None
+        self._thread = threading.Thread(target=self._run, name="shard-reader", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                todo = [s for s in self._store.shards() if s.path.name not in self._seen]
+                for shard in todo:
+                    if self._stop.is_set():
+                        return
+                    self._seen.add(shard.path.name)
+                    if not shard.path.exists():  # evicted by the learner since the listing
+                        continue
+                    try:
+                        data = self._read(shard)
+                    except Exception:
+                        if shard.path.exists():
+                            raise
+                        continue  # evicted while being read
+                    new = shard.path.name not in self._consumed_at_start
+                    while not self._stop.is_set():  # a bounded wait, so close() is never stuck
+                        try:
+                            self._ready.put((shard, new, data), timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                if not todo:
+                    time.sleep(0.05)
+        except BaseException as e:  # handed to the learner's thread by ready()
+            self._error = e
+
+    def ready(self) -> list[tuple[Shard, bool, Any]]:
+        """The shards read since the last call (oldest first): (shard, is it new, read(shard))."""
+        out = []
+        while True:
+            try:
+                item = self._ready.get_nowait()
+            except queue.Empty:
+                break
+            if item[2] is not None:
+                out.append(item)
+        if self._error is not None and not out:
+            raise self._error
+        return out
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
 
 
 def receive(meta: dict, shard_meta: dict, counts=COUNTS) -> None:

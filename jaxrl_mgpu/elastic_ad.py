@@ -14,7 +14,8 @@ scratch, whatever AD has learned.
 The learner keeps a FIXED-capacity buffer of learning histories on every device (as many as
 `--store-max-episodes` holds, split over the devices), so shapes never change and nothing is
 recompiled as data arrives. Its loop, on the host between compiled calls:
-  1. read the shards it has not seen (oldest first), as AD's inputs (`ad.prepare`);
+  1. take the shards a background thread (`elastic.ShardReader`) has read since, oldest
+     first, as AD's inputs (`ad.prepare`);
   2. insert them, at most one history per device per compiled insert, round robin over the
      devices so they fill evenly; a full buffer overwrites its oldest history (FIFO, like the
      store's eviction);
@@ -169,21 +170,26 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
     t_start = t_prev = time.perf_counter()
     steps_prev, last_row = meta["env_steps_received"], {}
 
+    def read(shard):
+        """A shard's histories as AD's inputs, one per task (None: not this run's kind)."""
+        if not _fits(cfg, shard.meta):
+            log.print(f"  skipping store shard {shard.path.name}: not {cfg.env} histories of "
+                      f"--ad-history-steps {cfg.ad_history_steps}")
+            return None
+        h = rlds.read(shard.path, env=cfg.env)  # checksums verified first
+        return [ad.Steps(*task) for task in zip(*ad.prepare(h, cfg.ad_episode_stride))]
+
+    reader = elastic.ShardReader(store, consumed, refill=resume_step is not None, read=read)
     # As many updates as `--mode both` would do (--num-updates); how much data that sees
     # depends on the collectors.
     while iteration < cfg.total_updates and not stop():
-        # 1. new shards, oldest first; after a restart, consumed ones only refill the buffer
-        for shard, new in elastic.unread(store, consumed, refill=resume_step is not None):
-            if not _fits(cfg, shard.meta):
-                if new:
-                    log.print(f"  skipping store shard {shard.path.name}: not {cfg.env} histories of "
-                              f"--ad-history-steps {cfg.ad_history_steps}")
-                continue
-            h = rlds.read(shard.path, env=cfg.env)  # checksums verified first
-            queue.extend(ad.Steps(*task) for task in zip(*ad.prepare(h, cfg.ad_episode_stride)))  # one per task
+        # 1. shards the reader has read, oldest first; after a restart, consumed ones only
+        #    refill the buffer
+        for shard, new, tasks in reader.ready():
+            queue.extend(tasks)
+            consumed.add(shard.path.name)
             if new:
                 elastic.receive(meta, shard.meta, COUNTS)
-        resume_step = None
         # 2. into the buffers; histories beyond their capacity would be overwritten unused
         queue = queue[-per_device * devices:]
         while queue:
@@ -232,6 +238,7 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
         if cfg.checkpoint_every and iteration % cfg.checkpoint_every == 0:
             consumed = elastic.publish_and_evict(ckpts, iteration, state, ad.STATE_LAYOUT, par, meta, consumed, cfg,
                                                  store)
+    reader.close()
     elastic.finish(ckpts, iteration, state, ad.STATE_LAYOUT, par, meta, consumed, cfg, stop)
     return last_row or {"update": iteration, "env_steps": meta["env_steps_received"],
                         "time": time.perf_counter() - t_start}

@@ -4,6 +4,7 @@ import json
 import signal
 
 import numpy as np
+import pytest
 
 from helpers import spawn_train, wait_until
 from jaxrl_mgpu.data.store import Store
@@ -82,3 +83,53 @@ def test_collect_mode_needs_a_run_dir_and_an_off_policy_algo(capsys):
             assert e.code == 2
         err = capsys.readouterr().err
         assert words in err and err.count("\n") == 1, err
+
+
+def test_shard_reader_order_refill_skips_and_errors(tmp_path):
+    """The learner's background reader: oldest first, each shard once, consumed shards flagged
+    as not new after a restart, None skips a shard, and a read error reaches the learner."""
+    import time
+    from pathlib import Path
+    from jaxrl_mgpu.elastic import ShardReader
+    from jaxrl_mgpu.data.store import Shard
+
+    class FakeStore:
+        def __init__(self):
+            self.names = []
+
+        def shards(self):
+            return [Shard(Path(tmp_path / n), {}) for n in sorted(self.names)]
+
+    def drain(reader, n):
+        got = []
+        deadline = time.time() + 10
+        while len(got) < n and time.time() < deadline:
+            got += reader.ready()
+            time.sleep(0.01)
+        return got
+
+    store = FakeStore()
+    for n in ("a", "b", "c", "skip"):
+        (tmp_path / n).mkdir()
+    store.names = ["b", "a", "skip"]
+    reader = ShardReader(store, consumed={"a"}, refill=True,
+                         read=lambda s: None if s.path.name == "skip" else s.path.name)
+    got = drain(reader, 2)
+    store.names.append("c")  # arrives later
+    got += drain(reader, 1)
+    reader.close()
+    assert [(s.path.name, new, data) for s, new, data in got] == [("a", False, "a"), ("b", True, "b"), ("c", True, "c")]
+
+    fresh = ShardReader(store, consumed={"a"}, refill=False, read=lambda s: s.path.name)
+    assert [s.path.name for s, _, _ in drain(fresh, 3)] == ["b", "c", "skip"]  # consumed "a" not read again
+    fresh.close()
+
+    def broken(shard):
+        raise ValueError("damaged shard")
+    failing = ShardReader(store, consumed=set(), refill=False, read=broken)
+    deadline = time.time() + 10
+    with pytest.raises(ValueError, match="damaged"):
+        while time.time() < deadline:
+            failing.ready()
+            time.sleep(0.01)
+    failing.close()
