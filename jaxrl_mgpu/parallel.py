@@ -216,21 +216,23 @@ def device_index() -> jax.Array:
 def all_mean(tree):
     """`lax.pmean(tree, AXIS)` as ONE all-reduce: the leaves travel as a single flat float32
     buffer. Per-leaf collectives cost a launch and a latency each, and with small networks that
-    latency, not bandwidth, is what a gradient all-reduce costs. Identity on one device."""
-    return _fused(jax.lax.pmean, tree)
+    latency, not bandwidth, is what a gradient all-reduce costs. Identity on one device. Like
+    `lax.pmean`, integer leaves come back as float32 means."""
+    return _fused(jax.lax.pmean, tree, lambda x: jnp.result_type(x, jnp.float32))
 
 
 def all_sum(tree):
-    """`lax.psum(tree, AXIS)` as one all-reduce (see `all_mean`)."""
-    return _fused(jax.lax.psum, tree)
+    """`lax.psum(tree, AXIS)` as one all-reduce (see `all_mean`); leaves keep their dtype
+    (integers travel as float32: exact below 2**24, which the counts summed here stay under)."""
+    return _fused(jax.lax.psum, tree, jnp.result_type)
 
 
-def _fused(collective: Callable, tree):
+def _fused(collective: Callable, tree, out_dtype: Callable):
     if jax.lax.axis_size(AXIS) == 1:
-        return tree
+        return jax.tree.map(lambda x: jnp.asarray(x, out_dtype(x)), tree)
     flat, unflatten = ravel_pytree(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree))
     out = unflatten(collective(flat, AXIS))
-    return jax.tree.map(lambda o, x: o.astype(jnp.asarray(x).dtype), out, tree)
+    return jax.tree.map(lambda o, x: o.astype(out_dtype(x)), out, tree)
 
 
 def global_indices(local_count: int) -> jax.Array:

@@ -65,3 +65,25 @@ def test_rollouts_do_not_depend_on_the_device_count(devices):
     np.testing.assert_allclose(traj1.inputs, trajn.inputs, rtol=1e-6)
     np.testing.assert_allclose(traj1.log_prob, trajn.log_prob, rtol=1e-5, atol=1e-6)
     assert traj1.terminated.any(), "the rollout should cross episode boundaries"
+
+
+@pytest.mark.parametrize("backend", ["pmap", "shard_map"])
+def test_fused_collectives_equal_per_leaf_ones(backend):
+    """parallel.all_mean / all_sum (one flat all-reduce for a whole tree) give what lax.pmean /
+    lax.psum give leaf by leaf, keep each leaf's dtype, and are the identity on one device."""
+    import jax.numpy as jnp
+    from jaxrl_mgpu import parallel
+
+    def per_device(x):
+        tree = {"w": x * 2.0, "b": (x[:3] + 1.0, jnp.int32(7) * parallel.device_index())}
+        fused = (parallel.all_mean(tree), parallel.all_sum(tree))
+        reference = (jax.lax.pmean(tree, parallel.AXIS), jax.lax.psum(tree, parallel.AXIS))
+        return fused, reference
+
+    for devices in (8, 1):
+        par = parallel.setup(backend, devices)
+        x = np.arange(devices * 5, dtype=np.float32).reshape(devices, 5) ** 1.5
+        fused, reference = par.map(per_device)(par.shard(x))
+        for f, r in zip(jax.tree.leaves(fused), jax.tree.leaves(reference)):
+            assert f.dtype == r.dtype
+            np.testing.assert_allclose(np.asarray(f), np.asarray(r), rtol=1e-6)
