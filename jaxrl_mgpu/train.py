@@ -87,12 +87,15 @@ def banner(cfg, par: parallel.Parallel, layout: dict, per_update: str) -> dict:
 
 class StopSignal:
     """SIGTERM (cluster preemption) or SIGINT (Ctrl-C): finish the current chunk, save, exit 0.
-    A second signal stops at once."""
+    A second signal, a second or more after the first, stops at once. Closer together they are
+    one request: `timeout` and some schedulers signal the process and then its whole process
+    group, so the same request arrives twice within microseconds."""
 
     SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    REPEAT_S = 1.0  # a signal this soon after the first is the same request
 
     def __init__(self, log):
-        self.requested, self.log = False, log
+        self.requested, self.log, self.first_at = False, log, 0.0
         self.previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
 
     def restore(self):
@@ -101,8 +104,10 @@ class StopSignal:
 
     def _handle(self, signum, frame):
         if self.requested:
+            if time.monotonic() - self.first_at < self.REPEAT_S:
+                return
             raise KeyboardInterrupt
-        self.requested = True
+        self.requested, self.first_at = True, time.monotonic()
         self.log.print(f"{signal.Signals(signum).name}: stopping after the current chunk, with a checkpoint")
 
     def __call__(self) -> bool:

@@ -75,3 +75,25 @@ def test_a_short_run_on_8_devices_learns_cartpole(tmp_path, capsys):
     assert config["run_dir"] == str(run_dir) and config["env"] == "CartPole-v1"
     assert any(p.name.startswith("events.out.tfevents") for p in run_dir.iterdir())
     assert "8 global" in capsys.readouterr().out
+
+
+def test_stop_signal_twice_at_once_is_one_request_later_it_forces():
+    """`timeout` signals a process and then its process group: the same SIGTERM twice within
+    microseconds must still finish the chunk and save; a second signal later stops at once."""
+    import signal
+    import time
+
+    class Log:
+        def print(self, text):
+            pass
+
+    stop = train.StopSignal(Log())
+    try:
+        stop._handle(signal.SIGTERM, None)
+        stop._handle(signal.SIGTERM, None)  # the process-group copy: no exception
+        assert stop.requested
+        time.sleep(stop.REPEAT_S + 0.05)
+        with pytest.raises(KeyboardInterrupt):
+            stop._handle(signal.SIGINT, None)
+    finally:
+        stop.restore()
