@@ -52,26 +52,27 @@ def bench_args(argv):
     return p.parse_known_args(argv)
 
 
-PROFILE_DIR: str | None = None  # --profile: where traces of the timed calls go
-
-
-def time_calls(fn, state, repeats: int, name: str = "") -> tuple[list[float], object]:
+def time_calls(fn, state, repeats: int, trace: str | None = None) -> tuple[list[float], object]:
     """Warm-up call, then `repeats` timed calls; the state is threaded through (donated). With
-    --profile, two more calls run under `jax.profiler.trace` (not timed)."""
+    a `trace` directory (--profile), two more calls run under `jax.profiler.trace`, untimed."""
     state = jax.block_until_ready(fn(state))
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
         state = jax.block_until_ready(fn(state))
         times.append(time.perf_counter() - t)
-    if PROFILE_DIR and name:
-        with jax.profiler.trace(f"{PROFILE_DIR}/{name}"):
+    if trace:
+        with jax.profiler.trace(trace):
             for _ in range(2):
                 state = jax.block_until_ready(fn(state))
     return times, state
 
 
-def measure(cfg, devices: int, updates: int, repeats: int) -> dict:
+def trace_dir(profile: str | None, name: str) -> str | None:
+    return f"{profile}/{name}" if profile else None
+
+
+def measure(cfg, devices: int, updates: int, repeats: int, profile: str | None = None) -> dict:
     par = parallel.setup(cfg.parallel, devices)
     ALGOS[cfg.algo].check(cfg, par.num_devices)
     trainer = runner.Trainer(cfg, par)
@@ -79,18 +80,19 @@ def measure(cfg, devices: int, updates: int, repeats: int) -> dict:
     t = time.perf_counter()
     chunk = trainer.chunk_fn(updates, state)
     compile_s = time.perf_counter() - t
-    times, _ = time_calls(lambda s: chunk(s)[0], state, repeats, f"jaxrl_mgpu-{par.num_devices}dev-{cfg.num_envs}envs")
+    times, _ = time_calls(lambda s: chunk(s)[0], state, repeats,
+                          trace_dir(profile, f"jaxrl_mgpu-{par.num_devices}dev-{cfg.num_envs}envs"))
     return result(cfg, "jaxrl_mgpu", par.num_devices, updates, times, compile_s)
 
 
-def measure_baseline(cfg, updates: int, repeats: int) -> dict:
+def measure_baseline(cfg, updates: int, repeats: int, profile: str | None = None) -> dict:
     from jaxrl_mgpu import reference_ppo
     init, run = reference_ppo.make_update_loop(cfg, updates)
     carry = init(jax.random.PRNGKey(cfg.seed))
     t = time.perf_counter()
     run = run.lower(carry).compile()  # a plain single-device jit
     compile_s = time.perf_counter() - t
-    times, _ = time_calls(run, carry, repeats, f"reference_ppo-{cfg.num_envs}envs")
+    times, _ = time_calls(run, carry, repeats, trace_dir(profile, f"reference_ppo-{cfg.num_envs}envs"))
     return result(cfg, "reference_ppo", 1, updates, times, compile_s)
 
 
@@ -114,7 +116,7 @@ def matmul_ceiling(n: int = 8192, repeats: int = 10) -> float:
     return 2 * n ** 3 / statistics.median(times) / 1e12
 
 
-def measure_transformer_step(cfg, batch: int, repeats: int, attention: str) -> dict:
+def measure_transformer_step(cfg, batch: int, repeats: int, attention: str, profile: str | None = None) -> dict:
     """One PPO-shaped training step of the transformer policy on full context windows."""
     import optax
     from jaxrl_mgpu.nets import compute_dtype
@@ -144,7 +146,8 @@ def measure_transformer_step(cfg, batch: int, repeats: int, attention: str) -> d
 
     run = jax.jit(step, donate_argnums=0)
     times, _ = time_calls(run, (params, tx.init(params)), repeats,
-                          f"transformer-d{cfg.d_model}-L{cfg.n_layers}-b{batch}-{cfg.precision}-{attention}")
+                          trace_dir(profile, f"transformer-d{cfg.d_model}-L{cfg.n_layers}-b{batch}-{cfg.precision}-"
+                                             f"{attention}"))
     matmul_params = sum(x.size for path, x in jax.tree_util.tree_leaves_with_path(params)
                         if "kernel" in jax.tree_util.keystr(path))
     tokens = batch * L
@@ -195,7 +198,7 @@ def main_transformer(args, base) -> int:
             if attention == "cudnn" and precision == "fp32":
                 continue  # cuDNN's fused attention takes bf16/fp16 only
             cfg = dataclasses.replace(base, precision=precision)
-            row = measure_transformer_step(cfg, args.batch, args.repeats, attention)
+            row = measure_transformer_step(cfg, args.batch, args.repeats, attention, args.profile)
             row["mfu"], row["matmul_ceiling_tflops"] = row["tflops"] / ceiling, ceiling
             rows.append(row)
             emit(row, args.out)
@@ -212,9 +215,7 @@ def emit(row: dict, out: str | None) -> None:
 
 
 def main(argv=None) -> int:
-    global PROFILE_DIR
     args, rest = bench_args(argv)
-    PROFILE_DIR = args.profile
     try:
         base = config_lib.from_args(rest)
         if args.transformer_step:
@@ -234,10 +235,10 @@ def main(argv=None) -> int:
     rows = []
     baselines_done = set()
     for d, cfg in runs:
-        jobs = [lambda: measure(cfg, d, args.updates, args.repeats)]
+        jobs = [lambda: measure(cfg, d, args.updates, args.repeats, args.profile)]
         if args.baseline and d == 1 and cfg.num_envs not in baselines_done:
             baselines_done.add(cfg.num_envs)
-            jobs.append(lambda: measure_baseline(cfg, args.updates, args.repeats))
+            jobs.append(lambda: measure_baseline(cfg, args.updates, args.repeats, args.profile))
         for job in jobs:
             rows.append(job())
             emit(rows[-1], args.out)

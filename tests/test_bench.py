@@ -1,0 +1,42 @@
+"""`python -m jaxrl_mgpu.bench` at toy sizes: one JSON line per measurement, the table, the
+baseline, traces with --profile, the transformer step's MFU, and bad input."""
+
+import json
+
+import pytest
+
+from jaxrl_mgpu import bench
+
+
+def json_lines(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_throughput_rows_baseline_and_profile(tmp_path, capsys):
+    out_file = tmp_path / "rows.jsonl"
+    assert bench.main(["--envs-per-device", "4", "--devices", "1", "2", "--num-steps", "4", "--updates", "1",
+                       "--repeats", "1", "--baseline", "--out", str(out_file), "--profile", str(tmp_path / "prof")]) == 0
+    rows = json_lines(capsys.readouterr().out)
+    assert [(r["impl"], r["devices"], r["num_envs"]) for r in rows] == [
+        ("jaxrl_mgpu", 1, 4), ("reference_ppo", 1, 4), ("jaxrl_mgpu", 2, 8)]
+    assert all(r["env_steps_per_s"] > 0 and r["envs_per_device"] == 4 for r in rows)
+    assert json_lines(out_file.read_text()) == rows
+    traces = sorted(p.name for p in (tmp_path / "prof").iterdir())
+    assert traces == ["jaxrl_mgpu-1dev-4envs", "jaxrl_mgpu-2dev-8envs", "reference_ppo-4envs"]
+    assert all(list((tmp_path / "prof" / t).rglob("*.xplane.pb")) for t in traces)
+
+
+def test_transformer_step_reports_mfu(capsys):
+    assert bench.main(["--transformer-step", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
+                       "--context-len", "8", "--batch", "2", "--precisions", "fp32", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    (row,) = json_lines(out)
+    assert row["tokens_per_s"] > 0 and 0 < row["mfu"] and row["batch"] == 2 and "MFU" in out
+
+
+def test_bad_device_count_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--devices", "99", "--num-steps", "4"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--devices" in err[0]
