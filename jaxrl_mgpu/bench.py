@@ -28,7 +28,9 @@ from jaxrl_mgpu.train import USER_ERRORS, fail
 
 
 def bench_args(argv):
-    p = argparse.ArgumentParser(prog="python -m jaxrl_mgpu.bench", description=__doc__,
+    # allow_abbrev=False: training flags pass through, and `--env` must not be taken for an
+    # abbreviation of `--envs-per-device`.
+    p = argparse.ArgumentParser(prog="python -m jaxrl_mgpu.bench", description=__doc__, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", type=int, nargs="+", default=None, help="device counts to measure (default: all)")
     p.add_argument("--num-envs", type=int, nargs="+", default=None, help="GLOBAL environment counts")

@@ -26,6 +26,14 @@ def test_throughput_rows_baseline_and_profile(tmp_path, capsys):
     assert all(list((tmp_path / "prof" / t).rglob("*.xplane.pb")) for t in traces)
 
 
+def test_the_issue_and_readme_form_with_env_and_num_envs(capsys):
+    """`--env` is a training flag passed through, not an abbreviation of --envs-per-device."""
+    assert bench.main(["--algo", "ppo", "--env", "CartPole-v1", "--num-envs", "8", "--num-steps", "4",
+                       "--devices", "2", "--updates", "1", "--repeats", "1"]) == 0
+    (row,) = json_lines(capsys.readouterr().out)
+    assert (row["env"], row["num_envs"], row["devices"]) == ("CartPole-v1", 8, 2)
+
+
 def test_transformer_step_reports_mfu(capsys):
     assert bench.main(["--transformer-step", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
                        "--context-len", "8", "--batch", "2", "--precisions", "fp32", "--repeats", "1"]) == 0
