@@ -164,7 +164,7 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
     # The buffer is an input of every update, not part of the (checkpointed) state.
     chunks = {}  # compiled chunk of n updates, for the (at most two) lengths n a run uses
     store = Store(run_dir)
-    queue: list[ad.Steps] = []  # histories read, waiting for a slot, oldest first
+    pending: list[ad.Steps] = []  # histories read, waiting for a slot, oldest first
     inserted, waiting_said = 0, False  # history i went to device i % devices
     iteration = meta["iteration"]
     t_start = t_prev = time.perf_counter()
@@ -186,14 +186,14 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
         # 1. shards the reader has read, oldest first; after a restart, consumed ones only
         #    refill the buffer
         for shard, new, tasks in reader.ready():
-            queue.extend(tasks)
+            pending.extend(tasks)
             consumed.add(shard.path.name)
             if new:
                 elastic.receive(meta, shard.meta, COUNTS)
         # 2. into the buffers; histories beyond their capacity would be overwritten unused
-        queue = queue[-per_device * devices:]
-        while queue:
-            take, queue = queue[:devices], queue[devices:]
+        pending = pending[-per_device * devices:]
+        while pending:
+            take, pending = pending[:devices], pending[devices:]
             block = jax.tree.map(lambda x: np.zeros((devices,) + x.shape, x.dtype), slot)
             valid = np.zeros(devices, bool)
             for j, history in enumerate(take):
