@@ -11,10 +11,10 @@ from its predicted distribution. The goal split is the one the source's learning
 were drawn with (its seed is read from the dataset's metadata), so `--goals test` (default)
 are goals AD never saw; `--greedy` takes the most likely action instead of sampling. It writes
 `incontext-<goals>[-greedy].json` (every environment's per-episode returns, their mean per
-episode, a uniform-random baseline on the same goals, and the source's learning curve from the
-dataset) and `incontext-<goals>[-greedy].png` into the run directory, and prints
+episode, a uniform-random baseline on the same goals, the source's learning curve from the
+dataset, and the source's curve on the evaluation goals, run afresh: tabular, so cheap) and `incontext-<goals>[-greedy].png` into the run directory, and prints
 one JSON line: the mean return of each in-context episode, and the source's first and final
-episode returns for reference.
+episode returns for reference, in the dataset and on the same goals.
 
     python -m jaxrl_mgpu.incontext --throughput --dataset DIR [training flags, e.g. --config darkroom-ad]
 
@@ -109,6 +109,17 @@ def source_histories(cfg, run_dir: str) -> tuple[dict, rlds.Histories, str]:
     return meta, rlds.read(cfg.dataset, env=cfg.env, tasks=tasks), str(cfg.dataset)
 
 
+def source_on_goals(env_name: str, meta: dict, goals: np.ndarray, envs_per_goal: int, seed: int,
+                    par: parallel.Parallel) -> np.ndarray:
+    """The source algorithm's mean learning curve [episodes] on `goals` (`envs_per_goal`
+    learners each), with the config and length the dataset's metadata records. Tabular, so
+    cheap: this is the same-goals baseline, which the dataset (other goals) cannot give."""
+    from jaxrl_mgpu import histories
+    cfg = histories.LearnerConfig(**meta["algo_config"])
+    h = histories.run(env_name, np.repeat(goals, envs_per_goal, axis=0), meta["steps"], seed, cfg, par)
+    return histories.episode_returns(h, meta["episode_len"]).mean(0)
+
+
 def plot(path: Path, result: dict) -> None:
     import matplotlib
     matplotlib.use("Agg")  # no display needed
@@ -127,11 +138,17 @@ def plot(path: Path, result: dict) -> None:
         seen = src[::stride][:len(ad)]
         left.plot(np.arange(1, len(seen) + 1), seen, ":", color="C1", label=f"source, every {stride}-th episode "
                                                                             f"(the histories AD was trained on)")
+    same = np.asarray(result["source_same_goals"]["mean_return"])
+    left.plot(x[:len(same)], same[:len(ad)], "-", color="C2", lw=1,
+              label=f"source learning on the same {result['goals']} goals")
+    left.axhline(same[-1], color="C2", ls="--", lw=0.8, label=f"source's final return there ({same[-1]:.2f})")
     left.plot(x, random, ":", color="gray", label="uniform random actions")
     left.set(xlabel="episode of the in-context run", ylabel="mean episode return",
              title=f"Algorithm Distillation on {result['env']}, checkpoint {result['step']}")
     left.legend(fontsize=7, loc="lower right")
-    right.plot(np.arange(1, len(src) + 1), src, color="C1")
+    right.plot(np.arange(1, len(src) + 1), src, color="C1", label=f"{result['source']['goals']} goals (dataset)")
+    right.plot(np.arange(1, len(same) + 1), same, color="C2", lw=1, label=f"{result['goals']} goals (run afresh)")
+    right.legend(fontsize=7, loc="lower right")
     right.axhline(src[0], color="gray", ls=":", lw=0.8)
     right.set(xlabel="source episode", title=f"source: {result['source']['algo']} ({result['source']['tasks']} "
                                              f"learning histories)")
@@ -189,6 +206,7 @@ def evaluate(argv=None) -> int:
     returns, random = run(False), run(True)
 
     source = source_curve(h)
+    same_goals = source_on_goals(cfg.env, meta, goals, args.envs_per_goal, args.seed, par)
     by_goal = returns.reshape(len(goals), args.envs_per_goal, args.episodes).mean(1)
     result = {"env": cfg.env, "step": step, "goals": args.goals, "goal_cells": goals.tolist(),
               "envs_per_goal": args.envs_per_goal, "envs": envs, "episodes": args.episodes, "seed": args.seed,
@@ -198,7 +216,10 @@ def evaluate(argv=None) -> int:
               "returns": returns.tolist(),
               "source": {"dataset": where, "algo": meta.get("algo"), "goals": meta.get("split"),
                          "tasks": h.num_tasks, "episode_stride": cfg.ad_episode_stride,
-                         "mean_return": source.tolist()}}
+                         "mean_return": source.tolist()},
+              # The source run afresh on the evaluation goals (the dataset's goals can be harder
+              # or easier): the like-for-like reference for AD's in-context curve.
+              "source_same_goals": {"goals": args.goals, "envs": envs, "mean_return": same_goals.tolist()}}
     run_dir = Path(args.run_dir)
     name = f"incontext-{args.goals}" + ("-greedy" if args.greedy else "")
     out_json, out_png = run_dir / f"{name}.json", run_dir / f"{name}.png"
@@ -209,6 +230,8 @@ def evaluate(argv=None) -> int:
                           "mean_return": [round(r, 3) for r in result["mean_return"]],
                           "random_return": round(float(random.mean()), 3),
                           "source_first": round(float(source[0]), 3), "source_final": round(float(source[-1]), 3),
+                          "source_same_goals_first": round(float(same_goals[0]), 3),
+                          "source_same_goals_final": round(float(same_goals[-1]), 3),
                           "json": str(out_json), "png": str(out_png)}))
     return 0
 

@@ -99,6 +99,13 @@ def test_train_then_evaluate_in_context(dataset, tmp_path, capsys):
     assert np.asarray(saved["returns"]).shape == (8, 3) and len(saved["source"]["mean_return"]) == 5
     assert saved["goal_cells"] == [list(g) for g in np.asarray(envs.darkroom.goals("DarkRoom", "test", 0)).tolist()]
     assert (run_dir / "incontext-test.png").read_bytes()[:4] == b"\x89PNG"
+    # The like-for-like reference: the source run afresh on the same (test) goals, with the
+    # dataset's source config and length, one learner per evaluation environment.
+    test_goals = np.asarray(saved["goal_cells"])
+    same = histories.run("DarkRoom", test_goals, 100, 1, histories.LearnerConfig(), parallel.setup())
+    np.testing.assert_allclose(saved["source_same_goals"]["mean_return"],
+                               histories.episode_returns(same, 20).mean(0), rtol=1e-6)
+    assert out["source_same_goals_final"] == round(float(histories.episode_returns(same, 20).mean(0)[-1]), 3)
 
     # Greedy acting writes its own files and leaves the sampled ones alone.
     assert evaluate.main(["--run-dir", str(run_dir), "--in-context", "--episodes", "3", "--envs-per-goal", "1",

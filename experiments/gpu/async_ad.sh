@@ -5,13 +5,13 @@
 #             preset (d128, 4 layers) in bf16, in-context evaluation, input-pipeline throughput
 #   GPU 3     the transformer training-step table (MFU), then the second collector
 # Run from the repo root:  bash experiments/gpu/run.sh async_ad
-# PHASES="ad" GPU_AD=0 AD_ARGS="--num-updates 40000" EPISODES=60 T_AD=420 AD_THROUGHPUT=0: AD alone on
+# PHASES="ad" GPU_AD=0 AD_ARGS="--num-updates 40000" T_AD=420 AD_THROUGHPUT=0: AD alone on
 # a one-GPU machine, longer, without the throughput measurement.
 # DRY=1 runs the same commands at toy sizes on a CPU machine (GPU pinning off).
 source experiments/gpu/setup.sh
 set -o pipefail
-T_ASYNC=${T_ASYNC:-60}; T_HIST=150; T_AD=${T_AD:-240}
-SIZE_ASYNC=""; SIZE_AD="--precision bf16 ${AD_ARGS:-}"; TASKS=2048; EPISODES=${EPISODES:-40}
+T_ASYNC=${T_ASYNC:-60}; T_HIST=240; T_AD=${T_AD:-240}
+SIZE_ASYNC=""; SIZE_AD="--precision bf16 ${AD_ARGS:-}"; TASKS=2048; EPISODES=${EPISODES:-200}
 STEP_ARGS="--repeats 10"; AD_STEP="--batch 4096"; D512="--d-model 512 --n-layers 6 --n-heads 8 --context-len 256 --batch 256"
 if [ "${DRY:-0}" = 1 ]; then
   T_ASYNC=25; T_HIST=60; T_AD=90; TASKS=16; EPISODES=4
