@@ -8,9 +8,9 @@ over all devices:
 
 One update: roll out `num_steps` on this device's environments (`lax.scan`), compute GAE,
 then `update_epochs` passes of `num_minibatches` minibatches. The only cross-device code is
-`lax.pmean` / `lax.psum` on `AXIS` (in learner.step, normalize_per_minibatch and
-EpisodeStats, each one all-reduce): gradients and losses are averaged, advantage statistics are taken over the
-global minibatch, so one update on D devices equals one update on one device with the same
+the fused all-reduces `parallel.all_mean` / `all_sum` (one in each of learner.step,
+normalize_per_minibatch and EpisodeStats): gradients and losses are averaged, advantage
+statistics are taken over the global minibatch, so one update on D devices equals one update on one device with the same
 global batch. The policy is an MLP or a transformer (nets/actor_critic.py); with a
 transformer, minibatches are whole environment sequences instead of shuffled transitions.
 """
@@ -45,10 +45,9 @@ class PPOState(NamedTuple):
 STATE_KEYS = ("anneal_lr", "d_model", "n_layers", "n_heads", "context_len")
 
 # Rollout steps per iteration of the compiled loop, on GPUs: there every iteration of a loop
-# waits for the host to read its predicate, and each device's host thread adds its own jitter,
-# which the next all-reduce makes every device wait for. 8 measured: 10.97 -> 8.69 ms per update
-# at 2048 envs on an H100, 2 GPUs 1.87x -> 1.92x one GPU (experiments/RESULTS.md). Elsewhere 1:
-# on CPUs a loop costs no round trip, and unrolling only doubles the compile time.
+# waits for the host to read its predicate. 8 measured on an H100 (experiments/RESULTS.md, v4):
+# 9.96 -> 8.69 ms per update at 2048 envs, on top of the loop-free GAE. Elsewhere 1: on CPUs a
+# loop costs no round trip, and unrolling only doubles the compile time.
 GPU_ROLLOUT_UNROLL = 8
 
 # How each state field is laid out over devices (see checkpoint.py).
@@ -181,7 +180,7 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
         (envs, memory, final_obs), (inputs, action, scalars) = jax.lax.scan(
             step, (envs, memory, envs.obs), (noise, env_keys), unroll=unroll)
         log_prob, value, reward, terminated, truncated, prev_bootstrap, done_return, done_length = (
-            scalars[..., i] for i in range(8))
+            jnp.moveaxis(scalars, -1, 0))
         _, last_value, last_bootstrap, _ = policy.act(params, memory, envs.obs, final_obs)
         # Step t's bootstrap was computed at step t + 1 (the last one just above).
         bootstrap = jnp.concatenate([prev_bootstrap[1:], last_bootstrap[None]])
@@ -208,6 +207,9 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
     def learn(params, opt_state, loss_scale, data: Batch, key):
         """`update_epochs` passes over the rollout in `num_minibatches` shuffled minibatches:
         of transitions (mlp), or of whole environment sequences (transformer)."""
+        def split(x, perm):  # shuffled, then cut into minibatches: [num_minibatches, ...]
+            return x[perm].reshape((cfg.num_minibatches, -1) + x.shape[1:])
+
         n = jax.tree.leaves(data.action)[0].shape[0]
         # Every epoch's shuffle drawn before the loop, each device its own (device index folded
         # in), so all epochs' advantage moments take ONE all-reduce: each collective is a point
@@ -215,13 +217,12 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
         # which is much slower on GPUs at large n.
         perms = jnp.stack([jax.random.permutation(jax.random.fold_in(k, device_index()), n)
                            for k in jax.random.split(key, cfg.update_epochs)])
-        advantages = normalize_per_minibatch(
-            data.advantage[perms].reshape((cfg.update_epochs, cfg.num_minibatches, -1) + data.advantage.shape[1:]))
+        advantages = normalize_per_minibatch(jax.vmap(lambda perm: split(data.advantage, perm))(perms))
 
         def epoch(carry, xs):
-            perm, epoch_advantages = xs
-            minibatches = jax.tree.map(lambda x: x[perm].reshape((cfg.num_minibatches, -1) + x.shape[1:]),
-                                       data._replace(advantage=()))._replace(advantage=epoch_advantages)
+            perm, epoch_advantages = xs  # the advantages come already shuffled and normalized
+            minibatches = jax.tree.map(lambda x: split(x, perm), data._replace(advantage=()))
+            minibatches = minibatches._replace(advantage=epoch_advantages)
 
             def minibatch(carry, batch):
                 params, opt_state, loss_scale = carry
