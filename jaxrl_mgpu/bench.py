@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import statistics
 import sys
@@ -49,8 +50,10 @@ def bench_args(argv):
                         "MFU against a bf16 matmul ceiling measured in the same run")
     p.add_argument("--batch", type=int, default=256, help="sequences per transformer step")
     p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], help="with --transformer-step")
-    p.add_argument("--attention", nargs="+", default=["xla"], choices=["xla", "cudnn"],
-                   help="with --transformer-step: attention implementations to time")
+    p.add_argument("--attention", nargs="+", default=["xla"], choices=["xla", "cudnn", "pallas"],
+                   help="attention of the transformer policy (with --transformer-step: each one is timed)")
+    p.add_argument("--mlp", nargs="+", default=["xla"], choices=["xla", "pallas"],
+                   help="MLP of the transformer policy, pallas = fused_mlp.py (with --transformer-step: each one is timed)")
     return p.parse_known_args(argv)
 
 
@@ -118,7 +121,8 @@ def matmul_ceiling(n: int = 8192, repeats: int = 10) -> float:
     return 2 * n ** 3 / statistics.median(times) / 1e12
 
 
-def measure_transformer_step(cfg, batch: int, repeats: int, attention: str, profile: str | None = None) -> dict:
+def measure_transformer_step(cfg, batch: int, repeats: int, attention: str, mlp: str = "xla",
+                             profile: str | None = None) -> dict:
     """One PPO-shaped training step of the transformer policy on full context windows."""
     import optax
     from jaxrl_mgpu.nets import compute_dtype
@@ -127,7 +131,8 @@ def measure_transformer_step(cfg, batch: int, repeats: int, attention: str, prof
     net = TransformerActorCritic(num_actions=A, obs_ndim=1, d_model=cfg.d_model, n_layers=cfg.n_layers,
                                  n_heads=cfg.n_heads, context_len=L, context_across_episodes=True,
                                  dtype=compute_dtype(cfg.precision),
-                                 attn_implementation=None if attention == "xla" else attention)
+                                 attn_implementation=None if attention == "xla" else attention,
+                                 mlp_implementation=None if mlp == "xla" else mlp)
     keys = jax.random.split(jax.random.PRNGKey(0), 4)
     obs = jax.random.normal(keys[0], (batch, L, obs_dim))
     actions = jax.random.randint(keys[1], (batch, L), 0, A)
@@ -149,7 +154,7 @@ def measure_transformer_step(cfg, batch: int, repeats: int, attention: str, prof
     run = jax.jit(step, donate_argnums=0)
     times, _ = time_calls(run, (params, tx.init(params)), repeats,
                           trace_dir(profile, f"transformer-d{cfg.d_model}-L{cfg.n_layers}-b{batch}-{cfg.precision}-"
-                                             f"{attention}"))
+                                             f"{attention}-mlp-{mlp}"))
     matmul_params = sum(x.size for path, x in jax.tree_util.tree_leaves_with_path(params)
                         if "kernel" in jax.tree_util.keystr(path))
     tokens = batch * L
@@ -157,7 +162,7 @@ def measure_transformer_step(cfg, batch: int, repeats: int, attention: str, prof
     # d_model x L for attention scores and values (not halved for causality).
     flops = tokens * (6 * matmul_params + 12 * cfg.n_layers * cfg.d_model * L)
     median = statistics.median(times)
-    return {"impl": "transformer_step", "precision": cfg.precision, "attention": attention,
+    return {"impl": "transformer_step", "precision": cfg.precision, "attention": attention, "mlp": mlp,
             "device_kind": jax.devices()[0].device_kind, "d_model": cfg.d_model, "n_layers": cfg.n_layers,
             "n_heads": cfg.n_heads, "context_len": L, "batch": batch, "params": matmul_params,
             "tokens_per_s": tokens / median, "tflops": flops / median / 1e12, "step_ms": 1e3 * median,
@@ -166,14 +171,14 @@ def measure_transformer_step(cfg, batch: int, repeats: int, attention: str, prof
 
 def transformer_table(rows: list[dict], ceiling: float) -> str:
     fp32 = {(r["d_model"], r["n_layers"], r["context_len"], r["batch"]): r["tokens_per_s"]
-            for r in rows if r["precision"] == "fp32" and r["attention"] == "xla"}
+            for r in rows if r["precision"] == "fp32" and r["attention"] == "xla" and r["mlp"] == "xla"}
     lines = [f"bf16 matmul ceiling: {ceiling:.0f} TFLOP/s ({rows[0]['device_kind']})",
-             f"{'model':<22}{'batch':>6}{'prec':>6}{'attn':>7}{'tokens/s':>13}{'TFLOP/s':>9}{'MFU':>7}{'vs fp32':>9}"]
+             f"{'model':<22}{'batch':>6}{'prec':>6}{'attn':>7}{'mlp':>7}{'tokens/s':>13}{'TFLOP/s':>9}{'MFU':>7}{'vs fp32':>9}"]
     for r in rows:
         key = (r["d_model"], r["n_layers"], r["context_len"], r["batch"])
         model = f"d{r['d_model']} L{r['n_layers']} h{r['n_heads']} ctx{r['context_len']}"
         speedup = r["tokens_per_s"] / fp32[key] if key in fp32 else float("nan")
-        lines.append(f"{model:<22}{r['batch']:>6}{r['precision']:>6}{r['attention']:>7}{r['tokens_per_s']:>13,.0f}"
+        lines.append(f"{model:<22}{r['batch']:>6}{r['precision']:>6}{r['attention']:>7}{r['mlp']:>7}{r['tokens_per_s']:>13,.0f}"
                      f"{r['tflops']:>9.1f}{r['mfu']:>7.1%}{speedup:>9.2f}")
     return "\n".join(lines)
 
@@ -196,11 +201,11 @@ def main_transformer(args, base) -> int:
     rows = []
     ceiling = matmul_ceiling()
     for precision in args.precisions:
-        for attention in args.attention:
-            if attention == "cudnn" and precision == "fp32":
-                continue  # cuDNN's fused attention takes bf16/fp16 only
+        for attention, mlp in itertools.product(args.attention, args.mlp):
+            if precision == "fp32" and (attention, mlp) != ("xla", "xla"):
+                continue  # the fused kernels (cuDNN's, ours) are for bf16/fp16
             cfg = dataclasses.replace(base, precision=precision)
-            row = measure_transformer_step(cfg, args.batch, args.repeats, attention, args.profile)
+            row = measure_transformer_step(cfg, args.batch, args.repeats, attention, mlp, args.profile)
             row["mfu"], row["matmul_ceiling_tflops"] = row["tflops"] / ceiling, ceiling
             rows.append(row)
             emit(row, args.out)
@@ -222,6 +227,9 @@ def main(argv=None) -> int:
         base = config_lib.from_args(rest)
         if args.transformer_step:
             return main_transformer(args, base)
+        if len(args.attention) > 1 or len(args.mlp) > 1:
+            raise config_lib.ConfigError("several --attention / --mlp values are for --transformer-step")
+        base = dataclasses.replace(base, attention=args.attention[0], mlp=args.mlp[0])  # the policy's kernels
         device_counts = args.devices or [len(jax.local_devices())]
         runs = []
         for d in device_counts:

@@ -110,6 +110,11 @@ class Config:
     n_heads: int = option(4, "attention heads")
     context_len: int = option(64, "tokens (steps) each layer attends to, itself included")
     context_across_episodes: bool = option(False, "let the context window cross episode boundaries (meta-RL)")
+    attention: str = option("xla", "transformer attention: xla; cudnn (flash attention, GPU); pallas (fused "
+                                   "RoPE + attention kernel for windows of <= 128 tokens, --algo ad, GPU)",
+                            choices=("xla", "cudnn", "pallas"))
+    mlp: str = option("xla", "transformer MLP half-blocks: xla; pallas (fused LayerNorm + MLP + residual "
+                             "kernels, --d-model a power of 2 up to 128, GPU)", choices=("xla", "pallas"))
     # run
     seed: int = option(0, "random seed (params, environments and sampling all derive from it)")
     run_dir: str | None = option(None, "output directory (default runs/<env>-<algo>-<time>)")
@@ -298,12 +303,33 @@ def validate(cfg: Config) -> Config:
     if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 2:
         raise ConfigError(f"--d-model {cfg.d_model} / --n-heads {cfg.n_heads} must be an even whole number "
                           f"(the head size)")
+    check_kernels(cfg)
     if cfg.num_updates is not None and cfg.num_updates < 1:
         raise ConfigError(f"--num-updates must be at least 1, got {cfg.num_updates}")
     if cfg.total_updates < 1:
         raise ConfigError(f"--total-timesteps {cfg.total_timesteps} is less than one update of "
                           f"{cfg.batch_size} steps (--num-envs x --num-steps)")
     return cfg
+
+
+def check_kernels(cfg: Config) -> None:
+    """--attention / --mlp: what the fused kernels take (they run in bf16/fp16 only)."""
+    from jaxrl_mgpu.nets import fused_attention, fused_mlp  # local import: pulls in jax
+
+    if (cfg.attention, cfg.mlp) != ("xla", "xla") and cfg.precision == "fp32":
+        raise ConfigError(f"--attention {cfg.attention} / --mlp {cfg.mlp}: the fused kernels compute in "
+                          f"bf16 or fp16; add --precision bf16")
+    if cfg.mlp == "pallas" and not fused_mlp.supported(cfg.d_model, 4 * cfg.d_model):
+        raise ConfigError(f"--mlp pallas needs --d-model a power of 2 from 16 to {fused_mlp.MAX_D_MODEL}, "
+                          f"got {cfg.d_model}")
+    if cfg.attention == "pallas":
+        if cfg.algo != "ad":
+            raise ConfigError("--attention pallas fuses the cache-free learner of --algo ad; PPO and DQN "
+                              "learners attend over a key/value prefix: use --attention xla or cudnn")
+        if not fused_attention.supported(cfg.n_transit, cfg.d_model // cfg.n_heads):
+            raise ConfigError(f"--attention pallas needs --n-transit <= {fused_attention.MAX_LEN} and a head "
+                              f"size (--d-model / --n-heads) that is a multiple of 32 up to 128, got "
+                              f"{cfg.n_transit} and {cfg.d_model // cfg.n_heads}")
 
 
 # Options that shape the training state: a checkpoint only resumes under the same values.

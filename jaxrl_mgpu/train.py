@@ -80,6 +80,8 @@ def banner(cfg, par: parallel.Parallel, layout: dict, per_update: str) -> dict:
         "updates": f"{cfg.total_updates}, {cfg.log_every} per compiled chunk",
         "precision": f"{cfg.precision} compute, fp32 params" + (f", {cfg.grad_accum} micro-batches per step"
                                                                 if cfg.grad_accum > 1 else ""),
+        **({"kernels": f"attention {cfg.attention}, mlp {cfg.mlp}"}
+           if (cfg.attention, cfg.mlp) != ("xla", "xla") else {}),
         "run dir": cfg.run_dir,
     })
     return rows

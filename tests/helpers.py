@@ -7,6 +7,7 @@ import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mgpu import config as config_lib
@@ -21,6 +22,37 @@ def make_trainer(devices: int, backend: str = "pmap", **overrides) -> runner.Tra
 
 def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
     jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol), a, b)
+
+
+def make_stream(starts, steps, num_actions, obs_size, seed=0):
+    """Transformer inputs for len(starts) streams of `steps` steps: obs, prev_action, prev_reward,
+    is_first (True at the steps listed in each stream's entry of `starts`)."""
+    rng = np.random.default_rng(seed)
+    is_first = np.zeros((len(starts), steps), bool)
+    for b, s in enumerate(starts):
+        is_first[b, list(s)] = True
+    return (jnp.asarray(rng.normal(size=(len(starts), steps, obs_size)), jnp.float32),
+            jnp.asarray(rng.integers(0, num_actions, size=(len(starts), steps)), jnp.int32),
+            jnp.asarray(rng.normal(size=(len(starts), steps)), jnp.float32),
+            jnp.asarray(is_first))
+
+
+def random_transformer_params(model, obs_size, seed=0):
+    """Random values for every leaf of a TransformerActorCritic (float32, like the real init),
+    not the real init: the PPO init (0.01 actor head, zero biases, unit LayerNorms) makes the
+    outputs nearly input-independent, which would let mask bugs pass unnoticed. eval_shape: no
+    compile, no device work."""
+    xs = make_stream([()], 2, model.num_actions, obs_size)
+    shapes = jax.eval_shape(model.init, jax.random.key(0), None, *xs)
+    rng = np.random.default_rng(seed)
+
+    def leaf(path, x):
+        if len(x.shape) >= 2:
+            return jnp.asarray(rng.normal(size=x.shape) / np.sqrt(np.prod(x.shape[:-1])), x.dtype)
+        centre = 1.0 if jax.tree_util.keystr(path).endswith("['scale']") else 0.0
+        return jnp.asarray(centre + 0.2 * rng.normal(size=x.shape), x.dtype)
+
+    return jax.tree_util.tree_map_with_path(leaf, shapes)
 
 
 def spawn_train(argv: list[str], devices: int = 1) -> subprocess.Popen:

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import helpers
 from jaxrl_mgpu.nets.transformer import TransformerActorCritic
 
 A, OBS, C = 3, 5, 8          # actions, observation size, context_len
@@ -20,26 +21,12 @@ def make(n_layers=2, **kw):
                                   context_len=C, **kw)
 
 
-def make_stream(seed=0, batch=B, steps=N, starts=STARTS):
-    rng = np.random.default_rng(seed)
-    is_first = np.zeros((batch, steps), bool)
-    for b, s in enumerate(starts):
-        is_first[b, list(s)] = True
-    return (jnp.asarray(rng.normal(size=(batch, steps, OBS)), jnp.float32),
-            jnp.asarray(rng.integers(0, A, size=(batch, steps)), jnp.int32),
-            jnp.asarray(rng.normal(size=(batch, steps)), jnp.float32),
-            jnp.asarray(is_first))
+def make_stream(seed=0, steps=N, starts=STARTS):
+    return helpers.make_stream(starts, steps, A, OBS, seed)
 
 
 def random_params(model, seed=0):
-    """Random values for every leaf (float32, like the real init), not the real init: the PPO
-    init (0.01 actor head, zero biases, unit LN) makes the outputs nearly input-independent,
-    which would let mask bugs pass unnoticed. eval_shape: no compile, no device work."""
-    xs = make_stream(batch=1, steps=2, starts=[()])
-    shapes = jax.eval_shape(model.init, jax.random.key(0), None, *xs)
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape) / np.sqrt(np.prod(x.shape[:-1])) if len(x.shape) >= 2
-                                              else (x.shape[-1] > 1) + 0.1 * rng.normal(size=x.shape), x.dtype), shapes)
+    return helpers.random_transformer_params(model, OBS, seed)
 
 
 def act(model, params, xs, cache=None):
@@ -151,7 +138,7 @@ def changed(a, b):
 def test_episode_boundary(across):
     model = make(context_across_episodes=across)
     params = random_params(model)
-    xs = make_stream(batch=1, starts=[(0, 10)])
+    xs = make_stream(starts=[(0, 10)])
     base = outputs(model, params, xs)
     diff = changed(base, outputs(model, params, perturb(xs, 7)))  # obs in the previous episode
     assert not diff[:7].any() and diff[7:10].all()
@@ -167,7 +154,7 @@ def test_episode_boundary(across):
 def test_causal():
     model = make()
     params = random_params(model)
-    xs = make_stream(batch=1, starts=[(0,)])
+    xs = make_stream(starts=[(0,)])
     diff = changed(outputs(model, params, xs), outputs(model, params, perturb(xs, 12)))
     assert not diff[:12].any() and diff[12]
 
@@ -179,7 +166,7 @@ def test_window(n_layers, across):
     t - n_layers * (C - 1) and on nothing earlier."""
     model = make(n_layers=n_layers, context_across_episodes=across)
     params = random_params(model)
-    xs = make_stream(batch=1, starts=[(0,)])
+    xs = make_stream(starts=[(0,)])
     t, reach = 3, n_layers * (C - 1)
     diff = changed(outputs(model, params, xs), outputs(model, params, perturb(xs, t)))
     assert not diff[:t].any()

@@ -41,7 +41,7 @@ from jaxrl_mgpu.checkpoint import REPLICATED
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.data import rlds
 from jaxrl_mgpu.envs import vec
-from jaxrl_mgpu.nets import actor_critic, compute_dtype
+from jaxrl_mgpu.nets import actor_critic, compute_dtype, kernels
 from jaxrl_mgpu.nets.transformer import KVCache, TransformerActorCritic
 from jaxrl_mgpu.parallel import device_index
 
@@ -216,7 +216,8 @@ def sample(data: Steps, key: jax.Array, windows: int, length: int, filled: jax.A
 def make_net(cfg, env, env_params) -> TransformerActorCritic:
     return TransformerActorCritic(num_actions=env.num_actions, obs_ndim=1, d_model=cfg.d_model,
                                   n_layers=cfg.n_layers, n_heads=cfg.n_heads, context_len=cfg.n_transit,
-                                  context_across_episodes=True, dtype=compute_dtype(cfg.precision))
+                                  context_across_episodes=True, dtype=compute_dtype(cfg.precision),
+                                  **kernels(cfg))
 
 
 def make_policy(net: TransformerActorCritic, obs_size: int) -> actor_critic.Policy:

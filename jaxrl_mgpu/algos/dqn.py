@@ -68,7 +68,7 @@ from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.envs import vec
-from jaxrl_mgpu.nets import compute_dtype
+from jaxrl_mgpu.nets import compute_dtype, kernels
 from jaxrl_mgpu.nets.actor_critic import Memory, Policy
 from jaxrl_mgpu.nets.transformer import TransformerActorCritic
 from jaxrl_mgpu.nets.qnet import QNetwork
@@ -288,7 +288,7 @@ def make_network(cfg, env, env_params):
         return TransformerActorCritic(num_actions=env.num_actions, obs_ndim=len(obs_shape), d_model=cfg.d_model,
                                       n_layers=cfg.n_layers, n_heads=cfg.n_heads, context_len=cfg.context_len,
                                       context_across_episodes=cfg.context_across_episodes,
-                                      dtype=compute_dtype(cfg.precision))
+                                      dtype=compute_dtype(cfg.precision), **kernels(cfg))
     return QNetwork(num_actions=env.num_actions, obs_ndim=len(obs_shape), hidden_size=cfg.hidden_size,
                     num_layers=cfg.num_layers, activation=cfg.activation, dtype=compute_dtype(cfg.precision))
 

@@ -25,7 +25,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl_mgpu.nets import compute_dtype
+from jaxrl_mgpu.nets import compute_dtype, kernels
 from jaxrl_mgpu.nets.mlp import ActorCritic
 from jaxrl_mgpu.nets.transformer import KVCache, TransformerActorCritic
 
@@ -76,7 +76,8 @@ def _mlp(cfg, num_actions: int, obs_shape: tuple, dtype) -> Policy:
 def _transformer(cfg, num_actions: int, obs_shape: tuple, dtype) -> Policy:
     net = TransformerActorCritic(num_actions=num_actions, obs_ndim=len(obs_shape), d_model=cfg.d_model,
                                  n_layers=cfg.n_layers, n_heads=cfg.n_heads, context_len=cfg.context_len,
-                                 context_across_episodes=cfg.context_across_episodes, dtype=dtype)
+                                 context_across_episodes=cfg.context_across_episodes, dtype=dtype,
+                                 **kernels(cfg))
 
     def init_params(key):
         one = lambda shape, dt: jnp.zeros((1, 1) + shape, dt)

@@ -71,6 +71,17 @@ is not in time order and XLA's causal mask is top-left aligned, so only `mask` i
 Seen on one H200 (jax 0.11.2, bf16, d_model 512, 6 layers, 8 heads, C 256, L 128):
 `attn_implementation="cudnn"` compiled to cuDNN fused attention, forward and backward, for every
 form above (cache None or a prefix, either episode mode) and for `step`, within 0.012 of XLA.
+
+Our own kernels (Pallas -> Triton; on other backends the Pallas interpreter runs them, for tests)
+-------------------------------------------------------------------------------------------
+`attn_implementation="pallas"`: where keys and queries are the same sequence (`cache=None`, the
+AD learner), RoPE, every mask above and attention run in one kernel per pass that reads the fused
+QKV projection as it is (fused_attention.py; sequences up to 128 tokens); with a prefix cache and
+in `step` attention stays with XLA. `mlp_implementation="pallas"`: LayerNorm -> MLP -> residual,
+the second half of every block, in fused kernels that keep the 4 x d_model activations on chip
+(fused_mlp.py; d_model a power of 2 up to 128). Both are for bf16/fp16 and change no parameter.
+At the Algorithm Distillation size on one H100 (d_model 128, 4 layers, 80 tokens, bf16) they
+take a training step from 22.9 to 19.1 ms (experiments/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -83,6 +94,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_mgpu.nets import fused_attention, fused_mlp
 from jaxrl_mgpu.nets.mlp import Torso
 
 ROPE_PERIOD = 2 ** 16  # RoPE phases are exact integers modulo this many steps
@@ -111,16 +123,20 @@ def _rope_turns(head_dim: int, base: float = 10000.0) -> np.ndarray:
     return np.maximum(1, np.round(freqs * ROPE_PERIOD / (2 * np.pi))).astype(np.int32)
 
 
-def rope(x: jax.Array, pos: jax.Array) -> jax.Array:
-    """Rotate x [B, L, H, Dh] by the phases of the absolute step indices pos [B, L] (int32)."""
-    turns = _rope_turns(x.shape[-1])
+def rope_tables(pos: jax.Array, head_dim: int, dtype) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [..., Dh / 2] of the rotary phases of the absolute step indices pos (int32)."""
+    turns = _rope_turns(head_dim)
     # (pos % 2**16) * turns < 2**16 * 10431 < 2**31: exact in int32, so identical on both paths.
     phase = ((pos % ROPE_PERIOD)[..., None] * turns) % ROPE_PERIOD
     angle = phase.astype(jnp.float32) * np.float32(2 * np.pi / ROPE_PERIOD)
+    return jnp.cos(angle).astype(dtype), jnp.sin(angle).astype(dtype)
+
+
+def rope(x: jax.Array, pos: jax.Array) -> jax.Array:
+    """Rotate x [B, L, H, Dh] by the phases of the absolute step indices pos [B, L] (int32)."""
     # The rotation itself in x's dtype: in bf16 an fp32 round trip of q and k costs two more
     # passes over them per layer (forward and backward) and buys nothing the bf16 matmuls keep.
-    cos = jnp.cos(angle)[:, :, None, :].astype(x.dtype)
-    sin = jnp.sin(angle)[:, :, None, :].astype(x.dtype)
+    cos, sin = (t[:, :, None, :] for t in rope_tables(pos, x.shape[-1], x.dtype))
     x1, x2 = jnp.split(x, 2, axis=-1)
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
@@ -133,6 +149,7 @@ class Block(nn.Module):
     n_heads: int
     n_layers: int
     dtype: Any
+    mlp_implementation: str | None = None
 
     def setup(self):
         dense = functools.partial(nn.Dense, dtype=self.dtype, param_dtype=jnp.float32,
@@ -146,14 +163,24 @@ class Block(nn.Module):
         self.fc = dense(4 * self.d_model)
         self.fc_out = dense(self.d_model, kernel_init=resid)
 
-    def qkv(self, x, pos):
+    def project(self, x):
+        """Unrotated queries, keys and values [B, L, 3, H, Dh] (the fused kernel's input)."""
         B, L, _ = x.shape
-        qkv = self.qkv_proj(self.ln1(x)).reshape(B, L, 3, self.n_heads, -1)
+        return self.qkv_proj(self.ln1(x)).reshape(B, L, 3, self.n_heads, -1)
+
+    def qkv(self, x, pos):
+        qkv = self.project(x)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [B, L, H, Dh] each
         return rope(q, pos), rope(k, pos), v
 
     def finish(self, x, attn):
         x = x + self.out_proj(attn.reshape(x.shape))
+        if self.mlp_implementation == "pallas" and not self.is_initializing():
+            # The same parameters, read from the submodules (init creates them the usual way).
+            ln, fc, fc_out = (m.variables["params"] for m in (self.ln2, self.fc, self.fc_out))
+            return fused_mlp.mlp_residual(x, ln["scale"], ln["bias"], fc["kernel"], fc["bias"],
+                                          fc_out["kernel"], fc_out["bias"],
+                                          interpret=jax.default_backend() != "gpu")
         return x + self.fc_out(nn.gelu(self.fc(self.ln2(x))))
 
 
@@ -169,15 +196,23 @@ class TransformerActorCritic(nn.Module):
     context_len: int = 64
     context_across_episodes: bool = False
     dtype: Any = jnp.float32            # compute dtype; params are float32
-    attn_implementation: str | None = None  # None (XLA today) or "cudnn"
+    attn_implementation: str | None = None  # None (XLA today), "cudnn", or "pallas" (fused_attention.py)
+    mlp_implementation: str | None = None   # None (XLA) or "pallas" (fused_mlp.py)
 
     def setup(self):
         head_dim, rem = divmod(self.d_model, self.n_heads)
         assert rem == 0 and head_dim % 2 == 0, "d_model / n_heads must be an even integer"
+        if self.attn_implementation not in (None, "cudnn", "pallas"):
+            raise ValueError(f"attn_implementation must be None, 'cudnn' or 'pallas', got {self.attn_implementation!r}")
+        if self.mlp_implementation not in (None, "pallas"):
+            raise ValueError(f"mlp_implementation must be None or 'pallas', got {self.mlp_implementation!r}")
+        if self.mlp_implementation == "pallas" and not fused_mlp.supported(self.d_model, 4 * self.d_model):
+            raise ValueError(f"mlp_implementation='pallas' needs d_model a power of 2 from 16 to "
+                             f"{fused_mlp.MAX_D_MODEL}, got {self.d_model}")
         assert 1 <= self.context_len <= 2 ** 14, "context_len * 2**16 must fit in int32"
         self.torso = Torso(self.obs_ndim, self.dtype)
         self.embed = nn.Dense(self.d_model, dtype=self.dtype, param_dtype=jnp.float32)
-        self.blocks = [Block(self.d_model, self.n_heads, self.n_layers, self.dtype)
+        self.blocks = [Block(self.d_model, self.n_heads, self.n_layers, self.dtype, self.mlp_implementation)
                        for _ in range(self.n_layers)]
         self.ln_f = nn.LayerNorm(dtype=self.dtype, param_dtype=jnp.float32)
         # Heads in float32 (tiny); orthogonal scales as in the MLP actor-critic.
@@ -208,8 +243,10 @@ class TransformerActorCritic(nn.Module):
         return self.actor(x), self.critic(x)[..., 0]
 
     def _attend(self, q, k, v, mask, **structure):
-        return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=self.attn_implementation,
-                                            **structure)
+        # "pallas" is fused_attention.py, which only takes the cache-free learner path (in
+        # __call__); here (a prefix cache, or acting) that choice means XLA.
+        implementation = None if self.attn_implementation == "pallas" else self.attn_implementation
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation, **structure)
 
     # ----------------------------------------------------------------------------------------
     def __call__(self, cache: KVCache | None, obs, prev_action, prev_reward, is_first, valid=None):
@@ -249,7 +286,17 @@ class TransformerActorCritic(nn.Module):
 
         x = self._tokens(obs, prev_action, prev_reward, is_first)
         ks, vs = [], []
+        fused = self.attn_implementation == "pallas" and cache is None
         for layer, block in enumerate(self.blocks):
+            if fused:   # rotation, masks and attention in one kernel; see fused_attention.py
+                qkv = block.project(x)
+                cos, sin = rope_tables(i, qkv.shape[-1], qkv.dtype)
+                attn = fused_attention.attend(qkv, cos, sin, None if across else seg, valid, C,
+                                              interpret=jax.default_backend() != "gpu")
+                ks.append(rope(qkv[:, :, 1], pos))  # for the returned cache only (else dead code)
+                vs.append(qkv[:, :, 2])
+                x = block.finish(x, attn)
+                continue
             q, k, v = block.qkv(x, pos)
             ks.append(k)
             vs.append(v)

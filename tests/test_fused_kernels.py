@@ -1,0 +1,358 @@
+"""The Pallas kernels (nets/fused_attention.py, nets/fused_mlp.py) against plain jnp / XLA.
+
+On CPU the kernels run through the Pallas interpreter (`interpret=True`; the transformer picks it
+whenever the backend is not a GPU), which executes the same kernel bodies, masked loads and
+stores and out-of-range tiles included, so these tests check the kernels' arithmetic, masking
+and custom VJPs. Shapes are small: the interpreter is slow.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import make_stream, random_transformer_params
+
+from jaxrl_mgpu.nets import fused_attention, fused_mlp
+from jaxrl_mgpu.nets.transformer import TransformerActorCritic, rope, rope_tables
+
+# ----------------------------------------------------------------------------------------------
+# Helpers.
+
+
+def assert_near(actual, desired, rtol=1e-5, what=""):
+    """Elementwise |a - d| <= rtol * max|d| (+ a tiny floor): relative to the array's scale, so
+    that near-zero entries of a gradient do not demand more than fp32 rounding can give."""
+    actual, desired = np.asarray(actual, np.float64), np.asarray(desired, np.float64)
+    assert actual.shape == desired.shape, (what, actual.shape, desired.shape)
+    scale = max(float(np.abs(desired).max(initial=0.0)), 1e-6)
+    np.testing.assert_allclose(actual, desired, rtol=0, atol=rtol * scale, err_msg=what)
+
+
+def assert_trees_near(actual, desired, rtol=1e-5):
+    assert jax.tree.structure(actual) == jax.tree.structure(desired)
+    for (path, a), d in zip(jax.tree_util.tree_leaves_with_path(actual), jax.tree.leaves(desired)):
+        assert_near(a, d, rtol, what=jax.tree_util.keystr(path))
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. The transformer with both kernels == the XLA transformer, same params.
+
+A, OBS = 3, 5
+B, L, C = 3, 20, 6  # batch, sequence length, context_len (< L: the window mask matters)
+# Episode starts: several inside one window (0, 3, 5), one long episode after them; a stream
+# that starts mid-episode (seg 0 before its first start) with two starts in a row (9, 10); a
+# stream with no start at all.
+STARTS = [(0, 3, 5, 13), (2, 9, 10), ()]
+
+
+def make_model(across, fused):
+    impl = "pallas" if fused else None
+    return TransformerActorCritic(num_actions=A, obs_ndim=1, d_model=64, n_layers=2, n_heads=2,
+                                  context_len=C, context_across_episodes=across,
+                                  attn_implementation=impl, mlp_implementation=impl)
+
+
+def make_inputs(seed=0):
+    return make_stream(STARTS, L, A, OBS, seed)
+
+
+def make_valid(seed=1):
+    """~25% padding tokens, scattered at random."""
+    valid = np.random.default_rng(seed).random((B, L)) > 0.25
+    valid[:, -1] = True  # so the returned cache surely holds valid entries to compare
+    return jnp.asarray(valid)
+
+
+def loss_fn(model, params, xs, valid):
+    """A scalar that mixes every logit and value with random weights, counted only at valid
+    positions, plus the returned cache's valid keys and values."""
+    logits, values, cache = model.apply(params, None, *xs, valid=valid)
+    rng = np.random.default_rng(2)
+    w = jnp.ones((B, L)) if valid is None else valid.astype(jnp.float32)
+    loss = jnp.sum(w[..., None] * logits * rng.normal(size=logits.shape).astype(np.float32))
+    loss += jnp.sum(w * values * rng.normal(size=values.shape).astype(np.float32))
+    m = cache.valid[:, :, None, None]
+    for x in cache.k + cache.v:
+        loss += 0.1 * jnp.sum(jnp.where(m, x, 0) * rng.normal(size=x.shape).astype(np.float32))
+    return loss, (logits, values, cache)
+
+
+value_and_grad = jax.jit(lambda model, params, xs, valid: jax.value_and_grad(
+    loss_fn, argnums=1, has_aux=True)(model, params, xs, valid), static_argnums=0)
+
+
+def test_fused_model_init_matches_xla_model():
+    """Params created through the fused model: same tree, shapes, dtypes and (same key) values
+    as the XLA model's, so either model can load the other's checkpoints."""
+    xs = make_inputs()
+    ref = jax.jit(make_model(False, fused=False).init)(jax.random.key(3), None, *xs)
+    got = jax.jit(make_model(False, fused=True).init)(jax.random.key(3), None, *xs)
+    assert jax.tree.structure(got) == jax.tree.structure(ref)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
+        assert a.shape == b.shape and a.dtype == b.dtype == jnp.float32
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("with_valid", [False, True], ids=["valid=None", "valid=random"])
+@pytest.mark.parametrize("across", [False, True], ids=["per-episode", "across-episodes"])
+def test_fused_model_equals_xla_model(across, with_valid):
+    xs = make_inputs()
+    valid = make_valid() if with_valid else None
+    ref_model, fused_model = make_model(across, fused=False), make_model(across, fused=True)
+    params = random_transformer_params(ref_model, OBS)
+
+    (ref_loss, (ref_logits, ref_values, ref_cache)), ref_grads = value_and_grad(ref_model, params, xs, valid)
+    (loss, (logits, values, cache)), grads = value_and_grad(fused_model, params, xs, valid)
+
+    keep = np.ones((B, L), bool) if valid is None else np.asarray(valid)
+    assert_near(np.asarray(logits)[keep], np.asarray(ref_logits)[keep], what="logits")
+    assert_near(np.asarray(values)[keep], np.asarray(ref_values)[keep], what="values")
+    assert_near(loss, ref_loss, what="loss")
+
+    # The returned cache: same validity and position; keys/values agree where valid (stale
+    # slots may hold anything).
+    np.testing.assert_array_equal(np.asarray(cache.valid), np.asarray(ref_cache.valid))
+    np.testing.assert_array_equal(np.asarray(cache.pos), np.asarray(ref_cache.pos))
+    assert np.asarray(cache.valid).any()
+    m = np.asarray(ref_cache.valid)[:, :, None, None]
+    for got, want in zip(cache.k + cache.v, ref_cache.k + ref_cache.v):
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert_near(np.where(m, got, 0), np.where(m, want, 0), what="cache")
+
+    assert_trees_near(grads, ref_grads, rtol=1e-5)
+    # Not vacuous: every parameter gets a gradient.
+    assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(ref_grads))
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. The attention kernel alone vs a direct jnp reference.
+
+H, DH = 2, 32
+
+
+def attention_reference(qkv, seg, valid, window):
+    """RoPE + explicit masked softmax: query i sees key j iff j <= i, i - j < window, key j is
+    valid and in i's segment; and always itself."""
+    b, n = qkv.shape[:2]
+    pos = jnp.broadcast_to(jnp.arange(n), (b, n))
+    q, k, v = rope(qkv[:, :, 0], pos), rope(qkv[:, :, 1], pos), qkv[:, :, 2]
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision="highest") / np.sqrt(qkv.shape[-1])
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    allowed = jnp.broadcast_to((j <= i) & (i - j < window), (b, n, n))
+    if seg is not None:
+        allowed &= seg[:, :, None] == seg[:, None, :]
+    if valid is not None:
+        allowed &= valid[:, None, :]
+    allowed |= np.eye(n, dtype=bool)
+    p = jax.nn.softmax(jnp.where(allowed[:, None], s, -jnp.inf), axis=-1)
+    return jnp.einsum("bhqk,bkhd->bqhd", p, v, precision="highest")
+
+
+@pytest.mark.parametrize("n, window, masks", [
+    (40, 7, "seg+valid"),   # not a power of 2: one 64-row tile, 24 rows out of range
+    (40, 100, "valid"),     # window longer than the sequence: causal only
+    (16, 5, "seg"),         # the smallest tile
+    (16, 16, "none"),
+])
+def test_attention_kernel(n, window, masks):
+    rng = np.random.default_rng(n + window)
+    qkv = jnp.asarray(rng.normal(size=(2, n, 3, H, DH)), jnp.float32)
+    seg = valid = None
+    if "seg" in masks:  # episode index, with several boundaries inside a window
+        seg = jnp.asarray(np.cumsum(rng.random((2, n)) < 0.2, axis=1), jnp.int32)
+    if "valid" in masks:
+        valid = jnp.asarray(rng.random((2, n)) > 0.3)
+    cos, sin = rope_tables(jnp.arange(n), DH, jnp.float32)
+
+    fused = lambda x: fused_attention.attend(x, cos, sin, seg, valid, window, interpret=True)
+    ref = lambda x: attention_reference(x, seg, valid, window)
+    out, vjp = jax.vjp(fused, qkv)
+    ref_out, ref_vjp = jax.vjp(ref, qkv)
+    assert out.shape == (2, n, H, DH) and out.dtype == jnp.float32
+    assert_near(out, ref_out, what="o")
+
+    do = jnp.asarray(rng.normal(size=out.shape), jnp.float32)
+    (dqkv,), (ref_dqkv,) = vjp(do), ref_vjp(do)
+    assert dqkv.shape == qkv.shape
+    for part, name in enumerate("qkv"):
+        assert_near(dqkv[:, :, part], ref_dqkv[:, :, part], what=f"d{name}")
+
+
+def test_attention_kernel_under_jit_and_grad():
+    """Through jit and jax.grad (not only jax.vjp), with a non-default warps argument."""
+    n, window = 24, 9
+    rng = np.random.default_rng(7)
+    qkv = jnp.asarray(rng.normal(size=(3, n, 3, H, DH)), jnp.float32)
+    seg = jnp.asarray(np.cumsum(rng.random((3, n)) < 0.15, axis=1), jnp.int32)
+    cos, sin = rope_tables(jnp.arange(n), DH, jnp.float32)
+    w = jnp.asarray(rng.normal(size=(3, n, H, DH)), jnp.float32)
+    loss = lambda x: jnp.sum(w * fused_attention.attend(x, cos, sin, seg, None, window, (2, 8), True))
+    ref_loss = lambda x: jnp.sum(w * attention_reference(x, seg, None, window))
+    assert_near(jax.jit(jax.grad(loss))(qkv), jax.grad(ref_loss)(qkv), what="dqkv")
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. The MLP kernel alone vs `fused_mlp.reference` (and that vs the flax modules).
+
+
+def mlp_params(d, seed=0, hidden=None):
+    hidden = 4 * d if hidden is None else hidden
+    rng = np.random.default_rng(seed)
+    f32 = lambda *s, c=0.0, sd=1.0: jnp.asarray(c + sd * rng.normal(size=s), jnp.float32)
+    return (f32(d, c=1.0, sd=0.2), f32(d, sd=0.2), f32(d, hidden, sd=1 / np.sqrt(d)), f32(hidden, sd=0.5),
+            f32(hidden, d, sd=1 / np.sqrt(hidden)), f32(d, sd=0.2))
+
+
+GRAD_NAMES = ("dx", "d ln_scale", "d ln_bias", "dw1", "db1", "dw2", "db2")
+
+
+@pytest.mark.parametrize("shape, kwargs", [
+    # N = 200 rows: the last of 4 row blocks is partly out of range; 2 hidden chunks.
+    ((200, 32), {"block_rows": 64}),
+    # Leading dims; the weight-gradient kernel with 13 row blocks in 3 groups of 5 (the last
+    # group runs past the end of the rows) and 4 hidden chunks.
+    ((2, 50, 64), {"block_rows": 32, "weights_block_rows": 16, "row_groups": 3}),
+])
+def test_mlp_kernel(shape, kwargs):
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.normal(size=shape) * 2 + 0.5, jnp.float32)
+    params = mlp_params(shape[-1])
+    y, vjp = jax.vjp(lambda *a: fused_mlp.mlp_residual(*a, interpret=True, **kwargs), x, *params)
+    ref_y, ref_vjp = jax.vjp(fused_mlp.reference, x, *params)
+    assert y.shape == x.shape and y.dtype == x.dtype
+    assert_near(y, ref_y, what="y")
+    dy = jnp.asarray(rng.normal(size=shape), jnp.float32)
+    grads, ref_grads = vjp(dy), ref_vjp(dy)
+    for g, r, name in zip(grads, ref_grads, GRAD_NAMES):
+        assert g.shape == r.shape and g.dtype == jnp.float32, name
+        assert_near(g, r, what=name)
+
+
+class _FlaxMLP(nn.Module):
+    """The MLP half of transformer.Block, as flax computes it."""
+    hidden: int
+    dtype: object
+
+    @nn.compact
+    def __call__(self, x):
+        h = nn.LayerNorm(dtype=self.dtype, param_dtype=jnp.float32)(x)
+        h = nn.gelu(nn.Dense(self.hidden, dtype=self.dtype, param_dtype=jnp.float32)(h))
+        return x + nn.Dense(x.shape[-1], dtype=self.dtype, param_dtype=jnp.float32)(h)
+
+
+def _flax_params(ln_scale, ln_bias, w1, b1, w2, b2):
+    return {"params": {"LayerNorm_0": {"scale": ln_scale, "bias": ln_bias},
+                       "Dense_0": {"kernel": w1, "bias": b1}, "Dense_1": {"kernel": w2, "bias": b2}}}
+
+
+def test_mlp_reference_is_the_flax_modules():
+    rng = np.random.default_rng(2)
+    x = jnp.asarray(rng.normal(size=(2, 7, 32)), jnp.float32)
+    params = mlp_params(32, seed=3)
+    flax_y = _FlaxMLP(128, jnp.float32).apply(_flax_params(*params), x)
+    assert_near(fused_mlp.reference(x, *params), flax_y, what="reference vs flax")
+    assert_near(fused_mlp.mlp_residual(x, *params, block_rows=16, interpret=True), flax_y,
+                 what="kernel vs flax")
+
+
+def test_mlp_kernel_bf16():
+    """bf16 activations, fp32 params: y and dx bf16, parameter gradients fp32, all within bf16
+    rounding (relative 2e-2) of the fp32 computation on the same (bf16-valued) inputs."""
+    rng = np.random.default_rng(4)
+    x = jnp.asarray(rng.normal(size=(100, 64)), jnp.bfloat16)
+    params = mlp_params(64, seed=5)
+    y, vjp = jax.vjp(lambda *a: fused_mlp.mlp_residual(*a, block_rows=32, interpret=True), x, *params)
+    assert y.dtype == jnp.bfloat16
+    ref_y, ref_vjp = jax.vjp(fused_mlp.reference, x.astype(jnp.float32), *params)
+    # The MLP branch y - x (the residual alone would make any branch look right).
+    assert_near(y.astype(jnp.float32) - x.astype(jnp.float32), ref_y - x.astype(jnp.float32),
+                 rtol=2e-2, what="y - x")
+    dy = jnp.asarray(rng.normal(size=x.shape), jnp.bfloat16)
+    grads, ref_grads = vjp(dy), ref_vjp(dy.astype(jnp.float32))
+    assert grads[0].dtype == jnp.bfloat16 and all(g.dtype == jnp.float32 for g in grads[1:])
+    assert_near(grads[0].astype(jnp.float32) - dy.astype(jnp.float32),
+                 ref_grads[0] - dy.astype(jnp.float32), rtol=2e-2, what="dx - dy")
+    for g, r, name in zip(grads[1:], ref_grads[1:], GRAD_NAMES[1:]):
+        assert_near(g, r, rtol=2e-2, what=name)
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. Unsupported shapes fail loudly.
+
+
+def test_attention_rejects_unsupported_shapes():
+    def call(n, dh):
+        qkv = jnp.zeros((1, n, 3, 2, dh), jnp.float32)
+        cos, sin = rope_tables(jnp.arange(n), dh, jnp.float32)
+        # Shapes only: the check runs while tracing, no kernel is executed.
+        return jax.eval_shape(lambda q: fused_attention.attend(q, cos, sin, None, None, 8,
+                                                               interpret=True), qkv)
+
+    with pytest.raises(ValueError, match="length 129"):
+        call(129, 32)
+    with pytest.raises(ValueError, match="head dim 16"):
+        call(16, 16)
+    with pytest.raises(ValueError, match="head dim 48"):
+        call(16, 48)
+    assert call(128, 32).shape == (1, 128, 2, 32)  # the limits themselves are accepted
+    assert call(16, 128).shape == (1, 16, 2, 128)
+
+
+def test_fused_model_rejects_head_dim_16():
+    model = TransformerActorCritic(num_actions=A, obs_ndim=1, d_model=32, n_layers=1, n_heads=2,
+                                   context_len=4, attn_implementation="pallas")
+    xs = jax.tree.map(lambda x: x[:, :8], make_inputs())
+    with pytest.raises(ValueError, match="head dim 16"):
+        jax.eval_shape(model.init, jax.random.key(0), None, *xs)
+
+
+def test_fused_model_rejects_unsupported_mlp_width():
+    with pytest.raises(ValueError, match="d_model"):
+        model = TransformerActorCritic(num_actions=A, obs_ndim=1, d_model=96, n_layers=1, n_heads=3,
+                                       context_len=4, mlp_implementation="pallas")
+        jax.eval_shape(model.init, jax.random.key(0), None, *jax.tree.map(lambda x: x[:, :4], make_inputs()))
+
+
+def test_mlp_rejects_unsupported_shapes():
+    x = jnp.zeros((10, 48), jnp.float32)
+    with pytest.raises(ValueError, match="d_model must be a power of 2"):
+        fused_mlp.mlp_residual(x, *mlp_params(48), interpret=True)
+    x = jnp.zeros((10, 32), jnp.float32)
+    with pytest.raises(ValueError, match="hidden must be a power of 2"):
+        fused_mlp.mlp_residual(x, *mlp_params(32, hidden=96), interpret=True)
+    with pytest.raises(ValueError, match="block_rows must be a power of 2"):
+        fused_mlp.mlp_residual(x, *mlp_params(32), block_rows=48, interpret=True)
+    with pytest.raises(ValueError, match="w1 has shape"):
+        ln_scale, ln_bias, w1, b1, w2, b2 = mlp_params(32)
+        fused_mlp.mlp_residual(x, ln_scale, ln_bias, w1[:16], b1, w2, b2, interpret=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. The other paths of a model built with the kernels: acting (`step`, whose MLP half-blocks run
+# the fused MLP on one token per environment) and the learner with a prefix cache. The module
+# docstring: "with a prefix cache and in `step` attention stays with XLA".
+
+
+def test_fused_model_step_and_cache_paths_equal_xla():
+    xs = make_inputs()
+    split = 8
+
+    def run(model, params):
+        def body(cache, x):
+            logits, value, cache = model.apply(params, cache, *x, method=model.step)
+            return cache, (logits, value)
+
+        steps = jax.tree.map(lambda x: x[:, :split].swapaxes(0, 1), xs)
+        cache, (logits, values) = jax.lax.scan(body, model.init_cache(B), steps)
+        more = model.apply(params, cache, *jax.tree.map(lambda x: x[:, split:], xs))
+        return logits.swapaxes(0, 1), values.swapaxes(0, 1), more
+
+    ref_model, fused_model = make_model(False, fused=False), make_model(False, fused=True)
+    params = random_transformer_params(ref_model, OBS)
+    ref = jax.jit(run, static_argnums=0)(ref_model, params)
+    got = jax.jit(run, static_argnums=0)(fused_model, params)
+    assert_near(got[0], ref[0], what="step logits")
+    assert_near(got[1], ref[1], what="step values")
+    assert_near(got[2][0], ref[2][0], what="logits after a prefix cache")
+    assert_near(got[2][1], ref[2][1], what="values after a prefix cache")
