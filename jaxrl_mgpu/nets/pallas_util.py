@@ -15,3 +15,9 @@ def index(i: int):
     """An integer index into a ref, as a traced scalar: the interpreter (CPU tests) rejects a
     Python int there."""
     return jnp.int32(i)
+
+
+def interpret() -> bool:
+    """Whether to run the kernels through the Pallas interpreter: everywhere but on GPUs, where
+    they compile to Triton (the interpreter is how the CPU tests run them)."""
+    return jax.default_backend() != "gpu"

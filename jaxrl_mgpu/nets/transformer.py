@@ -94,7 +94,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_mgpu.nets import fused_attention, fused_mlp
+from jaxrl_mgpu.nets import fused_attention, fused_mlp, pallas_util
 from jaxrl_mgpu.nets.mlp import Torso
 
 ROPE_PERIOD = 2 ** 16  # RoPE phases are exact integers modulo this many steps
@@ -180,7 +180,7 @@ class Block(nn.Module):
             ln, fc, fc_out = (m.variables["params"] for m in (self.ln2, self.fc, self.fc_out))
             return fused_mlp.mlp_residual(x, ln["scale"], ln["bias"], fc["kernel"], fc["bias"],
                                           fc_out["kernel"], fc_out["bias"],
-                                          interpret=jax.default_backend() != "gpu")
+                                          interpret=pallas_util.interpret())
         return x + self.fc_out(nn.gelu(self.fc(self.ln2(x))))
 
 
@@ -292,7 +292,7 @@ class TransformerActorCritic(nn.Module):
                 qkv = block.project(x)
                 cos, sin = rope_tables(i, qkv.shape[-1], qkv.dtype)
                 attn = fused_attention.attend(qkv, cos, sin, None if across else seg, valid, C,
-                                              interpret=jax.default_backend() != "gpu")
+                                              interpret=pallas_util.interpret())
                 ks.append(rope(qkv[:, :, 1], pos))  # for the returned cache only (else dead code)
                 vs.append(qkv[:, :, 2])
                 x = block.finish(x, attn)
