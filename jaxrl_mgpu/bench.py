@@ -198,6 +198,11 @@ def table(rows: list[dict]) -> str:
 
 
 def main_transformer(args, base) -> int:
+    # The step is the cache-free learner path (as AD's), where our kernels apply: check their
+    # shapes the way training does, before any compile.
+    for attention, mlp in itertools.product(args.attention, args.mlp):
+        config_lib.check_kernels(dataclasses.replace(base, algo="ad", n_transit=base.context_len, precision="bf16",
+                                                     attention=attention, mlp=mlp))
     rows = []
     ceiling = matmul_ceiling()
     for precision in args.precisions:

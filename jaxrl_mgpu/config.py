@@ -327,9 +327,9 @@ def check_kernels(cfg: Config) -> None:
             raise ConfigError("--attention pallas fuses the cache-free learner of --algo ad; PPO and DQN "
                               "learners attend over a key/value prefix: use --attention xla or cudnn")
         if not fused_attention.supported(cfg.n_transit, cfg.d_model // cfg.n_heads):
-            raise ConfigError(f"--attention pallas needs --n-transit <= {fused_attention.MAX_LEN} and a head "
-                              f"size (--d-model / --n-heads) that is a multiple of 32 up to 128, got "
-                              f"{cfg.n_transit} and {cfg.d_model // cfg.n_heads}")
+            raise ConfigError(f"--attention pallas takes windows of at most {fused_attention.MAX_LEN} tokens and a "
+                              f"head size (--d-model / --n-heads) that is a multiple of 32 up to 128; got "
+                              f"{cfg.n_transit} tokens and head size {cfg.d_model // cfg.n_heads}")
 
 
 # Options that shape the training state: a checkpoint only resumes under the same values.

@@ -26,6 +26,12 @@ def run_main(capsys, *argv):
     (["--parallel", "threads"], ["--parallel", "shard_map"]),
     (["--lr", "fast"], ["lr", "float"]),
     (["--no-such-flag", "1"], ["--no-such-flag"]),
+    (["--policy", "transformer", "--mlp", "pallas"], ["--mlp pallas", "--precision bf16"]),
+    (["--policy", "transformer", "--mlp", "pallas", "--precision", "bf16", "--d-model", "96", "--n-heads", "4"],
+     ["--mlp pallas", "96"]),
+    (["--policy", "transformer", "--attention", "pallas", "--precision", "bf16"], ["--attention pallas", "--algo ad"]),
+    (["--algo", "ad", "--attention", "pallas", "--precision", "bf16", "--n-transit", "160"],
+     ["--attention pallas", "160 tokens"]),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, argv, names):
     run_dir = tmp_path / "run"
