@@ -121,18 +121,16 @@ def matmul_ceiling(n: int = 8192, repeats: int = 10) -> float:
     return 2 * n ** 3 / statistics.median(times) / 1e12
 
 
-def measure_transformer_step(cfg, batch: int, repeats: int, attention: str, mlp: str = "xla",
-                             profile: str | None = None) -> dict:
-    """One PPO-shaped training step of the transformer policy on full context windows."""
+def measure_transformer_step(cfg, batch: int, repeats: int, profile: str | None = None) -> dict:
+    """One PPO-shaped training step of the transformer policy on full context windows, with the
+    kernels of cfg.attention and cfg.mlp."""
     import optax
-    from jaxrl_mgpu.nets import compute_dtype
+    from jaxrl_mgpu.nets import compute_dtype, kernels
     from jaxrl_mgpu.nets.transformer import TransformerActorCritic
     L, A, obs_dim = cfg.context_len, 8, 16
     net = TransformerActorCritic(num_actions=A, obs_ndim=1, d_model=cfg.d_model, n_layers=cfg.n_layers,
                                  n_heads=cfg.n_heads, context_len=L, context_across_episodes=True,
-                                 dtype=compute_dtype(cfg.precision),
-                                 attn_implementation=None if attention == "xla" else attention,
-                                 mlp_implementation=None if mlp == "xla" else mlp)
+                                 dtype=compute_dtype(cfg.precision), **kernels(cfg))
     keys = jax.random.split(jax.random.PRNGKey(0), 4)
     obs = jax.random.normal(keys[0], (batch, L, obs_dim))
     actions = jax.random.randint(keys[1], (batch, L), 0, A)
@@ -154,7 +152,7 @@ def measure_transformer_step(cfg, batch: int, repeats: int, attention: str, mlp:
     run = jax.jit(step, donate_argnums=0)
     times, _ = time_calls(run, (params, tx.init(params)), repeats,
                           trace_dir(profile, f"transformer-d{cfg.d_model}-L{cfg.n_layers}-b{batch}-{cfg.precision}-"
-                                             f"{attention}-mlp-{mlp}"))
+                                             f"{cfg.attention}-mlp-{cfg.mlp}"))
     matmul_params = sum(x.size for path, x in jax.tree_util.tree_leaves_with_path(params)
                         if "kernel" in jax.tree_util.keystr(path))
     tokens = batch * L
@@ -162,7 +160,7 @@ def measure_transformer_step(cfg, batch: int, repeats: int, attention: str, mlp:
     # d_model x L for attention scores and values (not halved for causality).
     flops = tokens * (6 * matmul_params + 12 * cfg.n_layers * cfg.d_model * L)
     median = statistics.median(times)
-    return {"impl": "transformer_step", "precision": cfg.precision, "attention": attention, "mlp": mlp,
+    return {"impl": "transformer_step", "precision": cfg.precision, "attention": cfg.attention, "mlp": cfg.mlp,
             "device_kind": jax.devices()[0].device_kind, "d_model": cfg.d_model, "n_layers": cfg.n_layers,
             "n_heads": cfg.n_heads, "context_len": L, "batch": batch, "params": matmul_params,
             "tokens_per_s": tokens / median, "tflops": flops / median / 1e12, "step_ms": 1e3 * median,
@@ -198,22 +196,21 @@ def table(rows: list[dict]) -> str:
 
 
 def main_transformer(args, base) -> int:
-    # The step is the cache-free learner path (as AD's), where our kernels apply: check their
-    # shapes the way training does, before any compile.
-    for attention, mlp in itertools.product(args.attention, args.mlp):
-        config_lib.check_kernels(dataclasses.replace(base, algo="ad", n_transit=base.context_len, precision="bf16",
-                                                     attention=attention, mlp=mlp))
+    cfgs = [dataclasses.replace(base, precision=precision, attention=attention, mlp=mlp)
+            for precision, attention, mlp in itertools.product(args.precisions, args.attention, args.mlp)
+            # the fused kernels (cuDNN's, ours) are for bf16/fp16
+            if precision != "fp32" or (attention, mlp) == ("xla", "xla")]
+    for cfg in cfgs:
+        # The step is the cache-free learner path (as AD's): check the kernels' shapes the way
+        # training does, before any compile.
+        config_lib.check_kernels(dataclasses.replace(cfg, algo="ad", n_transit=cfg.context_len))
     rows = []
     ceiling = matmul_ceiling()
-    for precision in args.precisions:
-        for attention, mlp in itertools.product(args.attention, args.mlp):
-            if precision == "fp32" and (attention, mlp) != ("xla", "xla"):
-                continue  # the fused kernels (cuDNN's, ours) are for bf16/fp16
-            cfg = dataclasses.replace(base, precision=precision)
-            row = measure_transformer_step(cfg, args.batch, args.repeats, attention, mlp, args.profile)
-            row["mfu"], row["matmul_ceiling_tflops"] = row["tflops"] / ceiling, ceiling
-            rows.append(row)
-            emit(row, args.out)
+    for cfg in cfgs:
+        row = measure_transformer_step(cfg, args.batch, args.repeats, args.profile)
+        row["mfu"], row["matmul_ceiling_tflops"] = row["tflops"] / ceiling, ceiling
+        rows.append(row)
+        emit(row, args.out)
     print(transformer_table(rows, ceiling))
     return 0
 
