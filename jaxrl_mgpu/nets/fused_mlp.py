@@ -6,9 +6,9 @@ LayerNorm, Dense(D -> H), GELU, Dense(H -> D), residual add, and materialises th
 intermediates (335 MB each in bf16) in HBM: the pre-activation and the activation in the
 forward pass, and again the activation, its gradient and the pre-activation gradient in the
 backward pass. With K = D = 128 the matmuls are cheap and those round trips dominate the step.
-Here the H-wide intermediates never leave the chip; HBM sees only x, y, dy and dx ([N, D]), the
-weights and small fp32 partial sums. The backward pass pays for that with recomputation (the
-first matmul twice, the LayerNorm once per hidden chunk in kernel 3).
+Here the H-wide intermediates never leave the chip; HBM sees only x, LN(x), y, dy and dx ([N, D]),
+the weights and small fp32 partial sums. The backward pass pays for that with recomputation (the
+first matmul twice).
 
 Seen on one H100 (jax 0.11.2, bf16, N = 327,680, D = 128, defaults), against XLA running the
 flax modules: forward 0.47 ms vs 0.87-1.01 ms; y plus all gradients (jax.vjp) 2.08-2.16 ms vs
@@ -31,15 +31,16 @@ runs the same bodies through XLA, which is how the CPU tests run them):
 
 1. forward, one program per block of `block_rows` rows: LN in fp32, then for each of the
    H / block_hidden hidden chunks h = xn @ w1[:, c] + b1[c], a = gelu(h), acc += a @ w2[c, :];
-   writes y = x + acc + b2 and nothing else (the backward pass recomputes from the inputs,
-   which is cheaper than storing anything H-wide).
+   writes y = x + acc + b2 and, when differentiated, xn = LN(x) in the compute dtype (kernel 3
+   would otherwise redo the LayerNorm once per hidden chunk; nothing H-wide is stored: the
+   backward pass recomputes it, which is cheaper).
 2. backward over rows, one program per row block: recomputes xn and per chunk h; da = dy @
    w2[c, :]^T, dh = da * gelu'(h), dxn += dh @ w1[:, c]^T; then the LayerNorm backward gives
    dx = dy + LN'(dxn). It also writes per-program partial sums of d ln_scale, d ln_bias and db2
    ([programs, D] fp32) that the wrapper adds up (deterministic, no atomics).
 3. backward over weights, grid (row groups, hidden chunks): a program owns one hidden chunk c
-   and loops over the blocks of `weights_block_rows` rows of its group, recomputing xn, h, a,
-   da and dh, and accumulates in fp32 registers dw1[:, c] += xn^T @ dh, dw2[c, :] += a^T @ dy,
+   and loops over the blocks of `weights_block_rows` rows of its group, reading xn and
+   recomputing h, a, da and dh, and accumulates in fp32 registers dw1[:, c] += xn^T @ dh, dw2[c, :] += a^T @ dy,
    db1[c] += sum(dh). Partials [groups, ...] are summed by the wrapper. db1 lives here rather
    than in kernel 2 because its partials are then [groups, H] instead of [row blocks, H]
    (10 MB at the sizes above).
@@ -62,9 +63,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxrl_mgpu.nets.pallas_util import dot
+from jaxrl_mgpu.nets.pallas_util import LN_EPSILON, dot, layer_norm_backward, standardize
 
-LN_EPSILON = 1e-6  # flax nn.LayerNorm's default
 GELU_C = math.sqrt(2.0 / math.pi)  # gelu(h) = h * (1 + tanh(GELU_C * (h + GELU_A * h^3))) / 2
 GELU_A = 0.044715
 
@@ -88,18 +88,6 @@ class _Config(NamedTuple):
 def _row_mask(first_row, block_rows, n_rows):
     """[block_rows, 1] bool: which rows of the block starting at `first_row` exist."""
     return (first_row + jnp.arange(block_rows) < n_rows)[:, None]
-
-
-def _standardize(x):
-    """LayerNorm without scale and bias, as flax computes it: x [R, D] fp32 -> (xhat, rstd [R, 1]).
-
-    flax takes the variance as E[x^2] - E[x]^2 clipped at 0 (its `use_fast_variance`); a
-    zero row (masked) gives xhat = 0 and a finite rstd."""
-    inv_d = 1.0 / x.shape[1]
-    mean = jnp.sum(x, axis=1)[:, None] * inv_d
-    mean_sq = jnp.sum(x * x, axis=1)[:, None] * inv_d
-    rstd = jax.lax.rsqrt(jnp.maximum(mean_sq - mean * mean, 0.0) + LN_EPSILON)
-    return (x - mean) * rstd, rstd
 
 
 def _tanh_approx(u):
@@ -147,13 +135,15 @@ def _chunk(c, block_hidden):
 # ------------------------------------------------------------------------------------------
 # Kernel 1: forward.
 
-def _forward_kernel(x_ref, scale_ref, bias_ref, w1_ref, b1_ref, w2_ref, b2_ref, y_ref, *,
+def _forward_kernel(x_ref, scale_ref, bias_ref, w1_ref, b1_ref, w2_ref, b2_ref, y_ref, *xn_ref,
                     n_rows, block_hidden, fast_gelu):
     block_rows, d_model = x_ref.shape
     cd = w1_ref.dtype  # the compute dtype: the wrapper cast the weights to it
     rows = _row_mask(pl.program_id(0) * block_rows, block_rows, n_rows)
-    xhat, _ = _standardize(_load_rows(x_ref, rows))
+    xhat, _ = standardize(_load_rows(x_ref, rows))
     xn = (xhat * scale_ref[...][None, :] + bias_ref[...][None, :]).astype(cd)
+    if xn_ref:  # for the weight-gradient kernel, which would otherwise redo it per hidden chunk
+        plgpu.store(xn_ref[0], xn, mask=rows)
 
     def add_chunk(c, acc):
         chunk = _chunk(c, block_hidden)
@@ -179,7 +169,9 @@ def _backward_rows_kernel(x_ref, scale_ref, bias_ref, w1_ref, b1_ref, w2_ref, dy
     cd = w1_ref.dtype
     rows = _row_mask(pl.program_id(0) * block_rows, block_rows, n_rows)
     scale = scale_ref[...][None, :]
-    xhat, _ = _standardize(_load_rows(x_ref, rows))
+    # LN recomputed rather than read from the saved xn: x is read anyway, an extra 2 N D bytes
+    # cost more than the arithmetic (seen on an H100).
+    xhat, _ = standardize(_load_rows(x_ref, rows))
     xn = (xhat * scale + bias_ref[...][None, :]).astype(cd)
     dy = _load_rows(dy_ref, rows, cd)  # zero on masked rows, so they add nothing below
 
@@ -193,15 +185,10 @@ def _backward_rows_kernel(x_ref, scale_ref, bias_ref, w1_ref, b1_ref, w2_ref, dy
 
     dxn = jax.lax.fori_loop(0, w1_ref.shape[1] // block_hidden, add_chunk,
                             jnp.zeros((block_rows, d_model), jnp.float32))
-    # LayerNorm backward. Standardised again instead of keeping xhat live across the loop.
-    # With g = dxn * scale: dx = rstd * (g - mean(g) - xhat * mean(g * xhat)).
-    xhat, rstd = _standardize(_load_rows(x_ref, rows))
-    g = dxn * scale
-    inv_d = 1.0 / d_model
-    g_mean = jnp.sum(g, axis=1)[:, None] * inv_d
-    gx_mean = jnp.sum(g * xhat, axis=1)[:, None] * inv_d
+    # LayerNorm backward (standardised here rather than before the loop: fewer live registers).
+    xhat, rstd = standardize(_load_rows(x_ref, rows))
     dy32 = dy.astype(jnp.float32)
-    dx = dy32 + rstd * (g - g_mean - xhat * gx_mean)
+    dx = dy32 + layer_norm_backward(dxn, xhat, rstd, scale)
     plgpu.store(dx_ref, dx.astype(dx_ref.dtype), mask=rows)
     dscale_ref[...] = jnp.sum(dxn * xhat, axis=0)
     dbias_ref[...] = jnp.sum(dxn, axis=0)
@@ -211,15 +198,12 @@ def _backward_rows_kernel(x_ref, scale_ref, bias_ref, w1_ref, b1_ref, w2_ref, dy
 # ------------------------------------------------------------------------------------------
 # Kernel 3: backward over weights (dw1, db1, dw2 for one hidden chunk and one row group).
 
-def _backward_weights_kernel(x_ref, scale_ref, bias_ref, w1_ref, b1_ref, w2_ref, dy_ref,
-                             dw1_ref, db1_ref, dw2_ref, *, n_rows, block_rows,
-                             blocks_per_group, fast_gelu):
-    # x_ref, dy_ref: the whole [N, D] arrays; w1_ref [D, BH], b1_ref [BH], w2_ref [BH, D]: this
-    # program's hidden chunk.
+def _backward_weights_kernel(xn_ref, w1_ref, b1_ref, w2_ref, dy_ref, dw1_ref, db1_ref, dw2_ref, *,
+                             n_rows, block_rows, blocks_per_group, fast_gelu):
+    # xn_ref (LN(x), which the forward kernel saved), dy_ref: the whole [N, D] arrays; w1_ref
+    # [D, BH], b1_ref [BH], w2_ref [BH, D]: this program's hidden chunk.
     d_model, block_hidden = w1_ref.shape
     cd = w1_ref.dtype
-    scale = scale_ref[...][None, :]
-    bias = bias_ref[...][None, :]
     w1_chunk = w1_ref[...]
     b1_chunk = b1_ref[...].astype(jnp.float32)[None, :]
     w2_chunk = w2_ref[...]
@@ -230,8 +214,7 @@ def _backward_weights_kernel(x_ref, scale_ref, bias_ref, w1_ref, b1_ref, w2_ref,
         first_row = (first_block + i) * block_rows
         rows = _row_mask(first_row, block_rows, n_rows)
         block = pl.ds(first_row, block_rows)
-        xhat, _ = _standardize(_load_rows(x_ref.at[block, :], rows))
-        xn = (xhat * scale + bias).astype(cd)
+        xn = _load_rows(xn_ref.at[block, :], rows, cd)
         h = dot(xn, w1_chunk) + b1_chunk
         cdf = _gelu_cdf(h, fast_gelu)
         a = (h * cdf).astype(cd)
@@ -268,7 +251,8 @@ def _in_compute_dtype(cd, *dense_params):
     return tuple(p.astype(cd) for p in dense_params)
 
 
-def _forward(cfg: _Config, x, ln_scale, ln_bias, w1, b1, w2, b2):
+def _forward(cfg: _Config, x, ln_scale, ln_bias, w1, b1, w2, b2, save_xn=False):
+    """y, and with save_xn also LN(x) in the compute dtype (for kernel 3)."""
     n_rows, d_model = x.shape
     hidden = w1.shape[1]
     br = cfg.block_rows
@@ -280,7 +264,8 @@ def _forward(cfg: _Config, x, ln_scale, ln_bias, w1, b1, w2, b2):
         kernel, grid=(pl.cdiv(n_rows, br),),
         in_specs=[row_block, _whole((d_model,)), _whole((d_model,)), _whole((d_model, hidden)),
                   _whole((hidden,)), _whole((hidden, d_model)), _whole((d_model,))],
-        out_specs=row_block, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        out_specs=[row_block] * (1 + save_xn),
+        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype)] * (1 + save_xn),
         compiler_params=_compiler_params(cfg, cfg.num_warps), interpret=cfg.interpret,
         name="mlp_residual_forward")(x, ln_scale, ln_bias, w1, b1, w2, b2)
 
@@ -315,9 +300,9 @@ def _group_layout(n_rows, block_rows, row_groups):
     return pl.cdiv(n_blocks, blocks_per_group), blocks_per_group
 
 
-def _backward_weights(cfg: _Config, x, ln_scale, ln_bias, w1, b1, w2, dy):
-    """dw1, db1, dw2 (kernel 3)."""
-    n_rows, d_model = x.shape
+def _backward_weights(cfg: _Config, xn, w1, b1, w2, dy):
+    """dw1, db1, dw2 (kernel 3) from xn = LN(x)."""
+    n_rows, d_model = xn.shape
     hidden = w1.shape[1]
     bh = cfg.block_hidden
     groups, blocks_per_group = _group_layout(n_rows, cfg.weights_block_rows, cfg.row_groups)
@@ -326,11 +311,11 @@ def _backward_weights(cfg: _Config, x, ln_scale, ln_bias, w1, b1, w2, dy):
                                blocks_per_group=blocks_per_group, fast_gelu=cfg.fast_gelu)
     dw1, db1, dw2 = pl.pallas_call(
         kernel, grid=(groups, hidden // bh),
-        in_specs=[_whole(x.shape), _whole((d_model,)), _whole((d_model,)),
+        in_specs=[_whole(xn.shape),
                   pl.BlockSpec((d_model, bh), lambda g, c: (0, c)),
                   pl.BlockSpec((bh,), lambda g, c: (c,)),
                   pl.BlockSpec((bh, d_model), lambda g, c: (c, 0)),
-                  _whole(x.shape)],
+                  _whole(xn.shape)],
         out_specs=[pl.BlockSpec((None, d_model, bh), lambda g, c: (g, 0, c)),
                    pl.BlockSpec((None, bh), lambda g, c: (g, c)),
                    pl.BlockSpec((None, bh, d_model), lambda g, c: (g, c, 0))],
@@ -338,28 +323,27 @@ def _backward_weights(cfg: _Config, x, ln_scale, ln_bias, w1, b1, w2, dy):
                    jax.ShapeDtypeStruct((groups, hidden), jnp.float32),
                    jax.ShapeDtypeStruct((groups, hidden, d_model), jnp.float32)],
         compiler_params=_compiler_params(cfg, cfg.weights_num_warps), interpret=cfg.interpret,
-        name="mlp_residual_backward_weights")(x, ln_scale, ln_bias, w1, b1, w2, dy)
+        name="mlp_residual_backward_weights")(xn, w1, b1, w2, dy)
     return dw1.sum(0), db1.sum(0), dw2.sum(0)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _mlp_residual(cfg: _Config, x, ln_scale, ln_bias, w1, b1, w2, b2):
-    return _forward(cfg, x, ln_scale, ln_bias, w1, b1, w2, b2)
+    return _forward(cfg, x, ln_scale, ln_bias, w1, b1, w2, b2)[0]
 
 
 def _mlp_residual_fwd(cfg, x, ln_scale, ln_bias, w1, b1, w2, b2):
-    # Residuals are the inputs: the backward kernels recompute everything H-wide.
-    y = _forward(cfg, x, ln_scale, ln_bias, w1, b1, w2, b2)
-    return y, (x, ln_scale, ln_bias, w1, b1, w2)
+    # Residuals are the inputs and LN(x): the backward kernels recompute everything H-wide.
+    y, xn = _forward(cfg, x, ln_scale, ln_bias, w1, b1, w2, b2, save_xn=True)
+    return y, (x, xn, ln_scale, ln_bias, w1, b1, w2)
 
 
 def _mlp_residual_bwd(cfg, residuals, dy):
-    x, ln_scale, ln_bias, w1, b1, w2 = residuals
+    x, xn, ln_scale, ln_bias, w1, b1, w2 = residuals
     w1_cd, b1_cd, w2_cd = _in_compute_dtype(x.dtype, w1, b1, w2)
     dy = dy.astype(x.dtype)
-    args = (cfg, x, ln_scale, ln_bias, w1_cd, b1_cd, w2_cd, dy)
-    dx, dscale, dbias, db2 = _backward_rows(*args)
-    dw1, db1, dw2 = _backward_weights(*args)
+    dx, dscale, dbias, db2 = _backward_rows(cfg, x, ln_scale, ln_bias, w1_cd, b1_cd, w2_cd, dy)
+    dw1, db1, dw2 = _backward_weights(cfg, xn, w1_cd, b1_cd, w2_cd, dy)
     return dx, dscale, dbias, dw1, db1, dw2, db2
 
 

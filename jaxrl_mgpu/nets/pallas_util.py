@@ -21,3 +21,28 @@ def interpret() -> bool:
     """Whether to run the kernels through the Pallas interpreter: everywhere but on GPUs, where
     they compile to Triton (the interpreter is how the CPU tests run them)."""
     return jax.default_backend() != "gpu"
+
+
+LN_EPSILON = 1e-6  # flax nn.LayerNorm's default
+
+
+def standardize(x):
+    """LayerNorm without scale and bias, as flax computes it: x [R, D] fp32 -> (xhat, rstd [R, 1]).
+
+    flax takes the variance as E[x^2] - E[x]^2 clipped at 0 (its `use_fast_variance`); a
+    zero row (masked) gives xhat = 0 and a finite rstd."""
+    inv_d = 1.0 / x.shape[1]
+    mean = jnp.sum(x, axis=1)[:, None] * inv_d
+    mean_sq = jnp.sum(x * x, axis=1)[:, None] * inv_d
+    rstd = jax.lax.rsqrt(jnp.maximum(mean_sq - mean * mean, 0.0) + LN_EPSILON)
+    return (x - mean) * rstd, rstd
+
+
+def layer_norm_backward(dxn, xhat, rstd, scale):
+    """Gradient wrt x [R, D] of xn = xhat * scale + bias, given dxn (fp32): with g = dxn * scale,
+    dx = rstd * (g - mean(g) - xhat * mean(g * xhat))."""
+    g = dxn * scale
+    inv_d = 1.0 / g.shape[1]
+    g_mean = jnp.sum(g, axis=1)[:, None] * inv_d
+    gx_mean = jnp.sum(g * xhat, axis=1)[:, None] * inv_d
+    return rstd * (g - g_mean - xhat * gx_mean)
