@@ -326,10 +326,11 @@ def check_kernels(cfg: Config) -> None:
         if cfg.algo != "ad":
             raise ConfigError("--attention pallas fuses the cache-free learner of --algo ad; PPO and DQN "
                               "learners attend over a key/value prefix: use --attention xla or cudnn")
-        if not fused_attention.supported(cfg.n_transit, cfg.d_model // cfg.n_heads):
-            raise ConfigError(f"--attention pallas takes windows of at most {fused_attention.MAX_LEN} tokens and a "
-                              f"head size (--d-model / --n-heads) that is a multiple of 32 up to 128; got "
-                              f"{cfg.n_transit} tokens and head size {cfg.d_model // cfg.n_heads}")
+        if not fused_attention.supported(cfg.n_transit, cfg.d_model // cfg.n_heads, cfg.d_model):
+            raise ConfigError(f"--attention pallas takes windows of at most {fused_attention.MAX_LEN} tokens, "
+                              f"--d-model a power of 2 from 16 to {fused_attention.MAX_D_MODEL} and a head size "
+                              f"(--d-model / --n-heads) that is a multiple of 32 up to 128; got {cfg.n_transit} "
+                              f"tokens, d_model {cfg.d_model} and head size {cfg.d_model // cfg.n_heads}")
 
 
 # Options that shape the training state: a checkpoint only resumes under the same values.

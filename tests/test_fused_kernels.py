@@ -149,15 +149,26 @@ def attention_reference(qkv, seg, valid, window):
     return jnp.einsum("bhqk,bkhd->bqhd", p, v, precision="highest")
 
 
+def attention_params(d, seed=0):
+    """LayerNorm scale and bias [d], QKV kernel [d, 3d] and bias [3d], float32."""
+    rng = np.random.default_rng(seed)
+    f32 = lambda *s, c=0.0, sd=1.0: jnp.asarray(c + sd * rng.normal(size=s), jnp.float32)
+    return f32(d, c=1.0, sd=0.2), f32(d, sd=0.2), f32(d, 3 * d, sd=1 / np.sqrt(d)), f32(3 * d, sd=0.3)
+
+
 @pytest.mark.parametrize("n, window, masks", [
-    (40, 7, "seg+valid"),   # not a power of 2: one 64-row tile, 24 rows out of range
+    (40, 7, "seg+valid"),   # not a power of 2: blocks of 32 + 16 rows, 8 rows out of range
     (40, 100, "valid"),     # window longer than the sequence: causal only
-    (16, 5, "seg"),         # the smallest tile
+    (16, 5, "seg"),         # the smallest block
     (16, 16, "none"),
+    (80, 80, "none"),       # the Algorithm Distillation window: blocks of 64 + 16 rows
+    (100, 30, "seg"),       # 64 + 32 + 16 rows; the window drops the farthest block pair
 ])
 def test_attention_kernel(n, window, masks):
+    d = H * DH
     rng = np.random.default_rng(n + window)
-    qkv = jnp.asarray(rng.normal(size=(2, n, 3, H, DH)), jnp.float32)
+    x = jnp.asarray(rng.normal(size=(2, n, d)), jnp.float32)
+    params = attention_params(d, seed=n)
     seg = valid = None
     if "seg" in masks:  # episode index, with several boundaries inside a window
         seg = jnp.asarray(np.cumsum(rng.random((2, n)) < 0.2, axis=1), jnp.int32)
@@ -165,31 +176,45 @@ def test_attention_kernel(n, window, masks):
         valid = jnp.asarray(rng.random((2, n)) > 0.3)
     cos, sin = rope_tables(jnp.arange(n), DH, jnp.float32)
 
-    fused = lambda x: fused_attention.attend(x, cos, sin, seg, valid, window, interpret=True)
-    ref = lambda x: attention_reference(x, seg, valid, window)
-    out, vjp = jax.vjp(fused, qkv)
-    ref_out, ref_vjp = jax.vjp(ref, qkv)
+    fused = lambda x, *p: fused_attention.attend(x, *p, cos, sin, seg, valid, window, H, interpret=True)
+    ref = lambda x, *p: (attention_reference(fused_attention.reference(x, *p, H), seg, valid, window), x)
+    (out, x_out), vjp = jax.vjp(fused, x, *params)
+    (ref_out, _), ref_vjp = jax.vjp(ref, x, *params)
     assert out.shape == (2, n, H, DH) and out.dtype == jnp.float32
     assert_near(out, ref_out, what="o")
+    assert (x_out == x).all()  # the residual stream passes through
 
-    do = jnp.asarray(rng.normal(size=out.shape), jnp.float32)
-    (dqkv,), (ref_dqkv,) = vjp(do), ref_vjp(do)
-    assert dqkv.shape == qkv.shape
-    for part, name in enumerate("qkv"):
-        assert_near(dqkv[:, :, part], ref_dqkv[:, :, part], what=f"d{name}")
+    # Cotangents for o and for the x passed through (the residual stream's gradient).
+    cot = (jnp.asarray(rng.normal(size=out.shape), jnp.float32), jnp.asarray(rng.normal(size=x.shape), jnp.float32))
+    for name, got, want in zip(("dx", "d ln_scale", "d ln_bias", "dw", "db"), vjp(cot), ref_vjp(cot)):
+        assert got.shape == want.shape
+        assert_near(got, want, what=name)
 
 
 def test_attention_kernel_under_jit_and_grad():
-    """Through jit and jax.grad (not only jax.vjp), with a non-default warps argument."""
-    n, window = 24, 9
+    """Through jit and jax.grad (not only jax.vjp), with non-default warps and block size."""
+    n, window, d = 24, 9, H * DH
     rng = np.random.default_rng(7)
-    qkv = jnp.asarray(rng.normal(size=(3, n, 3, H, DH)), jnp.float32)
+    x = jnp.asarray(rng.normal(size=(3, n, d)), jnp.float32)
+    params = attention_params(d, seed=3)
     seg = jnp.asarray(np.cumsum(rng.random((3, n)) < 0.15, axis=1), jnp.int32)
     cos, sin = rope_tables(jnp.arange(n), DH, jnp.float32)
     w = jnp.asarray(rng.normal(size=(3, n, H, DH)), jnp.float32)
-    loss = lambda x: jnp.sum(w * fused_attention.attend(x, cos, sin, seg, None, window, (2, 8), True))
-    ref_loss = lambda x: jnp.sum(w * attention_reference(x, seg, None, window))
-    assert_near(jax.jit(jax.grad(loss))(qkv), jax.grad(ref_loss)(qkv), what="dqkv")
+    loss = lambda x, p: jnp.sum(w * fused_attention.attend(x, *p, cos, sin, seg, None, window, H, (2, 8, 2), True, 16)[0])
+    ref_loss = lambda x, p: jnp.sum(w * attention_reference(fused_attention.reference(x, *p, H), seg, None, window))
+    assert_trees_near(jax.jit(jax.grad(loss, argnums=(0, 1)))(x, params),
+                      jax.grad(ref_loss, argnums=(0, 1))(x, params))
+
+
+def test_attention_blocks():
+    """How a sequence is cut into power-of-2 blocks (the kernels' tiling)."""
+    assert fused_attention._blocks(80) == ((0, 64), (64, 16))
+    assert fused_attention._blocks(20) == ((0, 32),)          # rounded up: pads 12 rows
+    assert fused_attention._blocks(100) == ((0, 64), (64, 32), (96, 16))
+    assert fused_attention._blocks(128) == ((0, 64), (64, 64))
+    assert fused_attention._blocks(128, max_block=128) == ((0, 128),)
+    # Key blocks entirely `window` or more steps behind their query block are skipped.
+    assert fused_attention._pairs(fused_attention._blocks(100), 30) == ((0, 0), (1, 0), (1, 1), (2, 1), (2, 2))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -282,21 +307,28 @@ def test_mlp_kernel_bf16():
 
 
 def test_attention_rejects_unsupported_shapes():
-    def call(n, dh):
-        qkv = jnp.zeros((1, n, 3, 2, dh), jnp.float32)
-        cos, sin = rope_tables(jnp.arange(n), dh, jnp.float32)
+    def call(n, d, heads):
+        x = jnp.zeros((1, n, d), jnp.float32)
+        cos, sin = rope_tables(jnp.arange(n), d // heads, jnp.float32)
         # Shapes only: the check runs while tracing, no kernel is executed.
-        return jax.eval_shape(lambda q: fused_attention.attend(q, cos, sin, None, None, 8,
-                                                               interpret=True), qkv)
+        return jax.eval_shape(lambda x: fused_attention.attend(x, *attention_params(d), cos, sin, None, None, 8,
+                                                               heads, interpret=True)[0], x)
 
     with pytest.raises(ValueError, match="length 129"):
-        call(129, 32)
+        call(129, 64, 2)
     with pytest.raises(ValueError, match="head dim 16"):
-        call(16, 16)
+        call(16, 32, 2)
     with pytest.raises(ValueError, match="head dim 48"):
-        call(16, 48)
-    assert call(128, 32).shape == (1, 128, 2, 32)  # the limits themselves are accepted
-    assert call(16, 128).shape == (1, 16, 2, 128)
+        call(16, 96, 2)
+    with pytest.raises(ValueError, match="d_model 256"):
+        call(16, 256, 2)
+    assert call(128, 64, 2).shape == (1, 128, 2, 32)  # the limits themselves are accepted
+    assert call(16, 128, 1).shape == (1, 16, 1, 128)
+    with pytest.raises(ValueError, match="w \\[64, 192\\]"):
+        x = jnp.zeros((1, 16, 64), jnp.float32)
+        ln_scale, ln_bias, w, b = attention_params(64)
+        cos, sin = rope_tables(jnp.arange(16), 32, jnp.float32)
+        fused_attention.attend(x, ln_scale, ln_bias, w[:, :96], b, cos, sin, None, None, 8, 2, interpret=True)
 
 
 def test_fused_model_rejects_head_dim_16():

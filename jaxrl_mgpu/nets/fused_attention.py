@@ -1,23 +1,32 @@
-"""Rotary + causal windowed attention of short sequences in one Pallas (Triton) kernel per pass.
+"""LayerNorm, QKV projection, rotary embedding and causal windowed attention of short sequences:
+the first half of a pre-norm transformer block in one Pallas (Triton) kernel per pass.
 
-In-context RL trains on short windows (Algorithm Distillation: 80 tokens, head dim 32). There
-cuDNN's flash attention, built to stream long sequences through 64 x 64 tiles, runs far below
-the memory traffic its inputs need (H100, B 4096 x 80 tokens x 4 heads of 32, bf16: forward +
-backward 2.3 ms with the RoPE passes it needs in front, this kernel 0.93 ms). A whole sequence
-of up to 128 tokens fits in one tile, so here each program takes one
-(sequence, head): it loads q, k and v once, straight out of the fused QKV projection
-[B, L, 3, H, Dh] (no slicing or transposes in between), rotates q and k (RoPE), computes the full
-score matrix, masks it, takes the softmax in registers and writes o in the [B, L, H, Dh] layout
-the output projection reads. The backward pass recomputes the scores (cheaper than storing
-them) and writes the gradient of the fused projection [B, L, 3, H, Dh] in one go.
+In-context RL trains narrow transformers on short windows (Algorithm Distillation: d_model 128,
+80 tokens, 4 heads of 32). There XLA runs the first half of a block as a LayerNorm (two passes
+over x), the QKV matmul, a separate pass to add its bias, and attention, and cuDNN's flash
+attention, built to stream long sequences through 64 x 64 tiles, runs far below the memory
+traffic its inputs need; the backward pass adds the bias gradient's pass over dqkv and three
+LayerNorm passes. Here one program takes a whole sequence: it loads x once, normalises it, and
+for one head at a time projects q, k and v (matmuls against that head's columns of the
+projection, in registers), rotates q and k (RoPE), computes the masked scores and their softmax,
+and writes o in the [B, L, H, Dh] layout the output projection reads. Nothing H-wide or QKV-wide
+goes through HBM in the forward pass but o, the normalised x (for the weight gradient) and the
+softmax's log-sum-exp. The backward pass recomputes the projection and the probabilities from
+the log-sum-exp, writes dqkv for the weight gradient (one XLA matmul: x_norm^T @ dqkv), and
+turns the per-head gradients into dx through the LayerNorm backward in the same program; the
+biases' and LayerNorm parameters' gradients leave as per-sequence fp32 partial sums.
 
-    attend(qkv, cos, sin, seg, valid, window, warps=WARPS, interpret=False) -> o [B, L, H, Dh]
+    attend(x, ln_scale, ln_bias, w, b, cos, sin, seg, valid, window, n_heads, warps=WARPS,
+           interpret=False, max_block=MAX_BLOCK) -> o [B, L, H, Dh]
 
-seg [B, L] int (episode of each token) and valid [B, L] bool may be None (no such mask).
+x [B, L, D] (compute dtype); ln_scale, ln_bias [D], w [D, 3 D], b [3 D] float32, as flax's
+`nn.LayerNorm(dtype=cd)` and `nn.Dense(3 D, dtype=cd)` hold them (the Dense output read as
+[..., 3, H, Dh]: q, k, v). seg [B, L] int (episode of each token) and valid [B, L] bool may be
+None (no such mask). `cos`/`sin` [L, Dh / 2] are the rotary tables of positions 0..L-1.
 
 Masking, as in `TransformerActorCritic.__call__` with no cache: a query i sees key j when
 j <= i, i - j < window, key j is valid, and both are in the same segment (episode); and always
-itself. `cos`/`sin` [L, Dh / 2] are the rotary tables of positions 0..L-1.
+itself.
 
 Pallas lowers this to Triton on NVIDIA GPUs; elsewhere (CPU tests) `interpret=True` runs the
 same kernel body through XLA.
@@ -33,143 +42,379 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxrl_mgpu.nets.pallas_util import dot, index
+from jaxrl_mgpu.nets.pallas_util import LN_EPSILON, dot, index, layer_norm_backward, standardize
 
-MAX_LEN = 128  # longest sequence: one [T, T] fp32 score tile per program must stay in registers
+MAX_LEN = 128  # longest sequence: its keys' gradients stay in registers across the query blocks
+MAX_D_MODEL = 128  # a program holds the sequence's normalised x and its gradient in registers
 MASKED = -0.7 * float(np.finfo(np.float32).max)
-WARPS = (4, 4)  # warps per program of the forward and backward kernels (tuned on an H100)
+WARPS = (4, 4, 4)  # warps per program of the forward, backward and input-gradient kernels (H100)
+INPUT_ROWS = 64  # rows per program of the input-gradient kernel
+MAX_BLOCK = 64  # rows per query / key block
 
 
-def supported(seq_len: int, head_dim: int) -> bool:
-    return seq_len <= MAX_LEN and head_dim % 32 == 0 and head_dim <= 128
+def supported(seq_len: int, head_dim: int, d_model: int) -> bool:
+    return (seq_len <= MAX_LEN and head_dim % 32 == 0 and head_dim <= 128 and 16 <= d_model <= MAX_D_MODEL
+            and d_model & (d_model - 1) == 0)
 
 
-def _tile(seq_len: int) -> int:
-    """Rows per tile: Triton wants power-of-2 shapes, and a dot at least 16 on a side."""
-    return max(16, pl.next_power_of_2(seq_len))
+def _blocks(seq_len: int, max_block: int = MAX_BLOCK) -> tuple[tuple[int, int], ...]:
+    """Static (start, rows) blocks that cover tokens 0..seq_len-1. Triton wants power-of-2 tiles
+    of at least 16 rows; cutting the sequence into such blocks, largest first, rather than
+    padding it to one power-of-2 tile is what keeps an 80-token window from costing a 128 x 128
+    score matrix: 64 + 16 rows give 64^2 + 16 * 64 + 16^2 = 5,376 scores instead of 16,384, and
+    causality drops every block pair above the diagonal. A tail is rounded up to a power of 2
+    where that pads fewer than 16 rows."""
+    blocks, start = [], 0
+    while start < seq_len:
+        left = seq_len - start
+        up = max(16, pl.next_power_of_2(left))
+        size = up if up - left < 16 and up <= max_block else min(max_block, 1 << (left.bit_length() - 1))
+        blocks.append((start, size))
+        start += size
+    return tuple(blocks)
 
 
-def _load_rotated(ref, part, cos, sin, rows):
-    """Part `part` (0 q, 1 k) of the [T, 3, Dh] block, rotated: two [T, Dh/2] halves, fp32."""
-    half = cos.shape[-1]
-    x1 = plgpu.load(ref.at[:, index(part), :half], mask=rows[:, None], other=0).astype(jnp.float32)
-    x2 = plgpu.load(ref.at[:, index(part), half:], mask=rows[:, None], other=0).astype(jnp.float32)
-    return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+def _tile(seq_len: int, max_block: int = MAX_BLOCK) -> int:
+    """Rows of the block of the [B, L, ...] arrays a program is handed (a power of 2, as Pallas
+    wants): enough for every query block; rows past L are masked."""
+    start, size = _blocks(seq_len, max_block)[-1]
+    return pl.next_power_of_2(start + size)
 
 
-def _probs(qkv_ref, cos_ref, sin_ref, seg_ref, valid_ref, *, seq_len, window, scale, dtype):
-    """Rotated q, k (halves, compute dtype), v, the softmax P [T, T] fp32, and the tables."""
-    tile = cos_ref.shape[0]
-    rows = jnp.arange(tile) < seq_len
-    cos = plgpu.load(cos_ref, mask=rows[:, None], other=0).astype(jnp.float32)
-    sin = plgpu.load(sin_ref, mask=rows[:, None], other=0).astype(jnp.float32)
-    q1, q2 = (x.astype(dtype) for x in _load_rotated(qkv_ref, 0, cos, sin, rows))
-    k1, k2 = (x.astype(dtype) for x in _load_rotated(qkv_ref, 1, cos, sin, rows))
-    v = plgpu.load(qkv_ref.at[:, index(2), :], mask=rows[:, None], other=0)
-    s = (dot(q1, k1, trans_b=True) + dot(q2, k2, trans_b=True)) * scale
-    i = jnp.arange(tile)[:, None]
-    j = jnp.arange(tile)[None, :]
-    allowed = (j <= i) & (i - j < window) & (j < seq_len)
-    if seg_ref is not None:
-        seg = plgpu.load(seg_ref, mask=rows, other=-1)
-        allowed &= seg[:, None] == seg[None, :]
-    if valid_ref is not None:
-        allowed &= plgpu.load(valid_ref, mask=rows, other=0)[None, :] != 0
-    s = jnp.where(allowed | (i == j), s, MASKED)
-    p = jnp.exp(s - jnp.max(s, axis=1, keepdims=True))
-    p = p / jnp.sum(p, axis=1, keepdims=True)
-    return (q1, q2), (k1, k2), v, p, (cos, sin, rows)
+def _pairs(blocks, window):
+    """(query block, key block) index pairs that hold any allowed score: causal, so key blocks
+    up to the query block's own, and none whose every key is `window` or more steps back."""
+    return tuple((qi, ki) for qi, (qs, _) in enumerate(blocks) for ki, (ks, kn) in enumerate(blocks)
+                 if ki <= qi and qs - (ks + kn - 1) < window)
 
 
-def _forward_kernel(qkv_ref, cos_ref, sin_ref, *rest, seq_len, window, scale, masks):
-    seg_ref, valid_ref = _mask_refs(rest, masks)
-    o_ref = rest[-1]
-    _, _, v, p, (_, _, rows) = _probs(qkv_ref, cos_ref, sin_ref, seg_ref, valid_ref, seq_len=seq_len,
-                                      window=window, scale=scale, dtype=o_ref.dtype)
-    o = dot(p.astype(v.dtype), v)
-    plgpu.store(o_ref, o.astype(o_ref.dtype), mask=rows[:, None])
+def _rows(ref, start, size, seq_len, index_rest):
+    """ref[start:start + size, *index_rest] and the mask of its rows before seq_len (None when
+    they all are), shaped to broadcast against it."""
+    block = ref.at[(pl.ds(start, size),) + index_rest]
+    if start + size <= seq_len:
+        return block, None
+    rows = start + jnp.arange(size) < seq_len
+    return block, rows.reshape((size,) + (1,) * (len(block.shape) - 1))
 
 
-def _backward_kernel(qkv_ref, cos_ref, sin_ref, *rest, seq_len, window, scale, masks):
-    seg_ref, valid_ref = _mask_refs(rest, masks)
-    do_ref, dqkv_ref = rest[-2], rest[-1]
-    dtype = dqkv_ref.dtype
-    (q1, q2), (k1, k2), v, p, (cos, sin, rows) = _probs(
-        qkv_ref, cos_ref, sin_ref, seg_ref, valid_ref, seq_len=seq_len, window=window, scale=scale,
-        dtype=dtype)
-    do = plgpu.load(do_ref, mask=rows[:, None], other=0)
-    dv = dot(p.astype(dtype), do, trans_a=True)
-    dp = dot(do, v, trans_b=True)
-    ds = (p * (dp - jnp.sum(p * dp, axis=1, keepdims=True)) * scale).astype(dtype)
-    store = functools.partial(plgpu.store, mask=rows[:, None])
-    # d(rotated) -> d(raw): the transpose of the rotation, x1 = r1 c + r2 s, x2 = r2 c - r1 s.
-    for part, (a1, a2), trans_a in ((0, (k1, k2), False), (1, (q1, q2), True)):
-        r1, r2 = dot(ds, a1, trans_a=trans_a), dot(ds, a2, trans_a=trans_a)
-        half = cos.shape[-1]
-        store(dqkv_ref.at[:, index(part), :half], (r1 * cos + r2 * sin).astype(dtype))
-        store(dqkv_ref.at[:, index(part), half:], (r2 * cos - r1 * sin).astype(dtype))
-    store(dqkv_ref.at[:, index(2), :], dv.astype(dtype))
+def _load(ref, start, size, seq_len, index_rest=(), other=0, dtype=None):
+    """Rows start..start+size-1 of a ref (leading axis); rows at or past seq_len read as `other`."""
+    block, mask = _rows(ref, start, size, seq_len, index_rest)
+    x = plgpu.load(block) if mask is None else plgpu.load(block, mask=mask, other=other)
+    return x if dtype is None else x.astype(dtype)
+
+
+def _store(ref, start, value, seq_len, index_rest=()):
+    block, mask = _rows(ref, start, value.shape[0], seq_len, index_rest)
+    plgpu.store(block, value, mask=mask)
+
+
+class _Rows:
+    """One block of rows of a program's sequence: x normalised (compute dtype), the rotary
+    tables (fp32) and the mask inputs."""
+
+    def __init__(self, xn, refs, start, size, seq_len):
+        cos_ref, sin_ref, seg_ref, valid_ref = refs
+        self.start, self.size, self.xn = start, size, xn
+        load = functools.partial(_load, start=start, size=size, seq_len=seq_len)
+        self.cos = load(cos_ref, dtype=jnp.float32)
+        self.sin = load(sin_ref, dtype=jnp.float32)
+        self.seg = None if seg_ref is None else load(seg_ref, other=-1)
+        self.valid = None if valid_ref is None else load(valid_ref) != 0
+
+    def unrotate(self, r1, r2):
+        """Gradient wrt the rotated halves -> wrt the raw ones (the rotation's transpose)."""
+        return r1 * self.cos + r2 * self.sin, r2 * self.cos - r1 * self.sin
+
+
+def _halves(head_dim):
+    half = head_dim // 2
+    return slice(None, half), slice(half, None)
+
+
+def _project(r: _Rows, w_ref, b_ref, dtype):
+    """The program's head's rotated q and k (two [rows, Dh/2] halves each) and v of a row
+    block, in the compute dtype: x_norm @ w[:, part] + b[part] (w_ref [D, 3, Dh], b_ref [3, Dh])."""
+    def part(p, cols):
+        return dot(r.xn, w_ref[:, index(p), cols]) + b_ref[index(p), cols].astype(jnp.float32)[None, :]
+
+    rotated = []
+    for p in (0, 1):
+        x1, x2 = (part(p, cols) for cols in _halves(w_ref.shape[-1]))
+        rotated.append(((x1 * r.cos - x2 * r.sin).astype(dtype), (x2 * r.cos + x1 * r.sin).astype(dtype)))
+    return rotated[0], rotated[1], part(2, slice(None)).astype(dtype)
+
+
+def _scores(qr: _Rows, q, kr: _Rows, k, *, seq_len, window, scale):
+    """Masked scores [q rows, k rows] fp32 of one block pair. Which conditions a pair needs is
+    known statically: only diagonal blocks need causality, only far-apart ones the window."""
+    s = (dot(q[0], k[0], trans_b=True) + dot(q[1], k[1], trans_b=True)) * scale
+    i = qr.start + jnp.arange(qr.size)[:, None]
+    j = kr.start + jnp.arange(kr.size)[None, :]
+    conds = []
+    if kr.start + kr.size - 1 > qr.start:
+        conds.append(j <= i)
+    if qr.start + qr.size - 1 - kr.start >= window:
+        conds.append(i - j < window)
+    if kr.start + kr.size > seq_len:
+        conds.append(j < seq_len)
+    if qr.seg is not None:
+        conds.append(qr.seg[:, None] == kr.seg[None, :])
+    if kr.valid is not None:
+        conds.append(kr.valid[None, :])
+    if not conds:
+        return s
+    allowed = functools.reduce(jnp.logical_and, conds)
+    if qr.start == kr.start:
+        allowed |= i == j  # a token always sees itself (keeps rows of padding tokens finite)
+    return jnp.where(allowed, s, MASKED)
 
 
 def _mask_refs(rest, masks):
     seg_ref = rest[0] if masks[0] else None
     valid_ref = rest[int(masks[0])] if masks[1] else None
-    return seg_ref, valid_ref
+    return seg_ref, valid_ref, rest[sum(masks):]
 
 
-def _call(kernel, qkv, cos, sin, seg, valid, extra, out_shape, out_block, *, window, num_warps,
-          interpret):
-    B, L, _, H, Dh = qkv.shape
-    T = _tile(L)
-    seq_spec = pl.BlockSpec((None, T), lambda b, h: (b, 0))
-    in_specs = [pl.BlockSpec((None, T, 3, None, Dh), lambda b, h: (b, 0, 0, h, 0)),
-                pl.BlockSpec((T, Dh // 2), lambda b, h: (0, 0)),
-                pl.BlockSpec((T, Dh // 2), lambda b, h: (0, 0))]
-    args = [qkv, cos, sin]
-    for m in (seg, valid):
-        if m is not None:
-            in_specs.append(seq_spec)
-            args.append(m.astype(jnp.int32))
-    if extra is not None:
-        in_specs.append(pl.BlockSpec((None, T, None, Dh), lambda b, h: (b, 0, h, 0)))
-        args.append(extra)
-    body = functools.partial(kernel, seq_len=L, window=window, scale=1.0 / np.sqrt(Dh),
-                             masks=(seg is not None, valid is not None))
+def _sequence(xn_of, cos_ref, sin_ref, seg_ref, valid_ref, *, seq_len, max_block):
+    """The program's sequence in row blocks; xn_of(start, size) gives a block's normalised x."""
+    refs = (cos_ref, sin_ref, seg_ref, valid_ref)
+    return [_Rows(xn_of(start, size), refs, start, size, seq_len) for start, size in _blocks(seq_len, max_block)]
+
+
+def _forward_kernel(x_ref, scale_ref, bias_ref, w_ref, b_ref, cos_ref, sin_ref, *rest, seq_len,
+                    window, scale, masks, max_block):
+    """Program (sequence, head): LN, the head's projection, RoPE, attention; o [T, Dh] and the
+    log-sum-exp [T]; the head-0 program also writes x normalised [T, D]."""
+    seg_ref, valid_ref, (o_ref, lse_ref, xn_ref) = _mask_refs(rest, masks)
+    dtype = o_ref.dtype
+
+    def normalise(start, size):
+        xhat, _ = standardize(_load(x_ref, start, size, seq_len, dtype=jnp.float32))
+        return (xhat * scale_ref[...][None, :] + bias_ref[...][None, :]).astype(dtype)
+
+    rows = _sequence(normalise, cos_ref, sin_ref, seg_ref, valid_ref, seq_len=seq_len, max_block=max_block)
+
+    @pl.when(pl.program_id(1) == 0)
+    def _():
+        for r in rows:
+            _store(xn_ref, r.start, r.xn, seq_len)
+
+    pairs = _pairs([(r.start, r.size) for r in rows], window)
+    qkv = [_project(r, w_ref, b_ref, dtype) for r in rows]
+    for qi, r in enumerate(rows):
+        keys = [ki for q, ki in pairs if q == qi]
+        scores = [_scores(r, qkv[qi][0], rows[ki], qkv[ki][1], seq_len=seq_len, window=window, scale=scale)
+                  for ki in keys]
+        m = functools.reduce(jnp.maximum, [jnp.max(s, axis=1) for s in scores])[:, None]
+        probs = [jnp.exp(s - m) for s in scores]
+        total = sum(jnp.sum(p, axis=1) for p in probs)[:, None]
+        # Normalised after P @ V: [rows, Dh] divisions instead of [rows, keys].
+        o = sum(dot(p.astype(dtype), qkv[ki][2]) for p, ki in zip(probs, keys)) / total
+        _store(o_ref, r.start, o.astype(dtype), seq_len)
+        # log-sum-exp per row: the backward pass rebuilds P without the reductions.
+        lse_ref[pl.ds(r.start, r.size)] = (m + jnp.log(total))[:, 0]
+
+
+def _backward_kernel(xn_ref, w_ref, b_ref, cos_ref, sin_ref, *rest, seq_len, window, scale, masks,
+                     max_block):
+    """Program (sequence, head): recomputes the head's q, k, v from x normalised and P from the
+    log-sum-exp; writes the gradient of the head's raw projection, dqkv [T, 3, Dh]."""
+    seg_ref, valid_ref, (lse_ref, do_ref, dqkv_ref) = _mask_refs(rest, masks)
+    dtype = dqkv_ref.dtype
+    rows = _sequence(lambda start, size: _load(xn_ref, start, size, seq_len), cos_ref, sin_ref,
+                     seg_ref, valid_ref, seq_len=seq_len, max_block=max_block)
+    pairs = _pairs([(r.start, r.size) for r in rows], window)
+    head_dim = w_ref.shape[-1]
+    half = head_dim // 2
+    zeros = lambda r, n: jnp.zeros((r.size, n), jnp.float32)
+    qkv = [_project(r, w_ref, b_ref, dtype) for r in rows]
+    # Gradients wrt the rotated q and k halves and v; the keys' accumulate over query blocks.
+    dk = [[zeros(r, half)] * 2 for r in rows]
+    dv = [zeros(r, head_dim) for r in rows]
+    for qi, r in enumerate(rows):
+        key_ids = [ki for q, ki in pairs if q == qi]
+        do = _load(do_ref, r.start, r.size, seq_len)  # padding rows read 0: they add nothing
+        lse = lse_ref[pl.ds(r.start, r.size)][:, None]
+        probs = [jnp.exp(_scores(r, qkv[qi][0], rows[ki], qkv[ki][1], seq_len=seq_len, window=window,
+                                 scale=scale) - lse) for ki in key_ids]
+        dprobs = [dot(do, qkv[ki][2], trans_b=True) for ki in key_ids]
+        delta = sum(jnp.sum(p * dp, axis=1) for p, dp in zip(probs, dprobs))[:, None]
+        dq = [zeros(r, half)] * 2
+        for ki, p, dp in zip(key_ids, probs, dprobs):
+            ds = (p * (dp - delta) * scale).astype(dtype)
+            dq = [dq[c] + dot(ds, qkv[ki][1][c]) for c in (0, 1)]
+            dk[ki] = [dk[ki][c] + dot(ds, qkv[qi][0][c], trans_a=True) for c in (0, 1)]
+            dv[ki] = dv[ki] + dot(p.astype(dtype), do, trans_a=True)
+        _store_unrotated(dqkv_ref, 0, r, dq, seq_len)
+    for r, d, g in zip(rows, dk, dv):
+        _store_unrotated(dqkv_ref, 1, r, d, seq_len)
+        _store(dqkv_ref, r.start, g.astype(dtype), seq_len, (index(2),))
+
+
+def _store_unrotated(dqkv_ref, part, r: _Rows, grad, seq_len):
+    """The gradient wrt rotated q or k halves, stored as the gradient wrt the raw projection."""
+    for cols, g in zip(_halves(dqkv_ref.shape[-1]), r.unrotate(*grad)):
+        _store(dqkv_ref, r.start, g.astype(dqkv_ref.dtype), seq_len, (index(part), cols))
+
+
+def _input_backward_kernel(x_ref, scale_ref, w_ref, dqkv_ref, dres_ref, dx_ref, dscale_ref, dbias_ref,
+                           db_ref, *, n_rows):
+    """Program (block of rows of the flattened [N, ...] arrays): dxn = dqkv @ w^T, then the
+    LayerNorm backward plus the residual stream's gradient, dx; partial sums of the LayerNorm's
+    and the projection bias' gradients."""
+    block_rows = x_ref.shape[0]
+    rows = (pl.program_id(0) * block_rows + jnp.arange(block_rows) < n_rows)[:, None]
+    dxn = 0.0
+    for p in range(3):
+        g = plgpu.load(dqkv_ref.at[:, index(p), :], mask=rows, other=0)  # [rows, D]
+        dxn = dxn + dot(g, w_ref[:, index(p), :], trans_b=True)
+        db_ref[index(p), :] = jnp.sum(g.astype(jnp.float32), axis=0)
+    xhat, rstd = standardize(plgpu.load(x_ref, mask=rows, other=0).astype(jnp.float32))
+    dres = plgpu.load(dres_ref, mask=rows, other=0).astype(jnp.float32)
+    dx = dres + layer_norm_backward(dxn, xhat, rstd, scale_ref[...][None, :])
+    plgpu.store(dx_ref, dx.astype(dx_ref.dtype), mask=rows)
+    dscale_ref[...] = jnp.sum(dxn * xhat, axis=0)
+    dbias_ref[...] = jnp.sum(dxn, axis=0)
+
+
+def _call(kernel, leading, cos, sin, seg, valid, trailing, out_shape, out_specs, *, seq_len, n_heads,
+          window, num_warps, max_block, interpret):
+    """Grid (sequence, head). leading / trailing: (array, BlockSpec) inputs before the rotary
+    tables and after the masks."""
+    T = _tile(seq_len, max_block)
+    half = cos.shape[-1]
+    tables = [(t, pl.BlockSpec((T, half), lambda b, h: (0, 0))) for t in (cos, sin)]
+    masks = [(m.astype(jnp.int32), pl.BlockSpec((None, T), lambda b, h: (b, 0)))
+             for m in (seg, valid) if m is not None]
+    inputs = list(leading) + tables + masks + list(trailing)
+    body = functools.partial(kernel, seq_len=seq_len, window=window, scale=1.0 / np.sqrt(2 * half),
+                             masks=(seg is not None, valid is not None), max_block=max_block)
     return pl.pallas_call(
-        body, grid=(B, H), in_specs=in_specs, out_specs=out_block, out_shape=out_shape,
+        body, grid=(leading[0][0].shape[0], n_heads), in_specs=[spec for _, spec in inputs],
+        out_specs=out_specs, out_shape=out_shape,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
-        interpret=interpret, name=kernel.__name__.strip("_"))(*args)
+        interpret=interpret, name=kernel.__name__.strip("_"))(*[a for a, _ in inputs])
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def attend(qkv, cos, sin, seg, valid, window: int, warps: tuple[int, int] = WARPS,
-           interpret: bool = False):
-    """qkv [B, L, 3, H, Dh] (unrotated) -> o [B, L, H, Dh]; see the module docstring. `warps`:
-    warps per program of the forward and the backward kernel."""
-    B, L, _, H, Dh = qkv.shape
-    if not supported(L, Dh):
-        raise ValueError(f"fused attention needs sequences <= {MAX_LEN} and a head dim that is a "
-                         f"multiple of 32 up to 128, got length {L}, head dim {Dh}")
-    return _call(_forward_kernel, qkv, cos, sin, seg, valid, None,
-                 jax.ShapeDtypeStruct((B, L, H, Dh), qkv.dtype),
-                 pl.BlockSpec((None, _tile(L), None, Dh), lambda b, h: (b, 0, h, 0)),
-                 window=window, num_warps=warps[0], interpret=interpret)
+class _Specs:
+    """BlockSpecs of grid (sequence b, head h) for the arrays of one call."""
+
+    def __init__(self, seq_len, d_model, head_dim, max_block):
+        T, D, Dh = _tile(seq_len, max_block), d_model, head_dim
+        self.rows = pl.BlockSpec((None, T, D), lambda b, h: (b, 0, 0))           # [B, L, D]
+        self.vector = pl.BlockSpec((D,), lambda b, h: (0,))                      # [D]
+        self.w = pl.BlockSpec((D, 3, None, Dh), lambda b, h: (0, 0, h, 0))       # [D, 3, H, Dh]
+        self.b = pl.BlockSpec((3, None, Dh), lambda b, h: (0, h, 0))             # [3, H, Dh]
+        self.head = pl.BlockSpec((None, T, None, Dh), lambda b, h: (b, 0, h, 0))  # [B, L, H, Dh]
+        self.lse = pl.BlockSpec((None, None, T), lambda b, h: (b, h, 0))         # [B, H, T]
+        self.qkv = pl.BlockSpec((None, T, 3, None, Dh), lambda b, h: (b, 0, 0, h, 0))  # [B, L, 3, H, Dh]
 
 
-def _attend_fwd(qkv, cos, sin, seg, valid, window, warps, interpret):
-    return attend(qkv, cos, sin, seg, valid, window, warps, interpret), (qkv, cos, sin, seg, valid)
+def _in_compute_dtype(x, w, b, n_heads):
+    """w, b as nn.Dense(dtype=x.dtype) uses them, shaped [D, 3, H, Dh] and [3, H, Dh]; cast once,
+    outside the kernels, so every program reads half the bytes (bf16)."""
+    D = w.shape[0]
+    return w.astype(x.dtype).reshape(D, 3, n_heads, -1), b.astype(x.dtype).reshape(3, n_heads, -1)
 
 
-def _attend_bwd(window, warps, interpret, residuals, do):
-    qkv, cos, sin, seg, valid = residuals
-    L, Dh = qkv.shape[1], qkv.shape[-1]
-    dqkv = _call(_backward_kernel, qkv, cos, sin, seg, valid, do.astype(qkv.dtype),
-                 jax.ShapeDtypeStruct(qkv.shape, qkv.dtype),
-                 pl.BlockSpec((None, _tile(L), 3, None, Dh), lambda b, h: (b, 0, 0, h, 0)),
-                 window=window, num_warps=warps[1], interpret=interpret)
+def _forward(x, ln_scale, ln_bias, w, b, cos, sin, seg, valid, window, n_heads, warps, interpret,
+             max_block):
+    """o [B, L, H, Dh], the softmax's log-sum-exp [B, H, tile] fp32 (rows past L: padding) and
+    x normalised [B, L, D]."""
+    B, L, D = x.shape
+    if w.shape != (D, 3 * D) or b.shape != (3 * D,) or ln_scale.shape != (D,) or ln_bias.shape != (D,):
+        raise ValueError(f"fused attention: x {x.shape} needs ln_scale, ln_bias [{D}], w [{D}, {3 * D}] "
+                         f"and b [{3 * D}], got {ln_scale.shape}, {ln_bias.shape}, {w.shape}, {b.shape}")
+    Dh = D // n_heads
+    if not supported(L, Dh, D) or Dh * n_heads != D:
+        raise ValueError(f"fused attention needs sequences <= {MAX_LEN}, d_model a power of 2 from 16 to "
+                         f"{MAX_D_MODEL} and a head dim that is a multiple of 32 up to 128, got length "
+                         f"{L}, d_model {D}, head dim {D / n_heads:g}")
+    w4, b3 = _in_compute_dtype(x, w, b, n_heads)
+    spec = _Specs(L, D, Dh, max_block)
+    return _call(_forward_kernel, [(x, spec.rows), (ln_scale, spec.vector), (ln_bias, spec.vector),
+                                   (w4, spec.w), (b3, spec.b)], cos, sin, seg, valid, [],
+                 [jax.ShapeDtypeStruct((B, L, n_heads, Dh), x.dtype),
+                  jax.ShapeDtypeStruct((B, n_heads, _tile(L, max_block)), jnp.float32),
+                  jax.ShapeDtypeStruct(x.shape, x.dtype)],
+                 [spec.head, spec.lse, spec.rows], seq_len=L, n_heads=n_heads, window=window,
+                 num_warps=warps[0], max_block=max_block, interpret=interpret)
+
+
+def _input_backward(x, ln_scale, w, dqkv, dres, *, block_rows, num_warps, interpret):
+    """dx and the LayerNorm's and projection bias' gradients from dqkv and the residual stream's
+    gradient dres (_input_backward_kernel)."""
+    B, L, D = x.shape
+    n = B * L
+    blocks = pl.cdiv(n, block_rows)
+    rows = lambda *shape: pl.BlockSpec((block_rows,) + shape, lambda i: (i,) + (0,) * len(shape))
+    partial = lambda *shape: pl.BlockSpec((None,) + shape, lambda i: (i,) + (0,) * len(shape))
+    out = lambda *shape: jax.ShapeDtypeStruct((blocks,) + shape, jnp.float32)
+    dx, dscale, dbias, db = pl.pallas_call(
+        functools.partial(_input_backward_kernel, n_rows=n), grid=(blocks,),
+        in_specs=[rows(D), pl.BlockSpec((D,), lambda i: (0,)),
+                  pl.BlockSpec((D, 3, D), lambda i: (0, 0, 0)), rows(3, D), rows(D)],
+        out_specs=[rows(D), partial(D), partial(D), partial(3, D)],
+        out_shape=[jax.ShapeDtypeStruct((n, D), x.dtype), out(D), out(D), out(3, D)],
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret, name="input_backward_kernel",
+    )(x.reshape(n, D), ln_scale, w.astype(x.dtype).reshape(D, 3, D), dqkv.reshape(n, 3, D),
+      dres.astype(x.dtype).reshape(n, D))
+    return dx.reshape(x.shape), dscale.sum(0), dbias.sum(0), db.sum(0).reshape(3 * D)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10, 11, 12, 13))
+def attend(x, ln_scale, ln_bias, w, b, cos, sin, seg, valid, window: int, n_heads: int,
+           warps: tuple[int, int, int] = WARPS, interpret: bool = False, max_block: int = MAX_BLOCK):
+    """LayerNorm -> QKV projection -> RoPE -> masked softmax attention: returns (o, x). x comes
+    back unchanged so that the caller continues the residual stream with it: its gradient then
+    arrives here and the input-gradient kernel adds it to dx (no separate pass over [N, D]).
+    See the module docstring. `warps`: warps per program of the forward, backward and input-gradient kernels; `max_block`:
+    the largest query / key block (a power of 2, >= 16)."""
+    return _forward(x, ln_scale, ln_bias, w, b, cos, sin, seg, valid, window, n_heads, warps,
+                    interpret, max_block)[0], x
+
+
+def _attend_fwd(x, ln_scale, ln_bias, w, b, cos, sin, seg, valid, window, n_heads, warps, interpret,
+                max_block):
+    o, lse, xn = _forward(x, ln_scale, ln_bias, w, b, cos, sin, seg, valid, window, n_heads, warps,
+                          interpret, max_block)
+    return (o, x), (x, ln_scale, w, b, cos, sin, seg, valid, lse, xn)
+
+
+def _attend_bwd(window, n_heads, warps, interpret, max_block, residuals, cotangents):
+    do, dres = cotangents
+    x, ln_scale, w, b, cos, sin, seg, valid, lse, xn = residuals
+    B, L, D = x.shape
+    w4, b3 = _in_compute_dtype(x, w, b, n_heads)
+    spec = _Specs(L, D, D // n_heads, max_block)
+    dqkv = _call(_backward_kernel, [(xn, spec.rows), (w4, spec.w), (b3, spec.b)], cos, sin, seg, valid,
+                 [(lse, spec.lse), (do.astype(x.dtype), spec.head)],
+                 jax.ShapeDtypeStruct((B, L, 3, n_heads, D // n_heads), x.dtype), spec.qkv,
+                 seq_len=L, n_heads=n_heads, window=window, num_warps=warps[1], max_block=max_block,
+                 interpret=interpret)
+    dx, dscale, dbias, db = _input_backward(x, ln_scale, w, dqkv, dres, block_rows=INPUT_ROWS,
+                                            num_warps=warps[2], interpret=interpret)
+    # The projection's weight gradient: one matmul over every token, fp32 out.
+    dw = jax.lax.dot_general(xn.reshape(B * L, D), dqkv.reshape(B * L, 3 * D), (((0,), (0,)), ((), ())),
+                             preferred_element_type=jnp.float32)
     # The tables are constants of the position (no gradient); masks are not differentiable.
-    zero = lambda x: None if x is None else np.zeros(x.shape, jax.dtypes.float0)
-    return dqkv, jnp.zeros_like(cos), jnp.zeros_like(sin), zero(seg), zero(valid)
+    zero = lambda m: None if m is None else np.zeros(m.shape, jax.dtypes.float0)
+    return (dx, dscale, dbias, dw, db, jnp.zeros_like(cos), jnp.zeros_like(sin), zero(seg), zero(valid))
 
 
 attend.defvjp(_attend_fwd, _attend_bwd)
+
+
+def reference(x, ln_scale, ln_bias, w, b, n_heads):
+    """The projection the kernels fuse, as flax's modules compute it: [B, L, D] -> qkv [B, L, 3, H, Dh]
+    (unrotated; attention as in TransformerActorCritic follows). For tests."""
+    cd = x.dtype
+    x32 = x.astype(jnp.float32)
+    mean = x32.mean(-1, keepdims=True)
+    var = jnp.maximum((x32 * x32).mean(-1, keepdims=True) - mean * mean, 0.0)
+    xn = ((x32 - mean) * jax.lax.rsqrt(var + LN_EPSILON) * ln_scale + ln_bias).astype(cd)
+    qkv = jnp.dot(xn, w.astype(cd)) + b.astype(cd)
+    return qkv.reshape(x.shape[:2] + (3, n_heads, -1))

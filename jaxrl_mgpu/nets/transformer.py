@@ -75,13 +75,13 @@ form above (cache None or a prefix, either episode mode) and for `step`, within 
 Our own kernels (Pallas -> Triton; on other backends the Pallas interpreter runs them, for tests)
 -------------------------------------------------------------------------------------------
 `attn_implementation="pallas"`: where keys and queries are the same sequence (`cache=None`, the
-AD learner), RoPE, every mask above and attention run in one kernel per pass that reads the fused
-QKV projection as it is (fused_attention.py; sequences up to 128 tokens); with a prefix cache and
-in `step` attention stays with XLA. `mlp_implementation="pallas"`: LayerNorm -> MLP -> residual,
-the second half of every block, in fused kernels that keep the 4 x d_model activations on chip
-(fused_mlp.py; d_model a power of 2 up to 128). Both are for bf16/fp16 and change no parameter.
-At the Algorithm Distillation size on one H100 (d_model 128, 4 layers, 80 tokens, bf16) they
-take a training step from 22.9 to 19.1 ms (experiments/RESULTS.md).
+AD learner), the first half of every block up to the output projection (LayerNorm 1, the QKV
+projection, RoPE, every mask above and attention) runs in fused kernels that read x and write
+the attention output (fused_attention.py; sequences up to 128 tokens, d_model a power of 2 up to
+128); with a prefix cache and in `step` attention stays with XLA. `mlp_implementation="pallas"`:
+LayerNorm 2 -> MLP -> residual, the second half of every block, in fused kernels that keep the
+4 x d_model activations on chip (fused_mlp.py; d_model a power of 2 up to 128). Both are for
+bf16/fp16 and change no parameter. Numbers: experiments/RESULTS.md ("Fused kernels").
 """
 
 from __future__ import annotations
@@ -173,6 +173,14 @@ class Block(nn.Module):
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [B, L, H, Dh] each
         return rope(q, pos), rope(k, pos), v
 
+    def fused_attention(self, x, cos, sin, seg, valid, window):
+        """LN 1 -> QKV projection -> RoPE -> attention in fused_attention.py's kernels, with this
+        block's parameters (read from the submodules, which init creates the usual way). Returns
+        (attention output, x): continue the residual stream with the x returned."""
+        ln, proj = (m.variables["params"] for m in (self.ln1, self.qkv_proj))
+        return fused_attention.attend(x, ln["scale"], ln["bias"], proj["kernel"], proj["bias"], cos, sin,
+                                      seg, valid, window, self.n_heads, interpret=pallas_util.interpret())
+
     def finish(self, x, attn):
         x = x + self.out_proj(attn.reshape(x.shape))
         if self.mlp_implementation == "pallas" and not self.is_initializing():
@@ -206,6 +214,11 @@ class TransformerActorCritic(nn.Module):
             raise ValueError(f"attn_implementation must be None, 'cudnn' or 'pallas', got {self.attn_implementation!r}")
         if self.mlp_implementation not in (None, "pallas"):
             raise ValueError(f"mlp_implementation must be None or 'pallas', got {self.mlp_implementation!r}")
+        if self.attn_implementation == "pallas" and not fused_attention.supported(
+                min(self.context_len, fused_attention.MAX_LEN), head_dim, self.d_model):
+            raise ValueError(f"attn_implementation='pallas' needs d_model a power of 2 from 16 to "
+                             f"{fused_attention.MAX_D_MODEL} and a head dim that is a multiple of 32 "
+                             f"up to 128, got d_model {self.d_model}, head dim {head_dim}")
         if self.mlp_implementation == "pallas" and not fused_mlp.supported(self.d_model, 4 * self.d_model):
             raise ValueError(f"mlp_implementation='pallas' needs d_model a power of 2 from 16 to "
                              f"{fused_mlp.MAX_D_MODEL}, got {self.d_model}")
@@ -286,14 +299,13 @@ class TransformerActorCritic(nn.Module):
 
         x = self._tokens(obs, prev_action, prev_reward, is_first)
         ks, vs = [], []
-        fused = self.attn_implementation == "pallas" and cache is None
+        fused = self.attn_implementation == "pallas" and cache is None and not self.is_initializing()
         for layer, block in enumerate(self.blocks):
-            if fused:   # rotation, masks and attention in one kernel; see fused_attention.py
-                qkv = block.project(x)
-                cos, sin = rope_tables(i, qkv.shape[-1], qkv.dtype)
-                attn = fused_attention.attend(qkv, cos, sin, None if across else seg, valid, C,
-                                              interpret=pallas_util.interpret())
-                ks.append(rope(qkv[:, :, 1], pos))  # for the returned cache only (else dead code)
+            if fused:   # LN 1 through attention in one kernel per pass; see fused_attention.py
+                cos, sin = rope_tables(i, self.d_model // self.n_heads, x.dtype)
+                qkv = block.project(x)  # for the returned cache only (else dead code)
+                attn, x = block.fused_attention(x, cos, sin, None if across else seg, valid, C)
+                ks.append(rope(qkv[:, :, 1], pos))
                 vs.append(qkv[:, :, 2])
                 x = block.finish(x, attn)
                 continue
