@@ -1,23 +1,32 @@
 """LayerNorm, QKV projection, rotary embedding and causal windowed attention of short sequences:
-the first half of a pre-norm transformer block in one Pallas (Triton) kernel per pass.
+the first half of a pre-norm transformer block, up to the output projection, in Pallas (Triton).
 
 In-context RL trains narrow transformers on short windows (Algorithm Distillation: d_model 128,
 80 tokens, 4 heads of 32). There XLA runs the first half of a block as a LayerNorm (two passes
 over x), the QKV matmul, a separate pass to add its bias, and attention, and cuDNN's flash
 attention, built to stream long sequences through 64 x 64 tiles, runs far below the memory
-traffic its inputs need; the backward pass adds the bias gradient's pass over dqkv and three
-LayerNorm passes. Here one program takes a whole sequence: it loads x once, normalises it, and
-for one head at a time projects q, k and v (matmuls against that head's columns of the
-projection, in registers), rotates q and k (RoPE), computes the masked scores and their softmax,
-and writes o in the [B, L, H, Dh] layout the output projection reads. Nothing H-wide or QKV-wide
-goes through HBM in the forward pass but o, the normalised x (for the weight gradient) and the
-softmax's log-sum-exp. The backward pass recomputes the projection and the probabilities from
-the log-sum-exp, writes dqkv for the weight gradient (one XLA matmul: x_norm^T @ dqkv), and
-turns the per-head gradients into dx through the LayerNorm backward in the same program; the
-biases' and LayerNorm parameters' gradients leave as per-sequence fp32 partial sums.
+traffic its inputs need; the backward pass adds the bias gradient's pass over dqkv and several
+LayerNorm passes. Here, three kernels:
+
+1. forward, one program per (sequence, head): loads the sequence's x, normalises it, projects
+   the head's q, k and v (matmuls against that head's columns of w, in registers), rotates q
+   and k (RoPE), computes the masked scores and their softmax, and writes the head's o in the
+   [B, L, H, Dh] layout the output projection reads, and the softmax's log-sum-exp; the head-0
+   program also writes x normalised (for the backward pass). Nothing QKV-wide reaches HBM.
+2. backward, one program per (sequence, head): recomputes q, k, v from x normalised and P from
+   the log-sum-exp, and writes the gradient of the head's raw projection, dqkv [B, L, 3, H, Dh]
+   (for the weight gradient, one XLA matmul x_norm^T @ dqkv, and for kernel 3).
+3. input gradient, one program per block of rows: dx = LayerNorm backward of dqkv @ w^T plus the
+   residual stream's gradient (see `attend`: x is returned, so that gradient arrives here
+   instead of in a separate XLA pass); the LayerNorm's and the bias' gradients as fp32 partial
+   sums.
+
+A sequence is cut into power-of-2 row blocks (80 tokens: 64 + 16) rather than padded to one
+power-of-2 tile, and only block pairs with an allowed score are computed (causality drops the
+pairs above the diagonal, a short window the far ones).
 
     attend(x, ln_scale, ln_bias, w, b, cos, sin, seg, valid, window, n_heads, warps=WARPS,
-           interpret=False, max_block=MAX_BLOCK) -> o [B, L, H, Dh]
+           interpret=False, max_block=MAX_BLOCK) -> (o [B, L, H, Dh], x)
 
 x [B, L, D] (compute dtype); ln_scale, ln_bias [D], w [D, 3 D], b [3 D] float32, as flax's
 `nn.LayerNorm(dtype=cd)` and `nn.Dense(3 D, dtype=cd)` hold them (the Dense output read as
@@ -29,7 +38,7 @@ j <= i, i - j < window, key j is valid, and both are in the same segment (episod
 itself.
 
 Pallas lowers this to Triton on NVIDIA GPUs; elsewhere (CPU tests) `interpret=True` runs the
-same kernel body through XLA.
+same kernel bodies through XLA. Timings: experiments/RESULTS.md ("Fused kernels").
 """
 
 from __future__ import annotations
@@ -45,7 +54,8 @@ from jax.experimental.pallas import triton as plgpu
 from jaxrl_mgpu.nets.pallas_util import LN_EPSILON, dot, index, layer_norm_backward, standardize
 
 MAX_LEN = 128  # longest sequence: its keys' gradients stay in registers across the query blocks
-MAX_D_MODEL = 128  # a program holds the sequence's normalised x and its gradient in registers
+               # (160 tokens spilled: slower than cuDNN, see RESULTS)
+MAX_D_MODEL = 128  # a program holds the sequence's normalised x [L, D] in registers
 MASKED = -0.7 * float(np.finfo(np.float32).max)
 WARPS = (4, 4, 4)  # warps per program of the forward, backward and input-gradient kernels (H100)
 INPUT_ROWS = 64  # rows per program of the input-gradient kernel
@@ -59,11 +69,12 @@ def supported(seq_len: int, head_dim: int, d_model: int) -> bool:
 
 def _blocks(seq_len: int, max_block: int = MAX_BLOCK) -> tuple[tuple[int, int], ...]:
     """Static (start, rows) blocks that cover tokens 0..seq_len-1. Triton wants power-of-2 tiles
-    of at least 16 rows; cutting the sequence into such blocks, largest first, rather than
-    padding it to one power-of-2 tile is what keeps an 80-token window from costing a 128 x 128
-    score matrix: 64 + 16 rows give 64^2 + 16 * 64 + 16^2 = 5,376 scores instead of 16,384, and
-    causality drops every block pair above the diagonal. A tail is rounded up to a power of 2
-    where that pads fewer than 16 rows."""
+    of at least 16 rows; cut into such blocks, largest first, rather than padded to one
+    power-of-2 tile, an 80-token window computes 64^2 + 16 * 64 + 16^2 = 5,376 scores instead of
+    16,384 (causality drops every block pair above the diagonal). On an H100 that made the
+    attention alone no faster at 80 tokens but 15% faster at 128 (64 + 64 rows), and the
+    blocks of 64 rows suit the projection matmuls of the fused kernels. A tail is rounded up to
+    a power of 2 where that pads fewer than 16 rows."""
     blocks, start = [], 0
     while start < seq_len:
         left = seq_len - start
