@@ -110,8 +110,9 @@ class Config:
     n_heads: int = option(4, "attention heads")
     context_len: int = option(64, "tokens (steps) each layer attends to, itself included")
     context_across_episodes: bool = option(False, "let the context window cross episode boundaries (meta-RL)")
-    attention: str = option("xla", "transformer attention: xla; cudnn (flash attention, GPU); pallas (fused "
-                                   "RoPE + attention kernel for windows of <= 128 tokens, --algo ad, GPU)",
+    attention: str = option("xla", "transformer attention: xla; cudnn (flash attention, GPU); pallas (LayerNorm, "
+                                   "QKV projection, RoPE and attention fused, windows of <= 128 tokens, --algo "
+                                   "ad, GPU)",
                             choices=("xla", "cudnn", "pallas"))
     mlp: str = option("xla", "transformer MLP half-blocks: xla; pallas (fused LayerNorm + MLP + residual "
                              "kernels, --d-model a power of 2 up to 128, GPU)", choices=("xla", "pallas"))

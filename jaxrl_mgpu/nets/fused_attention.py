@@ -51,7 +51,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxrl_mgpu.nets.pallas_util import LN_EPSILON, dot, index, layer_norm_backward, standardize
+from jaxrl_mgpu.nets.pallas_util import dot, index, layer_norm_backward, layer_norm_reference, standardize
 
 MAX_LEN = 128  # longest sequence: its keys' gradients stay in registers across the query blocks
                # (160 tokens spilled: slower than cuDNN, see RESULTS)
@@ -99,7 +99,7 @@ def _pairs(blocks, window):
                  if ki <= qi and qs - (ks + kn - 1) < window)
 
 
-def _rows(ref, start, size, seq_len, index_rest):
+def _row_block(ref, start, size, seq_len, index_rest):
     """ref[start:start + size, *index_rest] and the mask of its rows before seq_len (None when
     they all are), shaped to broadcast against it."""
     block = ref.at[(pl.ds(start, size),) + index_rest]
@@ -111,13 +111,13 @@ def _rows(ref, start, size, seq_len, index_rest):
 
 def _load(ref, start, size, seq_len, index_rest=(), other=0, dtype=None):
     """Rows start..start+size-1 of a ref (leading axis); rows at or past seq_len read as `other`."""
-    block, mask = _rows(ref, start, size, seq_len, index_rest)
+    block, mask = _row_block(ref, start, size, seq_len, index_rest)
     x = plgpu.load(block) if mask is None else plgpu.load(block, mask=mask, other=other)
     return x if dtype is None else x.astype(dtype)
 
 
 def _store(ref, start, value, seq_len, index_rest=()):
-    block, mask = _rows(ref, start, value.shape[0], seq_len, index_rest)
+    block, mask = _row_block(ref, start, value.shape[0], seq_len, index_rest)
     plgpu.store(block, value, mask=mask)
 
 
@@ -382,8 +382,8 @@ def attend(x, ln_scale, ln_bias, w, b, cos, sin, seg, valid, window: int, n_head
     """LayerNorm -> QKV projection -> RoPE -> masked softmax attention: returns (o, x). x comes
     back unchanged so that the caller continues the residual stream with it: its gradient then
     arrives here and the input-gradient kernel adds it to dx (no separate pass over [N, D]).
-    See the module docstring. `warps`: warps per program of the forward, backward and input-gradient kernels; `max_block`:
-    the largest query / key block (a power of 2, >= 16)."""
+    See the module docstring. `warps`: warps per program of the forward, backward and
+    input-gradient kernels; `max_block`: the largest query / key block (a power of 2, >= 16)."""
     return _forward(x, ln_scale, ln_bias, w, b, cos, sin, seg, valid, window, n_heads, warps,
                     interpret, max_block)[0], x
 
@@ -423,9 +423,5 @@ def reference(x, ln_scale, ln_bias, w, b, n_heads):
     """The projection the kernels fuse, as flax's modules compute it: [B, L, D] -> qkv [B, L, 3, H, Dh]
     (unrotated; attention as in TransformerActorCritic follows). For tests."""
     cd = x.dtype
-    x32 = x.astype(jnp.float32)
-    mean = x32.mean(-1, keepdims=True)
-    var = jnp.maximum((x32 * x32).mean(-1, keepdims=True) - mean * mean, 0.0)
-    xn = ((x32 - mean) * jax.lax.rsqrt(var + LN_EPSILON) * ln_scale + ln_bias).astype(cd)
-    qkv = jnp.dot(xn, w.astype(cd)) + b.astype(cd)
+    qkv = jnp.dot(layer_norm_reference(x, ln_scale, ln_bias), w.astype(cd)) + b.astype(cd)
     return qkv.reshape(x.shape[:2] + (3, n_heads, -1))

@@ -63,7 +63,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxrl_mgpu.nets.pallas_util import LN_EPSILON, dot, layer_norm_backward, standardize
+from jaxrl_mgpu.nets.pallas_util import dot, layer_norm_backward, layer_norm_reference, standardize
 
 GELU_C = math.sqrt(2.0 / math.pi)  # gelu(h) = h * (1 + tanh(GELU_C * (h + GELU_A * h^3))) / 2
 GELU_A = 0.044715
@@ -419,9 +419,6 @@ def reference(x, ln_scale, ln_bias, w1, b1, w2, b2):
     """The same function in plain jnp, step for step as the flax modules compute it (LayerNorm
     with fp32 statistics, Dense layers in the compute dtype x.dtype). For tests and benchmarks."""
     cd = x.dtype
-    x32 = x.astype(jnp.float32)
-    mean = x32.mean(-1, keepdims=True)
-    var = jnp.maximum((x32 * x32).mean(-1, keepdims=True) - mean * mean, 0.0)
-    xn = ((x - mean) * (jax.lax.rsqrt(var + LN_EPSILON) * ln_scale) + ln_bias).astype(cd)
+    xn = layer_norm_reference(x, ln_scale, ln_bias)
     h = jnp.dot(xn, w1.astype(cd)) + b1.astype(cd)
     return x + (jnp.dot(jax.nn.gelu(h, approximate=True), w2.astype(cd)) + b2.astype(cd))

@@ -38,6 +38,15 @@ def standardize(x):
     return (x - mean) * rstd, rstd
 
 
+def layer_norm_reference(x, scale, bias):
+    """flax's nn.LayerNorm(dtype=x.dtype) in plain jnp (fp32 statistics, the fast variance), the
+    result in x's dtype: the kernels' references build on it (tests, benchmarks)."""
+    x32 = x.astype(jnp.float32)
+    mean = x32.mean(-1, keepdims=True)
+    var = jnp.maximum((x32 * x32).mean(-1, keepdims=True) - mean * mean, 0.0)
+    return ((x - mean) * (jax.lax.rsqrt(var + LN_EPSILON) * scale) + bias).astype(x.dtype)
+
+
 def layer_norm_backward(dxn, xhat, rstd, scale):
     """Gradient wrt x [R, D] of xn = xhat * scale + bias, given dxn (fp32): with g = dxn * scale,
     dx = rstd * (g - mean(g) - xhat * mean(g * xhat))."""

@@ -214,8 +214,8 @@ class TransformerActorCritic(nn.Module):
             raise ValueError(f"attn_implementation must be None, 'cudnn' or 'pallas', got {self.attn_implementation!r}")
         if self.mlp_implementation not in (None, "pallas"):
             raise ValueError(f"mlp_implementation must be None or 'pallas', got {self.mlp_implementation!r}")
-        if self.attn_implementation == "pallas" and not fused_attention.supported(
-                min(self.context_len, fused_attention.MAX_LEN), head_dim, self.d_model):
+        # The widths here; the sequence length is checked when the kernel is called.
+        if self.attn_implementation == "pallas" and not fused_attention.supported(1, head_dim, self.d_model):
             raise ValueError(f"attn_implementation='pallas' needs d_model a power of 2 from 16 to "
                              f"{fused_attention.MAX_D_MODEL} and a head dim that is a multiple of 32 "
                              f"up to 128, got d_model {self.d_model}, head dim {head_dim}")
