@@ -8,6 +8,9 @@ Each measurement compiles a chunk of `--updates` training updates (the same comp
 and reports the median env-steps/s. One JSON line per measurement, then a table. Any training
 flag (`--lr`, `--hidden-size`, ...) is passed through to the config. `--baseline` also times
 the hand-fused single-device PPO of reference_ppo.py on one device with the same work.
+`--transformer-step` instead times single training steps of the transformer policy,
+`--steps-per-timing` of them dispatched back to back per timing as a training loop runs them,
+and reports tokens/s and MFU.
 """
 
 from __future__ import annotations
@@ -49,6 +52,9 @@ def bench_args(argv):
                         "[--batch, --context-len] sequences, in each of --precisions, and report tokens/s and "
                         "MFU against a bf16 matmul ceiling measured in the same run")
     p.add_argument("--batch", type=int, default=256, help="sequences per transformer step")
+    p.add_argument("--steps-per-timing", type=int, default=10,
+                   help="with --transformer-step: steps dispatched back to back per timing, as a training loop "
+                        "runs them (1: block on every step, which adds the host's dispatch and sync to each)")
     p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], help="with --transformer-step")
     p.add_argument("--attention", nargs="+", default=["xla"], choices=["xla", "cudnn", "pallas"],
                    help="attention of the transformer policy (with --transformer-step: each one is timed)")
@@ -57,15 +63,19 @@ def bench_args(argv):
     return p.parse_known_args(argv)
 
 
-def time_calls(fn, state, repeats: int, trace: str | None = None) -> tuple[list[float], object]:
-    """Warm-up call, then `repeats` timed calls; the state is threaded through (donated). With
-    a `trace` directory (--profile), two more calls run under `jax.profiler.trace`, untimed."""
+def time_calls(fn, state, repeats: int, trace: str | None = None, per_timing: int = 1) -> tuple[list[float], object]:
+    """Warm-up call, then `repeats` timings of `per_timing` calls dispatched back to back (one
+    block on the result at the end; the time per call is recorded); the state is threaded
+    through (donated). With a `trace` directory (--profile), two more calls run under
+    `jax.profiler.trace`, untimed."""
     state = jax.block_until_ready(fn(state))
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        state = jax.block_until_ready(fn(state))
-        times.append(time.perf_counter() - t)
+        for _ in range(per_timing):
+            state = fn(state)
+        state = jax.block_until_ready(state)
+        times.append((time.perf_counter() - t) / per_timing)
     if trace:
         with jax.profiler.trace(trace):
             for _ in range(2):
@@ -112,18 +122,22 @@ def result(cfg, impl: str, devices: int, updates: int, times: list[float], compi
             "compile_s": compile_s}
 
 
-def matmul_ceiling(n: int = 8192, repeats: int = 10) -> float:
-    """Achieved bf16 TFLOP/s of an n x n x n matmul on device 0: the MFU denominator."""
+def matmul_ceiling(n: int | None = None, repeats: int = 10, per_timing: int = 1) -> float:
+    """Achieved bf16 TFLOP/s of an n x n x n matmul on device 0: the MFU denominator (timed like
+    the steps it is the ceiling of). n: 8192 on accelerators; 2048 on a CPU, which it already
+    saturates (8192 takes the CPU tests a minute)."""
+    n = n or (2048 if jax.default_backend() == "cpu" else 8192)
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jax.numpy.bfloat16)
     b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jax.numpy.bfloat16)
     mm = jax.jit(lambda x, y: x @ y)
-    times, _ = time_calls(lambda _: mm(a, b), None, repeats)
+    times, _ = time_calls(lambda _: mm(a, b), None, repeats, per_timing=per_timing)
     return 2 * n ** 3 / statistics.median(times) / 1e12
 
 
-def measure_transformer_step(cfg, batch: int, repeats: int, profile: str | None = None) -> dict:
+def measure_transformer_step(cfg, batch: int, repeats: int, profile: str | None = None,
+                             per_timing: int = 1) -> dict:
     """One PPO-shaped training step of the transformer policy on full context windows, with the
-    kernels of cfg.attention and cfg.mlp."""
+    kernels of cfg.attention and cfg.mlp; `per_timing` steps dispatched back to back per timing."""
     import optax
     from jaxrl_mgpu.nets import compute_dtype, kernels
     from jaxrl_mgpu.nets.transformer import TransformerActorCritic
@@ -152,7 +166,7 @@ def measure_transformer_step(cfg, batch: int, repeats: int, profile: str | None 
     run = jax.jit(step, donate_argnums=0)
     times, _ = time_calls(run, (params, tx.init(params)), repeats,
                           trace_dir(profile, f"transformer-d{cfg.d_model}-L{cfg.n_layers}-b{batch}-{cfg.precision}-"
-                                             f"{cfg.attention}-mlp-{cfg.mlp}"))
+                                             f"{cfg.attention}-mlp-{cfg.mlp}"), per_timing)
     matmul_params = sum(x.size for path, x in jax.tree_util.tree_leaves_with_path(params)
                         if "kernel" in jax.tree_util.keystr(path))
     tokens = batch * L
@@ -164,6 +178,7 @@ def measure_transformer_step(cfg, batch: int, repeats: int, profile: str | None 
             "device_kind": jax.devices()[0].device_kind, "d_model": cfg.d_model, "n_layers": cfg.n_layers,
             "n_heads": cfg.n_heads, "context_len": L, "batch": batch, "params": matmul_params,
             "tokens_per_s": tokens / median, "tflops": flops / median / 1e12, "step_ms": 1e3 * median,
+            "steps_per_timing": per_timing,
             "spread": (max(times) - min(times)) / median}
 
 
@@ -205,9 +220,9 @@ def main_transformer(args, base) -> int:
         # training does, before any compile.
         config_lib.check_kernels(dataclasses.replace(cfg, algo="ad", n_transit=cfg.context_len))
     rows = []
-    ceiling = matmul_ceiling()
+    ceiling = matmul_ceiling(per_timing=args.steps_per_timing)
     for cfg in cfgs:
-        row = measure_transformer_step(cfg, args.batch, args.repeats, args.profile)
+        row = measure_transformer_step(cfg, args.batch, args.repeats, args.profile, args.steps_per_timing)
         row["mfu"], row["matmul_ceiling_tflops"] = row["tflops"] / ceiling, ceiling
         rows.append(row)
         emit(row, args.out)
@@ -227,6 +242,8 @@ def main(argv=None) -> int:
     args, rest = bench_args(argv)
     try:
         base = config_lib.from_args(rest)
+        if args.steps_per_timing < 1:
+            raise config_lib.ConfigError(f"--steps-per-timing must be at least 1, got {args.steps_per_timing}")
         if args.transformer_step:
             return main_transformer(args, base)
         if len(args.attention) > 1 or len(args.mlp) > 1:

@@ -36,10 +36,20 @@ def test_the_issue_and_readme_form_with_env_and_num_envs(capsys):
 
 def test_transformer_step_reports_mfu(capsys):
     assert bench.main(["--transformer-step", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
-                       "--context-len", "8", "--batch", "2", "--precisions", "fp32", "--repeats", "1"]) == 0
+                       "--context-len", "8", "--batch", "2", "--precisions", "fp32", "--repeats", "1",
+                       "--steps-per-timing", "3"]) == 0
     out = capsys.readouterr().out
     (row,) = json_lines(out)
     assert row["tokens_per_s"] > 0 and 0 < row["mfu"] and row["batch"] == 2 and "MFU" in out
+    assert row["steps_per_timing"] == 3
+
+
+def test_bad_steps_per_timing_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--transformer-step", "--steps-per-timing", "0"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--steps-per-timing" in err[0]
 
 
 def test_bad_device_count_is_one_line(capsys):
