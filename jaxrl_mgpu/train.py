@@ -168,27 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     elif cfg.resume == "auto":
         log.print("  --resume auto: no checkpoint yet, starting fresh")
 
-    best = {"return": float("-inf")}
-    meta = lambda update: {"update": update, unit: update * per_update, "num_envs": cfg.num_envs,
-                           "config": cfg.to_dict()}
-
-    def checkpoint(update, state):
-        ckpts.save(update, state, trainer.layout, par, meta(update))
-
-    def evaluate(update, state):
-        result = trainer.evaluate(state.params, update)
-        if result["mean_return"] > best["return"]:
-            best["return"] = result["mean_return"]
-            ckpts.save_best(update, state.params, par, {**meta(update), "eval": result})
-        return {"eval/episode_return": result["mean_return"], "eval/episode_return_std": result["std_return"]}
-
     stop = StopSignal(log)
-    hooks = runner.Hooks(checkpoint=checkpoint, evaluate=evaluate if cfg.eval_every else None, stop_requested=stop)
     try:
         if cfg.mode == "learn":
             last = asynchronous.learn(cfg, par, run_dir, log, ckpts, stop, resume_step)
             done = cfg.total_updates  # the learner stops on env steps received, not on updates
         else:
+            hooks = trainer_hooks(cfg, trainer, par, ckpts, stop)
             _, last, done = runner.train(trainer, log, state, start, hooks, stop_at=cfg.stop_at_update)
     except runner.NonFinite as e:
         ckpts.wait()
@@ -207,6 +193,29 @@ def main(argv: list[str] | None = None) -> int:
     log.print(f"results in {run_dir}/: config.json, metrics.jsonl, TensorBoard events, checkpoints/ "
               f"(tensorboard --logdir {run_dir})")
     return 0
+
+
+def trainer_hooks(cfg, trainer, par: parallel.Parallel, ckpts, stop):
+    """What `--mode both` does between chunks (runner.Hooks): checkpoints, and evaluations that
+    also keep the best parameters so far (checkpoints/best)."""
+    from jaxrl_mgpu import runner
+    unit, per_update = trainer.step_unit, trainer.steps_per_update
+    best = {"return": float("-inf")}
+
+    def meta(update):
+        return {"update": update, unit: update * per_update, "num_envs": cfg.num_envs, "config": cfg.to_dict()}
+
+    def checkpoint(update, state):
+        ckpts.save(update, state, trainer.layout, par, meta(update))
+
+    def evaluate(update, state):
+        result = trainer.evaluate(state.params, update)
+        if result["mean_return"] > best["return"]:
+            best["return"] = result["mean_return"]
+            ckpts.save_best(update, state.params, par, {**meta(update), "eval": result})
+        return {"eval/episode_return": result["mean_return"], "eval/episode_return_std": result["std_return"]}
+
+    return runner.Hooks(checkpoint=checkpoint, evaluate=evaluate if cfg.eval_every else None, stop_requested=stop)
 
 
 def collect(cfg, par, asynchronous) -> int:
