@@ -219,6 +219,7 @@ def main_transformer(args, base) -> int:
         # The step is the cache-free learner path (as AD's): check the kernels' shapes the way
         # training does, before any compile.
         config_lib.check_kernels(dataclasses.replace(cfg, algo="ad", n_transit=cfg.context_len))
+        config_lib.check_platform(cfg, jax.devices()[0].platform)
     rows = []
     ceiling = matmul_ceiling(per_timing=args.steps_per_timing)
     for cfg in cfgs:
@@ -251,6 +252,7 @@ def main(argv=None) -> int:
         base = dataclasses.replace(base, attention=args.attention[0], mlp=args.mlp[0])  # the policy's kernels
         device_counts = args.devices or [len(jax.local_devices())]
         runs = []
+        config_lib.check_platform(base, jax.devices()[0].platform)
         for d in device_counts:
             parallel.setup(base.parallel, d)  # validates --devices before any work
             envs = [e * d for e in args.envs_per_device] if args.envs_per_device else (args.num_envs or [base.num_envs])

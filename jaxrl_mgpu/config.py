@@ -334,6 +334,15 @@ def check_kernels(cfg: Config) -> None:
                               f"tokens, d_model {cfg.d_model} and head size {cfg.d_model // cfg.n_heads}")
 
 
+def check_platform(cfg: Config, platform: str) -> None:
+    """What the devices must be for --attention (checked once they are known: asking jax for them
+    any earlier would initialise it before jax.distributed). The Pallas kernels run anywhere
+    (the Pallas interpreter off GPUs: correct, slow); cuDNN's flash attention needs NVIDIA GPUs."""
+    if cfg.attention == "cudnn" and platform != "gpu":
+        raise ConfigError(f"--attention cudnn is cuDNN's flash attention, for NVIDIA GPUs; this run's devices "
+                          f"are {platform}: use --attention xla")
+
+
 # Options that shape the training state: a checkpoint only resumes under the same values.
 STATE_KEYS = ("algo", "env", "policy", "hidden_size", "num_layers", "activation")
 

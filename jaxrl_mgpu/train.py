@@ -80,7 +80,10 @@ def banner(cfg, par: parallel.Parallel, layout: dict, per_update: str) -> dict:
         "updates": f"{cfg.total_updates}, {cfg.log_every} per compiled chunk",
         "precision": f"{cfg.precision} compute, fp32 params" + (f", {cfg.grad_accum} micro-batches per step"
                                                                 if cfg.grad_accum > 1 else ""),
-        **({"kernels": f"attention {cfg.attention}, mlp {cfg.mlp}"}
+        **({"kernels": f"attention {cfg.attention}, mlp {cfg.mlp}"
+                       + ("" if device.platform == "gpu" or "pallas" not in (cfg.attention, cfg.mlp)
+                          else f" (no GPU: the Pallas kernels run through the Pallas interpreter on "
+                               f"{device.platform}, correct but slow)")}
            if (cfg.attention, cfg.mlp) != ("xla", "xla") else {}),
         "run dir": cfg.run_dir,
     })
@@ -129,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         # --mode learn|collect: DQN from episodes, or AD from learning histories, in the run's store
         asynchronous = elastic_ad if cfg.algo == "ad" else elastic
         par = parallel.setup(cfg.parallel, cfg.devices)
+        config_lib.check_platform(cfg, par.devices[0].platform)
         layout = (ALGOS[cfg.algo].check if cfg.mode == "both" else asynchronous.check)(cfg, par.num_devices)
         if cfg.mode == "collect":
             if not cfg.run_dir:

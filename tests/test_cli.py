@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from jaxrl_mgpu import train
@@ -32,6 +33,9 @@ def run_main(capsys, *argv):
     (["--policy", "transformer", "--attention", "pallas", "--precision", "bf16"], ["--attention pallas", "--algo ad"]),
     (["--algo", "ad", "--attention", "pallas", "--precision", "bf16", "--n-transit", "160"],
      ["--attention pallas", "160 tokens"]),
+    pytest.param(["--policy", "transformer", "--attention", "cudnn", "--precision", "bf16"],
+                 ["--attention cudnn", "cpu", "--attention xla"],
+                 marks=pytest.mark.skipif(jax.default_backend() == "gpu", reason="cuDNN is there on GPUs")),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, argv, names):
     run_dir = tmp_path / "run"
