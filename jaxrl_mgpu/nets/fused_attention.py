@@ -10,12 +10,15 @@ LayerNorm passes. Here, three kernels:
 
 1. forward, one program per (sequence, head): loads the sequence's x, normalises it, projects
    the head's q, k and v (matmuls against that head's columns of w, in registers), rotates q
-   and k (RoPE), computes the masked scores and their softmax, and writes the head's o in the
-   [B, L, H, Dh] layout the output projection reads, and the softmax's log-sum-exp; the head-0
-   program also writes x normalised (for the backward pass). Nothing QKV-wide reaches HBM.
+   and k (RoPE), computes the masked scores and their softmax (in base 2: the score scale
+   times log2(e) is folded into q, so each score costs one ex2 instruction), and writes the
+   head's o in the [B, L, H, Dh] layout the output projection reads, and the softmax's
+   log2-sum-exp2; the head-0 program also writes x normalised (for the backward pass). Nothing
+   QKV-wide reaches HBM.
 2. backward, one program per (sequence, head): recomputes q, k, v from x normalised and P from
-   the log-sum-exp, and writes the gradient of the head's raw projection, dqkv [B, L, 3, H, Dh]
-   (for the weight gradient, one XLA matmul x_norm^T @ dqkv, and for kernel 3).
+   the log2-sum-exp2, takes the softmax's row sums of P dP as dO . O (FlashAttention's trick),
+   and writes the gradient of the head's raw projection, dqkv [B, L, 3, H, Dh] (for the weight
+   gradient, one XLA matmul x_norm^T @ dqkv, and for kernel 3).
 3. input gradient, one program per block of rows: dx = LayerNorm backward of dqkv @ w^T plus the
    residual stream's gradient (see `attend`: x is returned, so that gradient arrives here
    instead of in a separate XLA pass); the LayerNorm's and the bias' gradients as fp32 partial
@@ -51,7 +54,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxrl_mgpu.nets.pallas_util import dot, index, layer_norm_backward, layer_norm_reference, standardize
+from jaxrl_mgpu.nets.pallas_util import dot, index, layer_norm_backward, layer_norm_reference, ptx_approx, standardize
 
 MAX_LEN = 128  # longest sequence: its keys' gradients stay in registers across the query blocks
                # (160 tokens spilled: slower than cuDNN, see RESULTS)
@@ -60,6 +63,7 @@ MASKED = -0.7 * float(np.finfo(np.float32).max)
 WARPS = (4, 4, 4)  # warps per program of the forward, backward and input-gradient kernels (H100)
 INPUT_ROWS = 64  # rows per program of the input-gradient kernel
 MAX_BLOCK = 64  # rows per query / key block
+LOG2E = float(np.log2(np.e))
 
 
 def supported(seq_len: int, head_dim: int, d_model: int) -> bool:
@@ -139,28 +143,38 @@ class _Rows:
         return r1 * self.cos + r2 * self.sin, r2 * self.cos - r1 * self.sin
 
 
+def _exp2(x, fast):
+    """2^x, fp32. On GPUs (`fast`) one ex2.approx instruction (relative error ~2^-22): the
+    softmax runs in base 2 (log2(e) folded into q with the score scale), so each score costs one
+    special-function op instead of libdevice's accurate expf."""
+    return ptx_approx("ex2.approx.f32", x) if fast else jnp.exp2(x)
+
+
 def _halves(head_dim):
     half = head_dim // 2
     return slice(None, half), slice(half, None)
 
 
-def _project(r: _Rows, w_ref, b_ref, dtype):
-    """The program's head's rotated q and k (two [rows, Dh/2] halves each) and v of a row
-    block, in the compute dtype: x_norm @ w[:, part] + b[part] (w_ref [D, 3, Dh], b_ref [3, Dh])."""
+def _project(r: _Rows, w_ref, b_ref, dtype, q_scale):
+    """The program's head's rotated q (times q_scale) and k (two [rows, Dh/2] halves each) and v
+    of a row block, in the compute dtype: x_norm @ w[:, part] + b[part] (w_ref [D, 3, Dh],
+    b_ref [3, Dh])."""
     def part(p, cols):
         return dot(r.xn, w_ref[:, index(p), cols]) + b_ref[index(p), cols].astype(jnp.float32)[None, :]
 
     rotated = []
-    for p in (0, 1):
+    for p, scale in ((0, q_scale), (1, 1.0)):
         x1, x2 = (part(p, cols) for cols in _halves(w_ref.shape[-1]))
-        rotated.append(((x1 * r.cos - x2 * r.sin).astype(dtype), (x2 * r.cos + x1 * r.sin).astype(dtype)))
+        rotated.append((((x1 * r.cos - x2 * r.sin) * scale).astype(dtype),
+                        ((x2 * r.cos + x1 * r.sin) * scale).astype(dtype)))
     return rotated[0], rotated[1], part(2, slice(None)).astype(dtype)
 
 
-def _scores(qr: _Rows, q, kr: _Rows, k, *, seq_len, window, scale):
-    """Masked scores [q rows, k rows] fp32 of one block pair. Which conditions a pair needs is
-    known statically: only diagonal blocks need causality, only far-apart ones the window."""
-    s = (dot(q[0], k[0], trans_b=True) + dot(q[1], k[1], trans_b=True)) * scale
+def _scores(qr: _Rows, q, kr: _Rows, k, *, seq_len, window):
+    """Masked scores [q rows, k rows] fp32 of one block pair (q carries the scale). Which
+    conditions a pair needs is known statically: only diagonal blocks need causality, only
+    far-apart ones the window."""
+    s = dot(q[0], k[0], trans_b=True) + dot(q[1], k[1], trans_b=True)
     i = qr.start + jnp.arange(qr.size)[:, None]
     j = kr.start + jnp.arange(kr.size)[None, :]
     conds = []
@@ -195,9 +209,9 @@ def _sequence(xn_of, cos_ref, sin_ref, seg_ref, valid_ref, *, seq_len, max_block
 
 
 def _forward_kernel(x_ref, scale_ref, bias_ref, w_ref, b_ref, cos_ref, sin_ref, *rest, seq_len,
-                    window, scale, masks, max_block):
+                    window, scale, masks, max_block, fast):
     """Program (sequence, head): LN, the head's projection, RoPE, attention; o [T, Dh] and the
-    log-sum-exp [T]; the head-0 program also writes x normalised [T, D]."""
+    log2-sum-exp2 [T]; the head-0 program also writes x normalised [T, D]."""
     seg_ref, valid_ref, (o_ref, lse_ref, xn_ref) = _mask_refs(rest, masks)
     dtype = o_ref.dtype
 
@@ -213,26 +227,26 @@ def _forward_kernel(x_ref, scale_ref, bias_ref, w_ref, b_ref, cos_ref, sin_ref, 
             _store(xn_ref, r.start, r.xn, seq_len)
 
     pairs = _pairs([(r.start, r.size) for r in rows], window)
-    qkv = [_project(r, w_ref, b_ref, dtype) for r in rows]
+    qkv = [_project(r, w_ref, b_ref, dtype, scale * LOG2E) for r in rows]  # scores in base 2
     for qi, r in enumerate(rows):
         keys = [ki for q, ki in pairs if q == qi]
-        scores = [_scores(r, qkv[qi][0], rows[ki], qkv[ki][1], seq_len=seq_len, window=window, scale=scale)
-                  for ki in keys]
+        scores = [_scores(r, qkv[qi][0], rows[ki], qkv[ki][1], seq_len=seq_len, window=window) for ki in keys]
         m = functools.reduce(jnp.maximum, [jnp.max(s, axis=1) for s in scores])[:, None]
-        probs = [jnp.exp(s - m) for s in scores]
+        probs = [_exp2(s - m, fast) for s in scores]
         total = sum(jnp.sum(p, axis=1) for p in probs)[:, None]
         # Normalised after P @ V: [rows, Dh] divisions instead of [rows, keys].
         o = sum(dot(p.astype(dtype), qkv[ki][2]) for p, ki in zip(probs, keys)) / total
         _store(o_ref, r.start, o.astype(dtype), seq_len)
-        # log-sum-exp per row: the backward pass rebuilds P without the reductions.
-        lse_ref[pl.ds(r.start, r.size)] = (m + jnp.log(total))[:, 0]
+        # log2-sum-exp2 per row: the backward pass rebuilds P without the reductions.
+        lse_ref[pl.ds(r.start, r.size)] = (m + jnp.log2(total))[:, 0]
 
 
 def _backward_kernel(xn_ref, w_ref, b_ref, cos_ref, sin_ref, *rest, seq_len, window, scale, masks,
-                     max_block):
+                     max_block, fast):
     """Program (sequence, head): recomputes the head's q, k, v from x normalised and P from the
-    log-sum-exp; writes the gradient of the head's raw projection, dqkv [T, 3, Dh]."""
-    seg_ref, valid_ref, (lse_ref, do_ref, dqkv_ref) = _mask_refs(rest, masks)
+    log2-sum-exp2; reads o for the row sums; writes the gradient of the head's raw projection,
+    dqkv [T, 3, Dh]."""
+    seg_ref, valid_ref, (lse_ref, do_ref, o_ref, dqkv_ref) = _mask_refs(rest, masks)
     dtype = dqkv_ref.dtype
     rows = _sequence(lambda start, size: _load(xn_ref, start, size, seq_len), cos_ref, sin_ref,
                      seg_ref, valid_ref, seq_len=seq_len, max_block=max_block)
@@ -240,7 +254,10 @@ def _backward_kernel(xn_ref, w_ref, b_ref, cos_ref, sin_ref, *rest, seq_len, win
     head_dim = w_ref.shape[-1]
     half = head_dim // 2
     zeros = lambda r, n: jnp.zeros((r.size, n), jnp.float32)
-    qkv = [_project(r, w_ref, b_ref, dtype) for r in rows]
+    # q carries scale * log2(e) (scores in base 2, as in the forward pass); the gradients wrt
+    # the natural-log scores, dS, then give dq = scale * dS k and dk = scale * dS^T q, i.e.
+    # dS^T q_carried / log2(e); those factors are applied once per block, not once per score.
+    qkv = [_project(r, w_ref, b_ref, dtype, scale * LOG2E) for r in rows]
     # Gradients wrt the rotated q and k halves and v; the keys' accumulate over query blocks.
     dk = [[zeros(r, half)] * 2 for r in rows]
     dv = [zeros(r, head_dim) for r in rows]
@@ -248,19 +265,19 @@ def _backward_kernel(xn_ref, w_ref, b_ref, cos_ref, sin_ref, *rest, seq_len, win
         key_ids = [ki for q, ki in pairs if q == qi]
         do = _load(do_ref, r.start, r.size, seq_len)  # padding rows read 0: they add nothing
         lse = lse_ref[pl.ds(r.start, r.size)][:, None]
-        probs = [jnp.exp(_scores(r, qkv[qi][0], rows[ki], qkv[ki][1], seq_len=seq_len, window=window,
-                                 scale=scale) - lse) for ki in key_ids]
-        dprobs = [dot(do, qkv[ki][2], trans_b=True) for ki in key_ids]
-        delta = sum(jnp.sum(p * dp, axis=1) for p, dp in zip(probs, dprobs))[:, None]
+        # sum_j P_ij dP_ij = dO_i . O_i: [rows, Dh] work instead of [rows, keys].
+        delta = jnp.sum(do.astype(jnp.float32) * _load(o_ref, r.start, r.size, seq_len, dtype=jnp.float32),
+                        axis=1)[:, None]
         dq = [zeros(r, half)] * 2
-        for ki, p, dp in zip(key_ids, probs, dprobs):
-            ds = (p * (dp - delta) * scale).astype(dtype)
+        for ki in key_ids:
+            p = _exp2(_scores(r, qkv[qi][0], rows[ki], qkv[ki][1], seq_len=seq_len, window=window) - lse, fast)
+            ds = (p * (dot(do, qkv[ki][2], trans_b=True) - delta)).astype(dtype)
             dq = [dq[c] + dot(ds, qkv[ki][1][c]) for c in (0, 1)]
             dk[ki] = [dk[ki][c] + dot(ds, qkv[qi][0][c], trans_a=True) for c in (0, 1)]
             dv[ki] = dv[ki] + dot(p.astype(dtype), do, trans_a=True)
-        _store_unrotated(dqkv_ref, 0, r, dq, seq_len)
+        _store_unrotated(dqkv_ref, 0, r, [g * scale for g in dq], seq_len)
     for r, d, g in zip(rows, dk, dv):
-        _store_unrotated(dqkv_ref, 1, r, d, seq_len)
+        _store_unrotated(dqkv_ref, 1, r, [g / LOG2E for g in d], seq_len)
         _store(dqkv_ref, r.start, g.astype(dtype), seq_len, (index(2),))
 
 
@@ -301,7 +318,7 @@ def _call(kernel, leading, cos, sin, seg, valid, trailing, out_shape, out_specs,
              for m in (seg, valid) if m is not None]
     inputs = list(leading) + tables + masks + list(trailing)
     body = functools.partial(kernel, seq_len=seq_len, window=window, scale=1.0 / np.sqrt(2 * half),
-                             masks=(seg is not None, valid is not None), max_block=max_block)
+                             masks=(seg is not None, valid is not None), max_block=max_block, fast=not interpret)
     return pl.pallas_call(
         body, grid=(leading[0][0].shape[0], n_heads), in_specs=[spec for _, spec in inputs],
         out_specs=out_specs, out_shape=out_shape,
@@ -332,7 +349,7 @@ def _in_compute_dtype(x, w, b, n_heads):
 
 def _forward(x, ln_scale, ln_bias, w, b, cos, sin, seg, valid, window, n_heads, warps, interpret,
              max_block):
-    """o [B, L, H, Dh], the softmax's log-sum-exp [B, H, tile] fp32 (rows past L: padding) and
+    """o [B, L, H, Dh], the softmax's log2-sum-exp2 [B, H, tile] fp32 (rows past L: padding) and
     x normalised [B, L, D]."""
     B, L, D = x.shape
     if w.shape != (D, 3 * D) or b.shape != (3 * D,) or ln_scale.shape != (D,) or ln_bias.shape != (D,):
@@ -392,17 +409,17 @@ def _attend_fwd(x, ln_scale, ln_bias, w, b, cos, sin, seg, valid, window, n_head
                 max_block):
     o, lse, xn = _forward(x, ln_scale, ln_bias, w, b, cos, sin, seg, valid, window, n_heads, warps,
                           interpret, max_block)
-    return (o, x), (x, ln_scale, w, b, cos, sin, seg, valid, lse, xn)
+    return (o, x), (x, ln_scale, w, b, cos, sin, seg, valid, o, lse, xn)
 
 
 def _attend_bwd(window, n_heads, warps, interpret, max_block, residuals, cotangents):
     do, dres = cotangents
-    x, ln_scale, w, b, cos, sin, seg, valid, lse, xn = residuals
+    x, ln_scale, w, b, cos, sin, seg, valid, o, lse, xn = residuals
     B, L, D = x.shape
     w4, b3 = _in_compute_dtype(x, w, b, n_heads)
     spec = _Specs(L, D, D // n_heads, max_block)
     dqkv = _call(_backward_kernel, [(xn, spec.rows), (w4, spec.w), (b3, spec.b)], cos, sin, seg, valid,
-                 [(lse, spec.lse), (do.astype(x.dtype), spec.head)],
+                 [(lse, spec.lse), (do.astype(x.dtype), spec.head), (o, spec.head)],
                  jax.ShapeDtypeStruct((B, L, 3, n_heads, D // n_heads), x.dtype), spec.qkv,
                  seq_len=L, n_heads=n_heads, window=window, num_warps=warps[1], max_block=max_block,
                  interpret=interpret)

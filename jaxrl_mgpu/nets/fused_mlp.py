@@ -63,7 +63,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxrl_mgpu.nets.pallas_util import dot, layer_norm_backward, layer_norm_reference, standardize
+from jaxrl_mgpu.nets.pallas_util import dot, layer_norm_backward, layer_norm_reference, ptx_approx, standardize
 
 GELU_C = math.sqrt(2.0 / math.pi)  # gelu(h) = h * (1 + tanh(GELU_C * (h + GELU_A * h^3))) / 2
 GELU_A = 0.044715
@@ -90,14 +90,6 @@ def _row_mask(first_row, block_rows, n_rows):
     return (first_row + jnp.arange(block_rows) < n_rows)[:, None]
 
 
-def _tanh_approx(u):
-    """PTX tanh.approx.f32: one special-function-unit op (relative error ~2^-11)."""
-    [t] = plgpu.elementwise_inline_asm(
-        "tanh.approx.f32 $0, $1;", args=[u], constraints="=r,r", pack=1,
-        result_shape_dtypes=[jax.ShapeDtypeStruct(u.shape, jnp.float32)])
-    return t
-
-
 def _gelu_cdf(h, fast):
     """The tanh-form GELU gate (1 + tanh(u)) / 2.
 
@@ -109,7 +101,7 @@ def _gelu_cdf(h, fast):
     giving a gate of exactly 0."""
     u = GELU_C * (h + GELU_A * h * h * h)
     if fast:
-        return 0.5 + 0.5 * _tanh_approx(u)
+        return 0.5 + 0.5 * ptx_approx("tanh.approx.f32", u)  # relative error ~2^-11
     return 1.0 / (1.0 + jnp.exp(-2.0 * u))
 
 
