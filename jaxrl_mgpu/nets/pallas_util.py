@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+from jax.experimental.pallas import triton as plgpu
 
 
 def dot(a, b, trans_a=False, trans_b=False):
@@ -15,7 +16,6 @@ def ptx_approx(instruction: str, x):
     """One PTX approximation instruction per element of fp32 x, e.g. "tanh.approx.f32" or
     "ex2.approx.f32": a single special-function-unit op, where the Triton lowering of jnp.tanh /
     jnp.exp2 calls libdevice's accurate (several-instruction) versions. GPU only."""
-    from jax.experimental.pallas import triton as plgpu
     [y] = plgpu.elementwise_inline_asm(
         f"{instruction} $0, $1;", args=[x], constraints="=r,r", pack=1,
         result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, jnp.float32)])
