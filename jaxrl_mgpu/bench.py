@@ -250,9 +250,9 @@ def main(argv=None) -> int:
         if len(args.attention) > 1 or len(args.mlp) > 1:
             raise config_lib.ConfigError("several --attention / --mlp values are for --transformer-step")
         base = dataclasses.replace(base, attention=args.attention[0], mlp=args.mlp[0])  # the policy's kernels
+        config_lib.check_platform(base, jax.devices()[0].platform)
         device_counts = args.devices or [len(jax.local_devices())]
         runs = []
-        config_lib.check_platform(base, jax.devices()[0].platform)
         for d in device_counts:
             parallel.setup(base.parallel, d)  # validates --devices before any work
             envs = [e * d for e in args.envs_per_device] if args.envs_per_device else (args.num_envs or [base.num_envs])

@@ -54,7 +54,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxrl_mgpu.nets.pallas_util import dot, index, layer_norm_backward, layer_norm_reference, ptx_approx, standardize
+from jaxrl_mgpu.nets.pallas_util import (dot, index, layer_norm, layer_norm_backward, layer_norm_reference,
+                                         ptx_approx, standardize)
 
 MAX_LEN = 128  # longest sequence: its keys' gradients stay in registers across the query blocks
                # (160 tokens spilled: slower than cuDNN, see RESULTS)
@@ -216,8 +217,7 @@ def _forward_kernel(x_ref, scale_ref, bias_ref, w_ref, b_ref, cos_ref, sin_ref, 
     dtype = o_ref.dtype
 
     def normalise(start, size):
-        xhat, _ = standardize(_load(x_ref, start, size, seq_len, dtype=jnp.float32))
-        return (xhat * scale_ref[...][None, :] + bias_ref[...][None, :]).astype(dtype)
+        return layer_norm(_load(x_ref, start, size, seq_len, dtype=jnp.float32), scale_ref, bias_ref, dtype)
 
     rows = _sequence(normalise, cos_ref, sin_ref, seg_ref, valid_ref, seq_len=seq_len, max_block=max_block)
 
@@ -375,7 +375,7 @@ def _forward(x, ln_scale, ln_bias, w, b, cos, sin, seg, valid, window, n_heads, 
 
 def _input_backward(x, ln_scale, w, dqkv, dres, *, block_rows, num_warps, interpret):
     """dx and the LayerNorm's and projection bias' gradients from dqkv and the residual stream's
-    gradient dres (_input_backward_kernel)."""
+    gradient dres (_input_backward_kernel); w [D, 3, D] in the compute dtype."""
     B, L, D = x.shape
     n = B * L
     blocks = pl.cdiv(n, block_rows)
@@ -390,7 +390,7 @@ def _input_backward(x, ln_scale, w, dqkv, dres, *, block_rows, num_warps, interp
         out_shape=[jax.ShapeDtypeStruct((n, D), x.dtype), out(D), out(D), out(3, D)],
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret, name="input_backward_kernel",
-    )(x.reshape(n, D), ln_scale, w.astype(x.dtype).reshape(D, 3, D), dqkv.reshape(n, 3, D),
+    )(x.reshape(n, D), ln_scale, w, dqkv.reshape(n, 3, D),
       dres.astype(x.dtype).reshape(n, D))
     return dx.reshape(x.shape), dscale.sum(0), dbias.sum(0), db.sum(0).reshape(3 * D)
 
@@ -425,8 +425,8 @@ def _attend_bwd(window, n_heads, warps, interpret, max_block, residuals, cotange
                  jax.ShapeDtypeStruct((B, L, 3, n_heads, D // n_heads), x.dtype), spec.qkv,
                  seq_len=L, n_heads=n_heads, window=window, num_warps=warps[1], max_block=max_block,
                  interpret=interpret)
-    dx, dscale, dbias, db = _input_backward(x, ln_scale, w, dqkv, dres, block_rows=INPUT_ROWS,
-                                            num_warps=warps[2], interpret=interpret)
+    dx, dscale, dbias, db = _input_backward(x, ln_scale, w4.reshape(D, 3, D), dqkv, dres,
+                                            block_rows=INPUT_ROWS, num_warps=warps[2], interpret=interpret)
     # The projection's weight gradient: one matmul over every token, fp32 out.
     dw = jax.lax.dot_general(xn.reshape(B * L, D), dqkv.reshape(B * L, 3 * D), (((0,), (0,)), ((), ())),
                              preferred_element_type=jnp.float32)

@@ -49,6 +49,13 @@ def standardize(x):
     return (x - mean) * rstd, rstd
 
 
+def layer_norm(x, scale_ref, bias_ref, dtype):
+    """flax's LayerNorm of a row block inside a kernel: x [R, D] fp32 and the [D] scale / bias refs
+    -> LN(x) in `dtype` (the compute dtype, as it feeds a matmul)."""
+    xhat, _ = standardize(x)
+    return (xhat * scale_ref[...][None, :] + bias_ref[...][None, :]).astype(dtype)
+
+
 def layer_norm_reference(x, scale, bias):
     """flax's nn.LayerNorm(dtype=x.dtype) in plain jnp (fp32 statistics, the fast variance), the
     result in x's dtype: the kernels' references build on it (tests, benchmarks)."""

@@ -300,9 +300,10 @@ class TransformerActorCritic(nn.Module):
         x = self._tokens(obs, prev_action, prev_reward, is_first)
         ks, vs = [], []
         fused = self.attn_implementation == "pallas" and cache is None and not self.is_initializing()
+        if fused:  # the rotary tables of positions 0..L-1, shared by every layer's kernel
+            cos, sin = rope_tables(i, self.d_model // self.n_heads, x.dtype)
         for layer, block in enumerate(self.blocks):
             if fused:   # LN 1 through attention in one kernel per pass; see fused_attention.py
-                cos, sin = rope_tables(i, self.d_model // self.n_heads, x.dtype)
                 qkv = block.project(x)  # for the returned cache only (else dead code)
                 attn, x = block.fused_attention(x, cos, sin, None if across else seg, valid, C)
                 ks.append(rope(qkv[:, :, 1], pos))
