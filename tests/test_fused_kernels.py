@@ -218,18 +218,28 @@ def test_attention_blocks():
 
 
 # ----------------------------------------------------------------------------------------------
-# 3. The MLP kernel alone vs `fused_mlp.reference` (and that vs the flax modules).
+# 3. The second-half kernel alone vs `fused_mlp.reference` (and that vs the flax modules).
 
 
 def mlp_params(d, seed=0, hidden=None):
+    """wo, bo, ln_scale, ln_bias, w1, b1, w2, b2."""
     hidden = 4 * d if hidden is None else hidden
     rng = np.random.default_rng(seed)
     f32 = lambda *s, c=0.0, sd=1.0: jnp.asarray(c + sd * rng.normal(size=s), jnp.float32)
-    return (f32(d, c=1.0, sd=0.2), f32(d, sd=0.2), f32(d, hidden, sd=1 / np.sqrt(d)), f32(hidden, sd=0.5),
-            f32(hidden, d, sd=1 / np.sqrt(hidden)), f32(d, sd=0.2))
+    return (f32(d, d, sd=1 / np.sqrt(d)), f32(d, sd=0.2), f32(d, c=1.0, sd=0.2), f32(d, sd=0.2),
+            f32(d, hidden, sd=1 / np.sqrt(d)), f32(hidden, sd=0.5), f32(hidden, d, sd=1 / np.sqrt(hidden)),
+            f32(d, sd=0.2))
 
 
-GRAD_NAMES = ("dx", "d ln_scale", "d ln_bias", "dw1", "db1", "dw2", "db2")
+GRAD_NAMES = ("dx", "d attn", "dwo", "dbo", "d ln_scale", "d ln_bias", "dw1", "db1", "dw2", "db2")
+
+
+def mlp_inputs(shape, dtype=jnp.float32, seed=1):
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.normal(size=shape) * 2 + 0.5, dtype)
+    attn = jnp.asarray(rng.normal(size=shape), dtype)
+    dy = jnp.asarray(rng.normal(size=shape), dtype)
+    return x, attn, dy
 
 
 @pytest.mark.parametrize("shape, kwargs", [
@@ -240,66 +250,62 @@ GRAD_NAMES = ("dx", "d ln_scale", "d ln_bias", "dw1", "db1", "dw2", "db2")
     ((2, 50, 64), {"block_rows": 32, "weights_block_rows": 16, "row_groups": 3}),
 ])
 def test_mlp_kernel(shape, kwargs):
-    rng = np.random.default_rng(1)
-    x = jnp.asarray(rng.normal(size=shape) * 2 + 0.5, jnp.float32)
+    x, attn, dy = mlp_inputs(shape)
     params = mlp_params(shape[-1])
-    y, vjp = jax.vjp(lambda *a: fused_mlp.mlp_residual(*a, interpret=True, **kwargs), x, *params)
-    ref_y, ref_vjp = jax.vjp(fused_mlp.reference, x, *params)
+    y, vjp = jax.vjp(lambda *a: fused_mlp.finish_block(*a, interpret=True, **kwargs), x, attn, *params)
+    ref_y, ref_vjp = jax.vjp(fused_mlp.reference, x, attn, *params)
     assert y.shape == x.shape and y.dtype == x.dtype
     assert_near(y, ref_y, what="y")
-    dy = jnp.asarray(rng.normal(size=shape), jnp.float32)
     grads, ref_grads = vjp(dy), ref_vjp(dy)
     for g, r, name in zip(grads, ref_grads, GRAD_NAMES):
         assert g.shape == r.shape and g.dtype == jnp.float32, name
         assert_near(g, r, what=name)
 
 
-class _FlaxMLP(nn.Module):
-    """The MLP half of transformer.Block, as flax computes it."""
+class _FlaxFinish(nn.Module):
+    """The second half of transformer.Block, as flax computes it."""
     hidden: int
     dtype: object
 
     @nn.compact
-    def __call__(self, x):
-        h = nn.LayerNorm(dtype=self.dtype, param_dtype=jnp.float32)(x)
-        h = nn.gelu(nn.Dense(self.hidden, dtype=self.dtype, param_dtype=jnp.float32)(h))
-        return x + nn.Dense(x.shape[-1], dtype=self.dtype, param_dtype=jnp.float32)(h)
+    def __call__(self, x, attn):
+        dense = lambda n: nn.Dense(n, dtype=self.dtype, param_dtype=jnp.float32)
+        x = x + dense(x.shape[-1])(attn)
+        h = nn.gelu(dense(self.hidden)(nn.LayerNorm(dtype=self.dtype, param_dtype=jnp.float32)(x)))
+        return x + dense(x.shape[-1])(h)
 
 
-def _flax_params(ln_scale, ln_bias, w1, b1, w2, b2):
-    return {"params": {"LayerNorm_0": {"scale": ln_scale, "bias": ln_bias},
-                       "Dense_0": {"kernel": w1, "bias": b1}, "Dense_1": {"kernel": w2, "bias": b2}}}
+def _flax_params(wo, bo, ln_scale, ln_bias, w1, b1, w2, b2):
+    return {"params": {"Dense_0": {"kernel": wo, "bias": bo},
+                       "LayerNorm_0": {"scale": ln_scale, "bias": ln_bias},
+                       "Dense_1": {"kernel": w1, "bias": b1}, "Dense_2": {"kernel": w2, "bias": b2}}}
 
 
 def test_mlp_reference_is_the_flax_modules():
-    rng = np.random.default_rng(2)
-    x = jnp.asarray(rng.normal(size=(2, 7, 32)), jnp.float32)
+    x, attn, _ = mlp_inputs((2, 7, 32), seed=2)
     params = mlp_params(32, seed=3)
-    flax_y = _FlaxMLP(128, jnp.float32).apply(_flax_params(*params), x)
-    assert_near(fused_mlp.reference(x, *params), flax_y, what="reference vs flax")
-    assert_near(fused_mlp.mlp_residual(x, *params, block_rows=16, interpret=True), flax_y,
+    flax_y = _FlaxFinish(128, jnp.float32).apply(_flax_params(*params), x, attn)
+    assert_near(fused_mlp.reference(x, attn, *params), flax_y, what="reference vs flax")
+    assert_near(fused_mlp.finish_block(x, attn, *params, block_rows=16, interpret=True), flax_y,
                  what="kernel vs flax")
 
 
 def test_mlp_kernel_bf16():
-    """bf16 activations, fp32 params: y and dx bf16, parameter gradients fp32, all within bf16
-    rounding (relative 2e-2) of the fp32 computation on the same (bf16-valued) inputs."""
-    rng = np.random.default_rng(4)
-    x = jnp.asarray(rng.normal(size=(100, 64)), jnp.bfloat16)
+    """bf16 activations, fp32 params: y, dx and d attn bf16, parameter gradients fp32, all within
+    bf16 rounding (relative 2e-2) of the fp32 computation on the same (bf16-valued) inputs."""
+    x, attn, dy = mlp_inputs((100, 64), jnp.bfloat16, seed=4)
     params = mlp_params(64, seed=5)
-    y, vjp = jax.vjp(lambda *a: fused_mlp.mlp_residual(*a, block_rows=32, interpret=True), x, *params)
+    y, vjp = jax.vjp(lambda *a: fused_mlp.finish_block(*a, block_rows=32, interpret=True), x, attn, *params)
     assert y.dtype == jnp.bfloat16
-    ref_y, ref_vjp = jax.vjp(fused_mlp.reference, x.astype(jnp.float32), *params)
-    # The MLP branch y - x (the residual alone would make any branch look right).
-    assert_near(y.astype(jnp.float32) - x.astype(jnp.float32), ref_y - x.astype(jnp.float32),
-                 rtol=2e-2, what="y - x")
-    dy = jnp.asarray(rng.normal(size=x.shape), jnp.bfloat16)
-    grads, ref_grads = vjp(dy), ref_vjp(dy.astype(jnp.float32))
-    assert grads[0].dtype == jnp.bfloat16 and all(g.dtype == jnp.float32 for g in grads[1:])
-    assert_near(grads[0].astype(jnp.float32) - dy.astype(jnp.float32),
-                 ref_grads[0] - dy.astype(jnp.float32), rtol=2e-2, what="dx - dy")
+    f32 = lambda a: a.astype(jnp.float32)
+    ref_y, ref_vjp = jax.vjp(fused_mlp.reference, f32(x), f32(attn), *params)
+    # The branches y - x (the residual alone would make any branch look right).
+    assert_near(f32(y) - f32(x), ref_y - f32(x), rtol=2e-2, what="y - x")
+    grads, ref_grads = vjp(dy), ref_vjp(f32(dy))
+    assert all(g.dtype == jnp.bfloat16 for g in grads[:2]) and all(g.dtype == jnp.float32 for g in grads[2:])
+    assert_near(f32(grads[0]) - f32(dy), ref_grads[0] - f32(dy), rtol=2e-2, what="dx - dy")
     for g, r, name in zip(grads[1:], ref_grads[1:], GRAD_NAMES[1:]):
-        assert_near(g, r, rtol=2e-2, what=name)
+        assert_near(f32(g), r, rtol=2e-2, what=name)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -349,15 +355,19 @@ def test_fused_model_rejects_unsupported_mlp_width():
 def test_mlp_rejects_unsupported_shapes():
     x = jnp.zeros((10, 48), jnp.float32)
     with pytest.raises(ValueError, match="d_model must be a power of 2"):
-        fused_mlp.mlp_residual(x, *mlp_params(48), interpret=True)
+        fused_mlp.finish_block(x, x, *mlp_params(48), interpret=True)
     x = jnp.zeros((10, 32), jnp.float32)
     with pytest.raises(ValueError, match="hidden must be a power of 2"):
-        fused_mlp.mlp_residual(x, *mlp_params(32, hidden=96), interpret=True)
+        fused_mlp.finish_block(x, x, *mlp_params(32, hidden=96), interpret=True)
     with pytest.raises(ValueError, match="block_rows must be a power of 2"):
-        fused_mlp.mlp_residual(x, *mlp_params(32), block_rows=48, interpret=True)
+        fused_mlp.finish_block(x, x, *mlp_params(32), block_rows=48, interpret=True)
+    wo, bo, ln_scale, ln_bias, w1, b1, w2, b2 = mlp_params(32)
     with pytest.raises(ValueError, match="w1 has shape"):
-        ln_scale, ln_bias, w1, b1, w2, b2 = mlp_params(32)
-        fused_mlp.mlp_residual(x, ln_scale, ln_bias, w1[:16], b1, w2, b2, interpret=True)
+        fused_mlp.finish_block(x, x, wo, bo, ln_scale, ln_bias, w1[:16], b1, w2, b2, interpret=True)
+    with pytest.raises(ValueError, match="wo has shape"):
+        fused_mlp.finish_block(x, x, wo[:16], bo, ln_scale, ln_bias, w1, b1, w2, b2, interpret=True)
+    with pytest.raises(ValueError, match="attn has shape"):
+        fused_mlp.finish_block(x, x[:5], *mlp_params(32), interpret=True)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,42 +1,47 @@
-"""The MLP half of a pre-norm transformer block, y = x + W2 gelu(W1 LN(x) + b1) + b2, in Pallas.
+"""The second half of a pre-norm transformer block in Pallas: the attention output's projection
+and residual, then y = r + W2 gelu(W1 LN(r) + b1) + b2 with r = x + attn Wo + bo.
 
 In-context RL trains short, narrow transformers on very many tokens (d_model D = 128, hidden
 H = 4D = 512, N = 4096 x 80 = 327,680 tokens a minibatch, bf16). XLA runs this half-block as
-LayerNorm, Dense(D -> H), GELU, Dense(H -> D), residual add, and materialises the [N, H]
-intermediates (335 MB each in bf16) in HBM: the pre-activation and the activation in the
-forward pass, and again the activation, its gradient and the pre-activation gradient in the
-backward pass. With K = D = 128 the matmuls are cheap and those round trips dominate the step.
-Here the H-wide intermediates never leave the chip; HBM sees only x, LN(x), y, dy and dx ([N, D]),
-the weights and small fp32 partial sums. The backward pass pays for that with recomputation (the
-first matmul twice).
+Dense(D -> D), residual add, LayerNorm, Dense(D -> H), GELU, Dense(H -> D), residual add, and
+materialises the [N, H] intermediates (335 MB each in bf16) in HBM: the pre-activation and the
+activation in the forward pass, and again the activation, its gradient and the pre-activation
+gradient in the backward pass; and the projection's output and the residual sum ([N, D]) each
+take a trip through HBM between kernels. With K = D = 128 the matmuls are cheap and those round
+trips dominate the step. Here the H-wide intermediates never leave the chip; HBM sees only x,
+attn, r, LN(r), y, dy, dr and d attn ([N, D]), the weights and small fp32 partial sums. The
+backward pass pays for that with recomputation (the first matmul twice).
 
 Timings against XLA running the flax modules, alone and inside the transformer's training
 step: experiments/RESULTS.md ("Fused kernels").
 
-    mlp_residual(x, ln_scale, ln_bias, w1, b1, w2, b2, *, block_rows=64, block_hidden=64,
-                 num_warps=4, num_stages=2, weights_block_rows=64, weights_num_warps=4,
-                 row_groups=32, interpret=False) -> y
+    finish_block(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, *, block_rows=64,
+                 block_hidden=64, num_warps=4, num_stages=2, weights_block_rows=64,
+                 weights_num_warps=4, row_groups=32, interpret=False) -> y
 
-x [..., D] in the compute dtype (bf16 / fp16 on GPU, fp32 for tests); every parameter float32
-(ln_scale, ln_bias [D], w1 [D, H], b1 [H], w2 [H, D], b2 [D]); y like x. The result is that of
-flax's `nn.LayerNorm(dtype=cd, param_dtype=f32)` (epsilon 1e-6, fp32 statistics) ->
-`nn.Dense(H, dtype=cd)` -> `nn.gelu` (tanh form) -> `nn.Dense(D, dtype=cd)` -> `x + ...`, except
+x and attn [..., D] in the compute dtype (bf16 / fp16 on GPU, fp32 for tests); every parameter
+float32 (wo [D, D], bo [D], ln_scale, ln_bias [D], w1 [D, H], b1 [H], w2 [H, D], b2 [D]); y like
+x. The result is that of flax's `x + nn.Dense(D, dtype=cd)(attn)` followed by
+`nn.LayerNorm(dtype=cd, param_dtype=f32)` (epsilon 1e-6, fp32 statistics) ->
+`nn.Dense(H, dtype=cd)` -> `nn.gelu` (tanh form) -> `nn.Dense(D, dtype=cd)` -> `r + ...`, except
 that inside a kernel everything is fp32 and rounded to the compute dtype only where flax feeds a
-matmul (LN output, GELU output) and at the end, so low-precision results agree with flax to that
-dtype's rounding. Gradients (custom VJP): dx like x, float32 for every parameter.
+matmul (r, the LN output, the GELU output) and at the end, so low-precision results agree with
+flax to that dtype's rounding. Gradients (custom VJP): dx and d attn like x, float32 for every
+parameter.
 
 Three kernels, each a Pallas `pallas_call` lowered to Triton on NVIDIA GPUs (`interpret=True`
 runs the same bodies through XLA, which is how the CPU tests run them):
 
-1. forward, one program per block of `block_rows` rows: LN in fp32, then for each of the
-   H / block_hidden hidden chunks h = xn @ w1[:, c] + b1[c], a = gelu(h), acc += a @ w2[c, :];
-   writes y = x + acc + b2 and, when differentiated, xn = LN(x) in the compute dtype (kernel 3
-   would otherwise redo the LayerNorm once per hidden chunk; nothing H-wide is stored: the
-   backward pass recomputes it, which is cheaper).
+1. forward, one program per block of `block_rows` rows: r = x + attn @ wo + bo, LN(r) in fp32,
+   then for each of the H / block_hidden hidden chunks h = xn @ w1[:, c] + b1[c],
+   a = gelu(h), acc += a @ w2[c, :]; writes y = r + acc + b2 and, when differentiated, r and
+   xn = LN(r) in the compute dtype (kernel 3 would otherwise redo the LayerNorm once per hidden
+   chunk; nothing H-wide is stored: the backward pass recomputes it, which is cheaper).
 2. backward over rows, one program per row block: recomputes xn and per chunk h; da = dy @
    w2[c, :]^T, dh = da * gelu'(h), dxn += dh @ w1[:, c]^T; then the LayerNorm backward gives
-   dx = dy + LN'(dxn). It also writes per-program partial sums of d ln_scale, d ln_bias and db2
-   ([programs, D] fp32) that the wrapper adds up (deterministic, no atomics).
+   dr = dy + LN'(dxn), which is also dx. It also writes per-program partial sums of d ln_scale,
+   d ln_bias and db2 ([programs, D] fp32) that the wrapper adds up (deterministic, no atomics).
+   The projection's gradients d attn = dr @ wo^T, dwo = attn^T @ dr and dbo are left to XLA.
 3. backward over weights, grid (row groups, hidden chunks): a program owns one hidden chunk c
    and loops over the blocks of `weights_block_rows` rows of its group, reading xn and
    recomputing h, a, da and dh, and accumulates in fp32 registers dw1[:, c] += xn^T @ dh, dw2[c, :] += a^T @ dy,
@@ -127,14 +132,20 @@ def _chunk(c, block_hidden):
 # ------------------------------------------------------------------------------------------
 # Kernel 1: forward.
 
-def _forward_kernel(x_ref, scale_ref, bias_ref, w1_ref, b1_ref, w2_ref, b2_ref, y_ref, *xn_ref,
-                    n_rows, block_hidden, fast_gelu):
+def _forward_kernel(x_ref, attn_ref, wo_ref, bo_ref, scale_ref, bias_ref, w1_ref, b1_ref, w2_ref, b2_ref,
+                    y_ref, *saved_refs, n_rows, block_hidden, fast_gelu):
     block_rows, d_model = x_ref.shape
     cd = w1_ref.dtype  # the compute dtype: the wrapper cast the weights to it
     rows = _row_mask(pl.program_id(0) * block_rows, block_rows, n_rows)
-    xn = layer_norm(_load_rows(x_ref, rows), scale_ref, bias_ref, cd)
-    if xn_ref:  # for the weight-gradient kernel, which would otherwise redo it per hidden chunk
-        plgpu.store(xn_ref[0], xn, mask=rows)
+    # The residual stream after attention, rounded where flax's Dense and add would round it.
+    # Kept in the compute dtype across the loop (half the registers of fp32).
+    r = (_load_rows(x_ref, rows) + dot(_load_rows(attn_ref, rows, cd), wo_ref[...])
+         + bo_ref[...].astype(jnp.float32)[None, :]).astype(cd)
+    xn = layer_norm(r.astype(jnp.float32), scale_ref, bias_ref, cd)
+    if saved_refs:  # r for kernel 2; xn for kernel 3, which would otherwise redo it per chunk
+        r_ref, xn_ref = saved_refs
+        plgpu.store(r_ref, r, mask=rows)
+        plgpu.store(xn_ref, xn, mask=rows)
 
     def add_chunk(c, acc):
         chunk = _chunk(c, block_hidden)
@@ -144,24 +155,22 @@ def _forward_kernel(x_ref, scale_ref, bias_ref, w1_ref, b1_ref, w2_ref, b2_ref, 
 
     acc = jax.lax.fori_loop(0, w1_ref.shape[1] // block_hidden, add_chunk,
                             jnp.zeros((block_rows, d_model), jnp.float32))
-    # x is loaded again rather than kept: an fp32 [rows, D] tile live across the loop costs
-    # registers, the second read hits L2.
-    y = _load_rows(x_ref, rows) + acc + b2_ref[...].astype(jnp.float32)[None, :]
+    y = r.astype(jnp.float32) + acc + b2_ref[...].astype(jnp.float32)[None, :]
     plgpu.store(y_ref, y.astype(y_ref.dtype), mask=rows)
 
 
 # ------------------------------------------------------------------------------------------
 # Kernel 2: backward over rows (dx and the LayerNorm / b2 gradients).
 
-def _backward_rows_kernel(x_ref, scale_ref, bias_ref, w1_ref, b1_ref, w2_ref, dy_ref,
-                          dx_ref, dscale_ref, dbias_ref, db2_ref, *, n_rows, block_hidden,
-                          fast_gelu):
-    block_rows, d_model = x_ref.shape
+def _backward_rows_kernel(r_ref, scale_ref, bias_ref, w1_ref, b1_ref, w2_ref, dy_ref,
+                          dr_ref, dscale_ref, dbias_ref, db2_ref, *, n_rows,
+                          block_hidden, fast_gelu):
+    block_rows, d_model = r_ref.shape
     cd = w1_ref.dtype
     rows = _row_mask(pl.program_id(0) * block_rows, block_rows, n_rows)
-    # LN recomputed rather than read from the saved xn: x is read anyway, an extra 2 N D bytes
+    # LN recomputed rather than read from the saved xn: r is read anyway, an extra 2 N D bytes
     # cost more than the arithmetic (seen on an H100).
-    xn = layer_norm(_load_rows(x_ref, rows), scale_ref, bias_ref, cd)
+    xn = layer_norm(_load_rows(r_ref, rows), scale_ref, bias_ref, cd)
     dy = _load_rows(dy_ref, rows, cd)  # zero on masked rows, so they add nothing below
 
     def add_chunk(c, dxn):
@@ -175,10 +184,10 @@ def _backward_rows_kernel(x_ref, scale_ref, bias_ref, w1_ref, b1_ref, w2_ref, dy
     dxn = jax.lax.fori_loop(0, w1_ref.shape[1] // block_hidden, add_chunk,
                             jnp.zeros((block_rows, d_model), jnp.float32))
     # LayerNorm backward (standardised here rather than before the loop: fewer live registers).
-    xhat, rstd = standardize(_load_rows(x_ref, rows))
+    xhat, rstd = standardize(_load_rows(r_ref, rows))
     dy32 = dy.astype(jnp.float32)
-    dx = dy32 + layer_norm_backward(dxn, xhat, rstd, scale_ref[...][None, :])
-    plgpu.store(dx_ref, dx.astype(dx_ref.dtype), mask=rows)
+    dr = dy32 + layer_norm_backward(dxn, xhat, rstd, scale_ref[...][None, :])
+    plgpu.store(dr_ref, dr.astype(cd), mask=rows)
     dscale_ref[...] = jnp.sum(dxn * xhat, axis=0)
     dbias_ref[...] = jnp.sum(dxn, axis=0)
     db2_ref[...] = jnp.sum(dy32, axis=0)
@@ -189,7 +198,7 @@ def _backward_rows_kernel(x_ref, scale_ref, bias_ref, w1_ref, b1_ref, w2_ref, dy
 
 def _backward_weights_kernel(xn_ref, w1_ref, b1_ref, w2_ref, dy_ref, dw1_ref, db1_ref, dw2_ref, *,
                              n_rows, block_rows, blocks_per_group, fast_gelu):
-    # xn_ref (LN(x), which the forward kernel saved), dy_ref: the whole [N, D] arrays; w1_ref
+    # xn_ref (LN(r), which the forward kernel saved), dy_ref: the whole [N, D] arrays; w1_ref
     # [D, BH], b1_ref [BH], w2_ref [BH, D]: this program's hidden chunk.
     d_model, block_hidden = w1_ref.shape
     cd = w1_ref.dtype
@@ -240,46 +249,47 @@ def _in_compute_dtype(cd, *dense_params):
     return tuple(p.astype(cd) for p in dense_params)
 
 
-def _forward(cfg: _Config, x, ln_scale, ln_bias, w1, b1, w2, b2, save_xn=False):
-    """y, and with save_xn also LN(x) in the compute dtype (for kernel 3)."""
+def _forward(cfg: _Config, x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, save=False):
+    """y, and with save also r and LN(r) in the compute dtype (for kernels 2 and 3)."""
     n_rows, d_model = x.shape
     hidden = w1.shape[1]
     br = cfg.block_rows
-    w1, b1, w2, b2 = _in_compute_dtype(x.dtype, w1, b1, w2, b2)
+    wo, bo, w1, b1, w2, b2 = _in_compute_dtype(x.dtype, wo, bo, w1, b1, w2, b2)
     row_block = pl.BlockSpec((br, d_model), lambda i: (i, 0))
+    vector = _whole((d_model,))
     kernel = functools.partial(_forward_kernel, n_rows=n_rows, block_hidden=cfg.block_hidden,
                                fast_gelu=cfg.fast_gelu)
     return pl.pallas_call(
         kernel, grid=(pl.cdiv(n_rows, br),),
-        in_specs=[row_block, _whole((d_model,)), _whole((d_model,)), _whole((d_model, hidden)),
-                  _whole((hidden,)), _whole((hidden, d_model)), _whole((d_model,))],
-        out_specs=[row_block] * (1 + save_xn),
-        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype)] * (1 + save_xn),
+        in_specs=[row_block, row_block, _whole((d_model, d_model)), vector, vector, vector,
+                  _whole((d_model, hidden)), _whole((hidden,)), _whole((hidden, d_model)), vector],
+        out_specs=[row_block] * (1 + 2 * save),
+        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype)] * (1 + 2 * save),
         compiler_params=_compiler_params(cfg, cfg.num_warps), interpret=cfg.interpret,
-        name="mlp_residual_forward")(x, ln_scale, ln_bias, w1, b1, w2, b2)
+        name="finish_block_forward")(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2)
 
 
-def _backward_rows(cfg: _Config, x, ln_scale, ln_bias, w1, b1, w2, dy):
-    """dx, d ln_scale, d ln_bias, db2 (kernel 2)."""
-    n_rows, d_model = x.shape
+def _backward_rows(cfg: _Config, r, ln_scale, ln_bias, w1, b1, w2, dy):
+    """dr (= dx), d ln_scale, d ln_bias, db2 (kernel 2)."""
+    n_rows, d_model = r.shape
     hidden = w1.shape[1]
     br = cfg.block_rows
     n_blocks = pl.cdiv(n_rows, br)
     row_block = pl.BlockSpec((br, d_model), lambda i: (i, 0))
+    vector = _whole((d_model,))
     partial = pl.BlockSpec((None, d_model), lambda i: (i, 0))
     partial_shape = jax.ShapeDtypeStruct((n_blocks, d_model), jnp.float32)
     kernel = functools.partial(_backward_rows_kernel, n_rows=n_rows,
                                block_hidden=cfg.block_hidden, fast_gelu=cfg.fast_gelu)
-    dx, dscale, dbias, db2 = pl.pallas_call(
+    dr, *partials = pl.pallas_call(
         kernel, grid=(n_blocks,),
-        in_specs=[row_block, _whole((d_model,)), _whole((d_model,)), _whole((d_model, hidden)),
-                  _whole((hidden,)), _whole((hidden, d_model)), row_block],
-        out_specs=[row_block, partial, partial, partial],
-        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype), partial_shape, partial_shape,
-                   partial_shape],
+        in_specs=[row_block, vector, vector, _whole((d_model, hidden)), _whole((hidden,)),
+                  _whole((hidden, d_model)), row_block],
+        out_specs=[row_block] + [partial] * 3,
+        out_shape=[jax.ShapeDtypeStruct(r.shape, r.dtype)] + [partial_shape] * 3,
         compiler_params=_compiler_params(cfg, cfg.num_warps), interpret=cfg.interpret,
-        name="mlp_residual_backward_rows")(x, ln_scale, ln_bias, w1, b1, w2, dy)
-    return dx, dscale.sum(0), dbias.sum(0), db2.sum(0)
+        name="finish_block_backward_rows")(r, ln_scale, ln_bias, w1, b1, w2, dy)
+    return (dr, *(p.sum(0) for p in partials))
 
 
 def _group_layout(n_rows, block_rows, row_groups):
@@ -290,7 +300,7 @@ def _group_layout(n_rows, block_rows, row_groups):
 
 
 def _backward_weights(cfg: _Config, xn, w1, b1, w2, dy):
-    """dw1, db1, dw2 (kernel 3) from xn = LN(x)."""
+    """dw1, db1, dw2 (kernel 3) from xn = LN(r)."""
     n_rows, d_model = xn.shape
     hidden = w1.shape[1]
     bh = cfg.block_hidden
@@ -312,31 +322,38 @@ def _backward_weights(cfg: _Config, xn, w1, b1, w2, dy):
                    jax.ShapeDtypeStruct((groups, hidden), jnp.float32),
                    jax.ShapeDtypeStruct((groups, hidden, d_model), jnp.float32)],
         compiler_params=_compiler_params(cfg, cfg.weights_num_warps), interpret=cfg.interpret,
-        name="mlp_residual_backward_weights")(xn, w1, b1, w2, dy)
+        name="finish_block_backward_weights")(xn, w1, b1, w2, dy)
     return dw1.sum(0), db1.sum(0), dw2.sum(0)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _mlp_residual(cfg: _Config, x, ln_scale, ln_bias, w1, b1, w2, b2):
-    return _forward(cfg, x, ln_scale, ln_bias, w1, b1, w2, b2)[0]
+def _finish_block(cfg: _Config, x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2):
+    return _forward(cfg, x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2)[0]
 
 
-def _mlp_residual_fwd(cfg, x, ln_scale, ln_bias, w1, b1, w2, b2):
-    # Residuals are the inputs and LN(x): the backward kernels recompute everything H-wide.
-    y, xn = _forward(cfg, x, ln_scale, ln_bias, w1, b1, w2, b2, save_xn=True)
-    return y, (x, xn, ln_scale, ln_bias, w1, b1, w2)
+def _finish_block_fwd(cfg, x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2):
+    # Residuals are r, LN(r), attn and the weights: the backward kernels recompute everything
+    # H-wide.
+    y, r, xn = _forward(cfg, x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, save=True)
+    return y, (r, xn, attn, wo, ln_scale, ln_bias, w1, b1, w2)
 
 
-def _mlp_residual_bwd(cfg, residuals, dy):
-    x, xn, ln_scale, ln_bias, w1, b1, w2 = residuals
-    w1_cd, b1_cd, w2_cd = _in_compute_dtype(x.dtype, w1, b1, w2)
-    dy = dy.astype(x.dtype)
-    dx, dscale, dbias, db2 = _backward_rows(cfg, x, ln_scale, ln_bias, w1_cd, b1_cd, w2_cd, dy)
+def _finish_block_bwd(cfg, residuals, dy):
+    r, xn, attn, wo, ln_scale, ln_bias, w1, b1, w2 = residuals
+    wo_cd, w1_cd, b1_cd, w2_cd = _in_compute_dtype(r.dtype, wo, w1, b1, w2)
+    dy = dy.astype(r.dtype)
+    dr, dscale, dbias, db2 = _backward_rows(cfg, r, ln_scale, ln_bias, w1_cd, b1_cd, w2_cd, dy)
+    # The projection's gradients stay with XLA (cuBLAS), next to dwo: d attn = dr @ wo^T inside
+    # kernel 2 made it ~1.2 ms a step slower, a fourth partial sum (dbo) ~0.2 ms (H100, AD size).
+    dattn = jnp.dot(dr, wo_cd.T)
+    dbo = jnp.sum(dr, axis=0, dtype=jnp.float32)
+    dwo = jax.lax.dot_general(attn, dr, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
     dw1, db1, dw2 = _backward_weights(cfg, xn, w1_cd, b1_cd, w2_cd, dy)
-    return dx, dscale, dbias, dw1, db1, dw2, db2
+    # r = x + attn wo + bo: the residual stream's gradient dx is dr itself.
+    return dr, dattn, dwo, dbo, dscale, dbias, dw1, db1, dw2, db2
 
 
-_mlp_residual.defvjp(_mlp_residual_fwd, _mlp_residual_bwd)
+_finish_block.defvjp(_finish_block_fwd, _finish_block_bwd)
 
 
 def _is_power_of_2(n):
@@ -352,39 +369,43 @@ def supported(d_model: int, hidden: int) -> bool:
             and _is_power_of_2(hidden))
 
 
-def _check(x, ln_scale, ln_bias, w1, b1, w2, b2, cfg: _Config):
+def _check(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, cfg: _Config):
     d_model = x.shape[-1]
     hidden = w1.shape[-1]
-    expected = {"ln_scale": (d_model,), "ln_bias": (d_model,), "w1": (d_model, hidden),
-                "b1": (hidden,), "w2": (hidden, d_model), "b2": (d_model,)}
-    given = {"ln_scale": ln_scale, "ln_bias": ln_bias, "w1": w1, "b1": b1, "w2": w2, "b2": b2}
+    expected = {"attn": x.shape, "wo": (d_model, d_model), "bo": (d_model,), "ln_scale": (d_model,),
+                "ln_bias": (d_model,), "w1": (d_model, hidden), "b1": (hidden,),
+                "w2": (hidden, d_model), "b2": (d_model,)}
+    given = {"attn": attn, "wo": wo, "bo": bo, "ln_scale": ln_scale, "ln_bias": ln_bias, "w1": w1,
+             "b1": b1, "w2": w2, "b2": b2}
     for name, shape in expected.items():
         if given[name].shape != shape:
-            raise ValueError(f"mlp_residual: {name} has shape {given[name].shape}, expected "
+            raise ValueError(f"finish_block: {name} has shape {given[name].shape}, expected "
                              f"{shape} (x {x.shape}, w1 {w1.shape})")
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise ValueError(f"mlp_residual: x must be floating point, got {x.dtype}")
+    if not jnp.issubdtype(x.dtype, jnp.floating) or attn.dtype != x.dtype:
+        raise ValueError(f"finish_block: x and attn must share a floating dtype, got {x.dtype} "
+                         f"and {attn.dtype}")
     if d_model > MAX_D_MODEL:
-        raise ValueError(f"mlp_residual: d_model {d_model} is wider than the kernels take ({MAX_D_MODEL})")
+        raise ValueError(f"finish_block: d_model {d_model} is wider than the kernels take ({MAX_D_MODEL})")
     for name, size in (("d_model", d_model), ("hidden", hidden), ("block_rows", cfg.block_rows),
                        ("block_hidden", cfg.block_hidden),
                        ("weights_block_rows", cfg.weights_block_rows)):
         if size < 16 or not _is_power_of_2(size):
-            raise ValueError(f"mlp_residual: {name} must be a power of 2 >= 16, got {size}")
+            raise ValueError(f"finish_block: {name} must be a power of 2 >= 16, got {size}")
     if cfg.block_hidden > hidden:
-        raise ValueError(f"mlp_residual: block_hidden {cfg.block_hidden} exceeds hidden {hidden}")
+        raise ValueError(f"finish_block: block_hidden {cfg.block_hidden} exceeds hidden {hidden}")
     for name, count in (("row_groups", cfg.row_groups), ("num_warps", cfg.num_warps),
                         ("weights_num_warps", cfg.weights_num_warps),
                         ("num_stages", cfg.num_stages)):
         if count < 1:
-            raise ValueError(f"mlp_residual: {name} must be >= 1, got {count}")
+            raise ValueError(f"finish_block: {name} must be >= 1, got {count}")
 
 
-def mlp_residual(x, ln_scale, ln_bias, w1, b1, w2, b2, *, block_rows: int = 64,
+def finish_block(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, *, block_rows: int = 64,
                  block_hidden: int = 64, num_warps: int = 4, num_stages: int = 2,
                  weights_block_rows: int = 64, weights_num_warps: int = 4,
                  row_groups: int = 32, interpret: bool = False):
-    """y = x + gelu(LN(x) @ w1 + b1) @ w2 + b2 over the last axis of x; see the module docstring.
+    """y = r + gelu(LN(r) @ w1 + b1) @ w2 + b2 with r = x + attn @ wo + bo, over the last axis
+    of x and attn; see the module docstring.
 
     block_rows x block_hidden: the tile of the forward and backward-over-rows kernels (powers
     of 2, >= 16); num_warps: their Triton warps per program. The weight-gradient kernel keeps
@@ -397,17 +418,18 @@ def mlp_residual(x, ln_scale, ln_bias, w1, b1, w2, b2, *, block_rows: int = 64,
     cfg = _Config(int(block_rows), int(block_hidden), int(num_warps), int(num_stages),
                   int(weights_block_rows), int(weights_num_warps), int(row_groups),
                   bool(fast_gelu), bool(interpret))
-    _check(x, ln_scale, ln_bias, w1, b1, w2, b2, cfg)
-    lead = x.shape[:-1]
-    y = _mlp_residual(cfg, x.reshape(int(np.prod(lead)), x.shape[-1]), ln_scale, ln_bias,
+    _check(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, cfg)
+    rows = (int(np.prod(x.shape[:-1])), x.shape[-1])
+    y = _finish_block(cfg, x.reshape(rows), attn.reshape(rows), wo, bo, ln_scale, ln_bias,
                       w1, b1, w2, b2)
     return y.reshape(x.shape)
 
 
-def reference(x, ln_scale, ln_bias, w1, b1, w2, b2):
-    """The same function in plain jnp, step for step as the flax modules compute it (LayerNorm
-    with fp32 statistics, Dense layers in the compute dtype x.dtype). For tests and benchmarks."""
+def reference(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2):
+    """The same function in plain jnp, step for step as the flax modules compute it (Dense layers
+    in the compute dtype x.dtype, LayerNorm with fp32 statistics). For tests and benchmarks."""
     cd = x.dtype
-    xn = layer_norm_reference(x, ln_scale, ln_bias)
+    r = x + (jnp.dot(attn.astype(cd), wo.astype(cd)) + bo.astype(cd))
+    xn = layer_norm_reference(r, ln_scale, ln_bias)
     h = jnp.dot(xn, w1.astype(cd)) + b1.astype(cd)
-    return x + (jnp.dot(jax.nn.gelu(h, approximate=True), w2.astype(cd)) + b2.astype(cd))
+    return r + (jnp.dot(jax.nn.gelu(h, approximate=True), w2.astype(cd)) + b2.astype(cd))

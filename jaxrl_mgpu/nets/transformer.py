@@ -79,8 +79,8 @@ AD learner), the first half of every block up to the output projection (LayerNor
 projection, RoPE, every mask above and attention) runs in fused kernels that read x and write
 the attention output (fused_attention.py; sequences up to 128 tokens, d_model a power of 2 up to
 128); with a prefix cache and in `step` attention stays with XLA. `mlp_implementation="pallas"`:
-LayerNorm 2 -> MLP -> residual, the second half of every block, in fused kernels that keep the
-4 x d_model activations on chip (fused_mlp.py; d_model a power of 2 up to 128). Both are for
+the output projection -> residual -> LayerNorm 2 -> MLP -> residual, the second half of every
+block, in fused kernels that keep the 4 x d_model activations on chip (fused_mlp.py; d_model a power of 2 up to 128). Both are for
 bf16/fp16 and change no parameter. Numbers: experiments/RESULTS.md ("Fused kernels").
 """
 
@@ -182,13 +182,14 @@ class Block(nn.Module):
                                       seg, valid, window, self.n_heads, interpret=pallas_util.interpret())
 
     def finish(self, x, attn):
-        x = x + self.out_proj(attn.reshape(x.shape))
+        attn = attn.reshape(x.shape)
         if self.mlp_implementation == "pallas" and not self.is_initializing():
             # The same parameters, read from the submodules (init creates them the usual way).
-            ln, fc, fc_out = (m.variables["params"] for m in (self.ln2, self.fc, self.fc_out))
-            return fused_mlp.mlp_residual(x, ln["scale"], ln["bias"], fc["kernel"], fc["bias"],
-                                          fc_out["kernel"], fc_out["bias"],
+            out, ln, fc, fc_out = (m.variables["params"] for m in (self.out_proj, self.ln2, self.fc, self.fc_out))
+            return fused_mlp.finish_block(x, attn, out["kernel"], out["bias"], ln["scale"], ln["bias"],
+                                          fc["kernel"], fc["bias"], fc_out["kernel"], fc_out["bias"],
                                           interpret=pallas_util.interpret())
+        x = x + self.out_proj(attn)
         return x + self.fc_out(nn.gelu(self.fc(self.ln2(x))))
 
 
