@@ -347,7 +347,7 @@ def _finish_block_bwd(cfg, residuals, dy):
     # kernel 2 made it ~1.2 ms a step slower, a fourth partial sum (dbo) ~0.2 ms (H100, AD size).
     dattn = jnp.dot(dr, wo_cd.T)
     dbo = jnp.sum(dr, axis=0, dtype=jnp.float32)
-    dwo = jax.lax.dot_general(attn, dr, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    dwo = dot(attn, dr, trans_a=True)
     dw1, db1, dw2 = _backward_weights(cfg, xn, w1_cd, b1_cd, w2_cd, dy)
     # r = x + attn wo + bo: the residual stream's gradient dx is dr itself.
     return dr, dattn, dwo, dbo, dscale, dbias, dw1, db1, dw2, db2
