@@ -55,7 +55,9 @@ def bench_args(argv):
     p.add_argument("--steps-per-timing", type=int, default=10,
                    help="with --transformer-step: steps dispatched back to back per timing, as a training loop "
                         "runs them (1: block on every step, which adds the host's dispatch and sync to each)")
-    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], help="with --transformer-step")
+    p.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=config_lib.PRECISIONS,
+                   help="with --transformer-step (fp32 is timed once, with XLA's attention and MLP: the "
+                        "reference of the speed-up column)")
     p.add_argument("--attention", nargs="+", default=["xla"], choices=["xla", "cudnn", "pallas"],
                    help="attention of the transformer policy (with --transformer-step: each one is timed)")
     p.add_argument("--mlp", nargs="+", default=["xla"], choices=["xla", "pallas"],
@@ -211,10 +213,13 @@ def table(rows: list[dict]) -> str:
 
 
 def main_transformer(args, base) -> int:
+    # fp32, the speed-up's reference, runs with XLA's attention and MLP whichever kernels are asked
+    # for (the fused kernels, cuDNN's and ours, are for bf16/fp16): one fp32 row.
+    combos = [(precision, attention, mlp) for precision in dict.fromkeys(args.precisions)
+              for attention, mlp in ([("xla", "xla")] if precision == "fp32"
+                                     else itertools.product(args.attention, args.mlp))]
     cfgs = [dataclasses.replace(base, precision=precision, attention=attention, mlp=mlp)
-            for precision, attention, mlp in itertools.product(args.precisions, args.attention, args.mlp)
-            # the fused kernels (cuDNN's, ours) are for bf16/fp16
-            if precision != "fp32" or (attention, mlp) == ("xla", "xla")]
+            for precision, attention, mlp in combos]
     for cfg in cfgs:
         # The step is the cache-free learner path (as AD's): check the kernels' shapes the way
         # training does, before any compile.

@@ -44,12 +44,30 @@ def test_transformer_step_reports_mfu(capsys):
     assert row["steps_per_timing"] == 3
 
 
+def test_transformer_step_times_fp32_with_xla_kernels(capsys):
+    """fp32 is the speed-up's reference: one row with XLA's attention and MLP, even when only
+    fused kernels (bf16/fp16) are asked for."""
+    assert bench.main(["--transformer-step", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
+                       "--context-len", "8", "--batch", "2", "--precisions", "fp32", "--attention", "cudnn",
+                       "pallas", "--mlp", "pallas", "--repeats", "1", "--steps-per-timing", "1"]) == 0
+    (row,) = json_lines(capsys.readouterr().out)
+    assert (row["precision"], row["attention"], row["mlp"]) == ("fp32", "xla", "xla")
+
+
 def test_bad_steps_per_timing_is_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--transformer-step", "--steps-per-timing", "0"])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--steps-per-timing" in err[0]
+
+
+def test_bad_precision_is_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--transformer-step", "--precisions", "bf8"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "--precisions" in err[-1] and "bf8" in err[-1]
 
 
 def test_bad_device_count_is_one_line(capsys):
