@@ -18,15 +18,25 @@ print(f"{'':34}" + "".join(f"{k[:22]:>24}" for k in kernels))
 for m in METRICS:
     print(f"{m:34}" + "".join(f"{value.get((k, m), '-'):>24}" for k in kernels))
 
+def number(text):
+    try:
+        return float(text)
+    except ValueError:  # blank, or a column that holds no count
+        return 0.0
+
+
 for path in sass:
-    lines = open(path).read().splitlines()
-    reader = csv.reader(lines[1:])  # line 0 names the kernel
+    kernel_line, *lines = open(path).read().splitlines()
+    if not kernel_line.startswith('"Kernel Name"'):  # ncu's error text instead of a source page
+        print(f"{path}: no source page ({kernel_line[:80]})")
+        continue
+    reader = csv.reader(lines)
     header = next(reader)
     stalls = [i for i, h in enumerate(header) if h.startswith("stall_") and "Not Issued" not in h]
     totals = collections.Counter()
     for r in reader:
         for i in stalls:
-            totals[header[i][6:]] += float(r[i] or 0) if r[i].replace(".", "").isdigit() else 0
+            totals[header[i][len("stall_"):]] += number(r[i])
     total = sum(totals.values()) or 1
-    print(f"{lines[0].split(',')[1].strip(chr(34)):34}stalls: "
+    print(f"{next(csv.reader([kernel_line]))[1]:34}stalls: "
           + ", ".join(f"{k} {v / total:.0%}" for k, v in totals.most_common(6)))
