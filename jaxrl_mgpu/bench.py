@@ -192,9 +192,10 @@ def transformer_table(rows: list[dict], ceiling: float) -> str:
     for r in rows:
         key = (r["d_model"], r["n_layers"], r["context_len"], r["batch"])
         model = f"d{r['d_model']} L{r['n_layers']} h{r['n_heads']} ctx{r['context_len']}"
-        speedup = r["tokens_per_s"] / fp32[key] if key in fp32 else float("nan")
+        # No fp32 row without fp32 among --precisions: the column says so rather than "nan".
+        speedup = f"{r['tokens_per_s'] / fp32[key]:.2f}" if key in fp32 else "-"
         lines.append(f"{model:<22}{r['batch']:>6}{r['precision']:>6}{r['attention']:>7}{r['mlp']:>7}{r['tokens_per_s']:>13,.0f}"
-                     f"{r['tflops']:>9.1f}{r['mfu']:>7.1%}{speedup:>9.2f}")
+                     f"{r['tflops']:>9.1f}{r['mfu']:>7.1%}{speedup:>9}")
     return "\n".join(lines)
 
 

@@ -54,6 +54,16 @@ def test_transformer_step_times_fp32_with_xla_kernels(capsys):
     assert (row["precision"], row["attention"], row["mlp"]) == ("fp32", "xla", "xla")
 
 
+def test_transformer_table_speedup_column():
+    """The vs-fp32 column: the ratio to the same model's fp32 row, "-" where none was timed."""
+    row = dict(d_model=16, n_layers=1, n_heads=2, context_len=8, batch=2, attention="xla", mlp="xla",
+               tflops=1.0, mfu=0.1, device_kind="cpu")
+    fp32, bf16 = dict(row, precision="fp32", tokens_per_s=100.0), dict(row, precision="bf16", tokens_per_s=250.0)
+    assert bench.transformer_table([fp32, bf16], 10.0).splitlines()[-1].split()[-1] == "2.50"
+    last = bench.transformer_table([bf16], 10.0).splitlines()[-1]
+    assert last.split()[-1] == "-" and "nan" not in last
+
+
 def test_bad_steps_per_timing_is_one_line(capsys):
     with pytest.raises(SystemExit) as e:
         bench.main(["--transformer-step", "--steps-per-timing", "0"])
