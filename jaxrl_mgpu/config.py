@@ -59,6 +59,9 @@ class Config:
     # --hidden-size, --num-layers, --activation.)
     buffer_size: int = option(100_000, "DQN replay capacity in transitions, GLOBAL (per device = buffer-size / "
                                        "devices); a multiple of num-envs")
+    replay_obs_dtype: str = option("float32", "dtype DQN's replay stores observations in: uint8 (a quarter of the "
+                                              "memory) where they are whole numbers in 0..255, as MinAtar's 0/1 "
+                                              "channel maps are (checked at start-up)", choices=("float32", "uint8"))
     replay_batch_size: int = option(256, "DQN transitions sampled per gradient step, GLOBAL (per device = "
                                          "replay-batch-size / devices)")
     updates_per_step: float = option(1.0, "DQN gradient steps per vectorised env step (one step of all num-envs "
@@ -348,9 +351,11 @@ STATE_KEYS = ("algo", "env", "policy", "hidden_size", "num_layers", "activation"
 
 
 def incompatible(saved: dict, cfg: Config, keys=STATE_KEYS) -> list[str]:
-    """The state-shaping options whose values differ between a saved run and `cfg`."""
-    return [f"{k.replace('_', '-')} ({saved.get(k)!r} vs {getattr(cfg, k)!r})"
-            for k in keys if saved.get(k) != getattr(cfg, k)]
+    """The state-shaping options whose values differ between a saved run and `cfg`. An option
+    the saved config predates had its default then."""
+    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
+    return [f"{k.replace('_', '-')} ({saved.get(k, defaults.get(k))!r} vs {getattr(cfg, k)!r})"
+            for k in keys if saved.get(k, defaults.get(k)) != getattr(cfg, k)]
 
 
 def dump(cfg: Config) -> str:

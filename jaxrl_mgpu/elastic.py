@@ -103,6 +103,7 @@ class Learner:
         self.cfg, self.par = cfg, par
         env, env_params = envs_lib.make(cfg.env)
         self.obs_shape = env.observation_space(env_params).shape
+        obs_dtype = jnp.dtype(cfg.replay_obs_dtype)  # check() made sure uint8 loses nothing
         net = dqn.make_network(cfg, env, env_params)
         tx = learner.adam(cfg, max(cfg.total_updates * dqn.grad_steps_per_update(cfg), 1))
         capacity = cfg.buffer_size // par.num_devices
@@ -116,8 +117,8 @@ class Learner:
 
         def init_replay(_):
             z = lambda *shape, dtype=jnp.float32: jnp.zeros((capacity,) + shape, dtype)
-            return Replay(z(*self.obs_shape), z(dtype=jnp.int32), z(), z(), z(*self.obs_shape),
-                          jnp.zeros((), jnp.int32))
+            return Replay(z(*self.obs_shape, dtype=obs_dtype), z(dtype=jnp.int32), z(), z(),
+                          z(*self.obs_shape, dtype=obs_dtype), jnp.zeros((), jnp.int32))
 
         def insert(replay: Replay, block: Transitions) -> Replay:
             rows = (replay.written + jnp.arange(BLOCK)) % capacity
@@ -141,8 +142,8 @@ class Learner:
             def step(carry, k):
                 params, target, opt_state, loss_scale, n = carry
                 idx = jax.random.randint(k, (batch,), 0, filled)
-                b = dqn.Batch(replay.obs[idx], replay.action[idx], replay.reward[idx],
-                              cfg.gamma * replay.discount[idx], replay.next_obs[idx])
+                b = dqn.Batch(replay.obs[idx].astype(jnp.float32), replay.action[idx], replay.reward[idx],
+                              cfg.gamma * replay.discount[idx], replay.next_obs[idx].astype(jnp.float32))
                 params, opt_state, loss_scale, stats = learner.step(
                     lambda p, x: loss_fn(p, target, x), tx, params, opt_state, loss_scale, b, cfg.grad_accum,
                     cfg.precision)

@@ -133,3 +133,35 @@ def test_shard_reader_order_refill_skips_and_errors(tmp_path):
             failing.ready()
             time.sleep(0.01)
     failing.close()
+
+
+def test_learner_replay_stores_minatar_observations_as_bytes():
+    """--mode learn with --replay-obs-dtype uint8: the learner's replay holds bytes, filled from
+    the store's float32 transitions unchanged, and learns from them."""
+    import dataclasses
+
+    import jax
+
+    from jaxrl_mgpu import config as config_lib
+    from jaxrl_mgpu import elastic, parallel
+    from jaxrl_mgpu.data.store import Transitions
+    cfg = config_lib.validate(dataclasses.replace(
+        config_lib.Config(), algo="dqn", mode="learn", env="Breakout-MinAtar", num_envs=2, num_steps=2,
+        buffer_size=2 * elastic.BLOCK, replay_batch_size=8, hidden_size=8, updates_per_step=0.5,
+        replay_obs_dtype="uint8"))
+    par = parallel.setup("pmap", 2)
+    learner = elastic.Learner(cfg, par)
+    key = par.replicate(np.asarray(jax.random.PRNGKey(0)))
+    replay, state = learner.init_replay(key), learner.init(key)
+    rng = np.random.default_rng(0)
+    n = 2 * elastic.BLOCK
+    frames = lambda: (rng.random((n,) + learner.obs_shape) < 0.2).astype(np.float32)  # noqa: E731
+    block = Transitions(frames(), rng.integers(0, 3, n).astype(np.int32), rng.normal(size=n).astype(np.float32),
+                        np.ones(n, np.float32), frames())
+    shaped = Transitions(*(x.reshape((2, elastic.BLOCK) + x.shape[1:]) for x in block))
+    replay = learner.insert(replay, par.shard(shaped))
+    assert replay.obs.dtype == replay.next_obs.dtype == np.uint8
+    np.testing.assert_array_equal(np.asarray(par.local(replay.obs), np.float32).reshape(block.obs.shape), block.obs)
+    state, losses = learner.learn(state, replay)
+    assert np.isfinite(float(par.first(losses)["loss/td"]))
+

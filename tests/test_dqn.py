@@ -202,6 +202,7 @@ def bad(**overrides):
     (dict(tau=0.0), ["--tau"]),
     (dict(n_step=64), ["--n-step", "--buffer-size"]),
     (dict(learning_starts=10**9), ["--learning-starts", "--total-timesteps"]),
+    (dict(replay_obs_dtype="uint8"), ["--replay-obs-dtype", "CartPole-v1", "float32"]),  # not whole numbers
 ])
 def test_bad_numbers_give_a_config_error_naming_the_option(overrides, names):
     message = bad(**overrides)
@@ -226,6 +227,33 @@ def test_presets_validate():
         layout = dqn.check(cfg, 1)
         assert layout["minibatch"] == (cfg.replay_batch_size, cfg.replay_batch_size)
 
+
+
+def test_byte_replay_trains_exactly_as_float32_on_minatar():
+    """--replay-obs-dtype uint8: a quarter of the replay's memory, and MinAtar's 0/1 observations
+    come back unchanged, so the same updates give the same parameters, bit for bit."""
+    cfg = dict(SMALL, env="Breakout-MinAtar", hidden_size=16)
+    states = {dtype: run_updates(make_trainer(2, **cfg, replay_obs_dtype=dtype), 4)[0]
+              for dtype in ("float32", "uint8")}
+    as_float, as_bytes = states["float32"].replay, states["uint8"].replay
+    assert as_bytes.obs.dtype == as_bytes.next_obs.dtype == np.uint8
+    assert as_bytes.obs.nbytes * 4 == as_float.obs.nbytes
+    assert np.asarray(as_float.obs).any()  # frames were written
+    np.testing.assert_array_equal(np.asarray(as_bytes.obs, np.float32), as_float.obs)
+    np.testing.assert_array_equal(np.asarray(as_bytes.next_obs, np.float32), as_float.next_obs)
+    assert int(states["uint8"].grad_steps[0]) > 0
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+                 states["float32"].params, states["uint8"].params)
+
+
+def test_a_saved_config_without_a_newer_option_reads_as_its_default():
+    """Runs saved before --replay-obs-dtype existed resume (the option had its default then)."""
+    cfg = dataclasses.replace(config_lib.Config(), **SMALL)
+    saved = {k: v for k, v in cfg.to_dict().items() if k != "replay_obs_dtype"}
+    keys = config_lib.STATE_KEYS + dqn.STATE_KEYS
+    assert config_lib.incompatible(saved, cfg, keys) == []
+    assert config_lib.incompatible(saved, dataclasses.replace(cfg, replay_obs_dtype="uint8"), keys) == [
+        "replay-obs-dtype ('float32' vs 'uint8')"]
 
 
 # -- --policy transformer: Q-values from the recent history --------------------------------

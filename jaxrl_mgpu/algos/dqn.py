@@ -26,7 +26,10 @@ after a sampled transition are the next rows of the same environment. Every upda
 `num_steps` rows, so the write position and fill level follow from the update counter. Each
 device holds its own environments' rings (`buffer_size / D` transitions); stacked over devices
 they are exactly the buffer one device would hold, which is why the checkpoint can treat the
-buffer like the environment states (PER_ENV) and restore it on any device count.
+buffer like the environment states (PER_ENV) and restore it on any device count. Observations
+are stored as float32, or with `--replay-obs-dtype uint8` as bytes (a quarter of the memory; for
+observations of whole numbers in 0..255 such as MinAtar's channel maps, which `check` verifies
+on random steps) and turned back into float32 where sampled.
 
 Randomness: exploration of environment i comes from its GLOBAL index (as in `vec.env_keys`),
 so acting does not depend on the device count; replay sampling folds in the device index.
@@ -57,13 +60,16 @@ epsilon-greedily, their argmax (`--greedy`) is acting greedily.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
+from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.config import ConfigError
@@ -110,7 +116,8 @@ class DQNState(NamedTuple):
 
 # Options (besides config.STATE_KEYS) that shape this algorithm's state: the replay's shape, and
 # where its write position is (update x num_steps rows into every environment's ring).
-STATE_KEYS = ("buffer_size", "num_envs", "num_steps", "d_model", "n_layers", "n_heads", "context_len")
+STATE_KEYS = ("buffer_size", "num_envs", "num_steps", "d_model", "n_layers", "n_heads", "context_len",
+              "replay_obs_dtype")
 
 # How each state field is laid out over devices (see checkpoint.py).
 STATE_LAYOUT = {"params": REPLICATED, "target_params": REPLICATED, "opt_state": REPLICATED,
@@ -172,6 +179,9 @@ def check(cfg, num_devices: int) -> dict:
     if cfg.buffer_size // cfg.num_envs < cfg.n_step:
         raise ConfigError(f"--buffer-size {cfg.buffer_size} holds fewer than --n-step {cfg.n_step} steps of each "
                           f"of the {cfg.num_envs} environments")
+    if cfg.replay_obs_dtype == "uint8" and (value := _first_non_byte_observation(cfg.env)) is not None:
+        raise ConfigError(f"--replay-obs-dtype uint8 would change {cfg.env}'s observations (e.g. {value:g}): it "
+                          f"stores whole numbers in 0..255 only; use float32")
     if cfg.learning_starts >= cfg.total_timesteps:
         raise ConfigError(f"--learning-starts {cfg.learning_starts} is not below --total-timesteps "
                           f"{cfg.total_timesteps}: no gradient step would run")
@@ -182,9 +192,37 @@ def check(cfg, num_devices: int) -> dict:
 
 # -- replay ------------------------------------------------------------------------------
 
-def replay_init(envs: int, rows: int, obs_shape: tuple) -> Replay:
+@functools.lru_cache(maxsize=None)
+def _first_non_byte_observation(env_name: str) -> float | None:
+    """An observation of `env_name` that uint8 cannot hold (not a whole number in 0..255), from
+    16 environments over 64 random steps and their final observations; None if there is none."""
+    env, env_params = envs_lib.make(env_name)
+    ids, steps = jnp.arange(16), 64
+
+    def observations(key):
+        def body(batch, k):
+            action_key, step_key = jax.random.split(k)
+            action = jax.random.randint(action_key, ids.shape, 0, env.num_actions)
+            batch, out = vec.step(env, env_params, batch, action, vec.env_keys(step_key, ids))
+            return batch, (batch.obs, out.final_obs)
+        first = vec.reset(env, env_params, key, ids)
+        _, seen = jax.lax.scan(body, first, jax.random.split(key, steps))
+        return jnp.concatenate([first.obs[None], *seen])
+
+    obs = np.asarray(jax.jit(observations)(jax.random.PRNGKey(0)))
+    bad = obs[(obs != np.round(obs)) | (obs < 0) | (obs > 255)]
+    return float(bad[0]) if bad.size else None
+
+
+def replay_init(envs: int, rows: int, obs_shape: tuple, obs_dtype=jnp.float32) -> Replay:
     z = lambda *shape, dtype=jnp.float32: jnp.zeros((envs, rows) + shape, dtype)
-    return Replay(z(*obs_shape), z(dtype=jnp.int32), z(), z(dtype=bool), z(dtype=bool), z(*obs_shape))
+    return Replay(z(*obs_shape, dtype=obs_dtype), z(dtype=jnp.int32), z(), z(dtype=bool), z(dtype=bool),
+                  z(*obs_shape, dtype=obs_dtype))
+
+
+def _as_input(obs: jax.Array) -> jax.Array:
+    """Stored observations (float32 or uint8) as the network reads them."""
+    return obs.astype(jnp.float32)
 
 
 def replay_add(replay: Replay, written: jax.Array, obs, action, out: vec.Step) -> Replay:
@@ -217,7 +255,8 @@ def replay_gather(replay: Replay, env: jax.Array, row: jax.Array, n_step: int, g
     """n-step transitions starting at (env, row); rows row..row+n-1 (mod rows) must be filled."""
     reward, discount, last = n_step_return(replay, env, row, n_step, gamma)
     last_row = (row + last) % replay.reward.shape[1]
-    return Batch(replay.obs[env, row], replay.action[env, row], reward, discount, replay.next_obs[env, last_row])
+    return Batch(_as_input(replay.obs[env, row]), replay.action[env, row], reward, discount,
+                 _as_input(replay.next_obs[env, last_row]))
 
 
 class Window(NamedTuple):
@@ -250,7 +289,7 @@ def replay_window(replay: Replay, written: jax.Array, env: jax.Array, end: jax.A
     row, prev = steps % rows, (steps - 1) % rows
     col = env[:, None]
     prev_done = replay.terminated[col, prev] | replay.truncated[col, prev]
-    return Window(replay.obs[col, row], replay.action[col, prev], replay.reward[col, prev],
+    return Window(_as_input(replay.obs[col, row]), replay.action[col, prev], replay.reward[col, prev],
                   (steps - 1 < oldest) | prev_done, steps >= oldest)
 
 
@@ -270,7 +309,7 @@ def replay_sample(replay: Replay, written: jax.Array, key: jax.Array, batch_size
     reward, discount, last = n_step_return(replay, env, start % rows, n_step, gamma)
     end = start + last                                   # the last step used; s' follows it
     col, end_row = env[:, None], (end % rows)[:, None]
-    final = Window(replay.next_obs[col, end_row], replay.action[col, end_row], replay.reward[col, end_row],
+    final = Window(_as_input(replay.next_obs[col, end_row]), replay.action[col, end_row], replay.reward[col, end_row],
                    jnp.zeros((batch_size, 1), bool), jnp.ones((batch_size, 1), bool))
     history = replay_window(replay, written, env, end, context - 1)
     target = jax.tree.map(lambda h, f: jnp.concatenate([h, f], axis=1), history, final)
@@ -319,6 +358,7 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
     grad_steps = grad_steps_per_update(cfg)
     learn_from = first_learning_update(cfg)
     obs_shape = env.observation_space(env_params).shape
+    obs_dtype = jnp.dtype(cfg.replay_obs_dtype)  # check() made sure uint8 loses nothing
 
     sequence = cfg.policy == "transformer"  # Q from the recent history, not one observation
 
@@ -355,8 +395,9 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
         params = init_params(params_key)
         envs = vec.reset(env, env_params, env_key, global_indices(envs_per_device))
         zero = jnp.zeros((), jnp.int32)
+        replay = replay_init(envs_per_device, rows, obs_shape, obs_dtype)
         return DQNState(params, params, tx.init(params), learner.LossScale.init(cfg.precision), envs,
-                        init_memory(envs_per_device), replay_init(envs_per_device, rows, obs_shape), key, zero, zero)
+                        init_memory(envs_per_device), replay, key, zero, zero)
 
     def epsilon_greedy(q, keys, eps):
         """One key per environment: whether to explore, and the random action if so."""
