@@ -1,13 +1,17 @@
 """Asynchronous collection and learning: one learner, collectors that come and go."""
 
+import dataclasses
 import json
 import signal
 
+import jax
 import numpy as np
 import pytest
 
 from helpers import spawn_train, wait_until
-from jaxrl_mgpu.data.store import Store
+from jaxrl_mgpu import config as config_lib
+from jaxrl_mgpu import elastic, parallel
+from jaxrl_mgpu.data.store import Store, Transitions
 
 DQN = ["--config", "cartpole-dqn", "--num-envs", "8", "--num-steps", "1", "--updates-per-step", "4",
        "--replay-batch-size", "64", "--buffer-size", "4096", "--learning-starts", "512", "--hidden-size", "32",
@@ -138,13 +142,6 @@ def test_shard_reader_order_refill_skips_and_errors(tmp_path):
 def test_learner_replay_stores_minatar_observations_as_bytes():
     """--mode learn with --replay-obs-dtype uint8: the learner's replay holds bytes, filled from
     the store's float32 transitions unchanged, and learns from them."""
-    import dataclasses
-
-    import jax
-
-    from jaxrl_mgpu import config as config_lib
-    from jaxrl_mgpu import elastic, parallel
-    from jaxrl_mgpu.data.store import Transitions
     cfg = config_lib.validate(dataclasses.replace(
         config_lib.Config(), algo="dqn", mode="learn", env="Breakout-MinAtar", num_envs=2, num_steps=2,
         buffer_size=2 * elastic.BLOCK, replay_batch_size=8, hidden_size=8, updates_per_step=0.5,

@@ -228,7 +228,6 @@ def test_presets_validate():
         assert layout["minibatch"] == (cfg.replay_batch_size, cfg.replay_batch_size)
 
 
-
 def test_byte_replay_trains_exactly_as_float32_on_minatar():
     """--replay-obs-dtype uint8: a quarter of the replay's memory, and MinAtar's 0/1 observations
     come back unchanged, so the same updates give the same parameters, bit for bit."""
@@ -254,6 +253,7 @@ def test_a_saved_config_without_a_newer_option_reads_as_its_default():
     assert config_lib.incompatible(saved, cfg, keys) == []
     assert config_lib.incompatible(saved, dataclasses.replace(cfg, replay_obs_dtype="uint8"), keys) == [
         "replay-obs-dtype ('float32' vs 'uint8')"]
+
 
 
 # -- --policy transformer: Q-values from the recent history --------------------------------
