@@ -103,7 +103,7 @@ class Learner:
         self.cfg, self.par = cfg, par
         env, env_params = envs_lib.make(cfg.env)
         self.obs_shape = env.observation_space(env_params).shape
-        obs_dtype = jnp.dtype(cfg.replay_obs_dtype)  # check() made sure uint8 loses nothing
+        obs_dtype = dqn.stored_obs_dtype(cfg)
         net = dqn.make_network(cfg, env, env_params)
         tx = learner.adam(cfg, max(cfg.total_updates * dqn.grad_steps_per_update(cfg), 1))
         capacity = cfg.buffer_size // par.num_devices
@@ -142,8 +142,8 @@ class Learner:
             def step(carry, k):
                 params, target, opt_state, loss_scale, n = carry
                 idx = jax.random.randint(k, (batch,), 0, filled)
-                b = dqn.Batch(replay.obs[idx].astype(jnp.float32), replay.action[idx], replay.reward[idx],
-                              cfg.gamma * replay.discount[idx], replay.next_obs[idx].astype(jnp.float32))
+                b = dqn.Batch(dqn.as_input(replay.obs[idx]), replay.action[idx], replay.reward[idx],
+                              cfg.gamma * replay.discount[idx], dqn.as_input(replay.next_obs[idx]))
                 params, opt_state, loss_scale, stats = learner.step(
                     lambda p, x: loss_fn(p, target, x), tx, params, opt_state, loss_scale, b, cfg.grad_accum,
                     cfg.precision)

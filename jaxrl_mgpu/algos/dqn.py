@@ -220,7 +220,12 @@ def replay_init(envs: int, rows: int, obs_shape: tuple, obs_dtype=jnp.float32) -
                   z(*obs_shape, dtype=obs_dtype))
 
 
-def _as_input(obs: jax.Array) -> jax.Array:
+def stored_obs_dtype(cfg):
+    """The dtype replays keep observations in (check() made sure uint8 loses nothing)."""
+    return jnp.dtype(cfg.replay_obs_dtype)
+
+
+def as_input(obs: jax.Array) -> jax.Array:
     """Stored observations (float32 or uint8) as the network reads them."""
     return obs.astype(jnp.float32)
 
@@ -255,8 +260,8 @@ def replay_gather(replay: Replay, env: jax.Array, row: jax.Array, n_step: int, g
     """n-step transitions starting at (env, row); rows row..row+n-1 (mod rows) must be filled."""
     reward, discount, last = n_step_return(replay, env, row, n_step, gamma)
     last_row = (row + last) % replay.reward.shape[1]
-    return Batch(_as_input(replay.obs[env, row]), replay.action[env, row], reward, discount,
-                 _as_input(replay.next_obs[env, last_row]))
+    return Batch(as_input(replay.obs[env, row]), replay.action[env, row], reward, discount,
+                 as_input(replay.next_obs[env, last_row]))
 
 
 class Window(NamedTuple):
@@ -289,7 +294,7 @@ def replay_window(replay: Replay, written: jax.Array, env: jax.Array, end: jax.A
     row, prev = steps % rows, (steps - 1) % rows
     col = env[:, None]
     prev_done = replay.terminated[col, prev] | replay.truncated[col, prev]
-    return Window(_as_input(replay.obs[col, row]), replay.action[col, prev], replay.reward[col, prev],
+    return Window(as_input(replay.obs[col, row]), replay.action[col, prev], replay.reward[col, prev],
                   (steps - 1 < oldest) | prev_done, steps >= oldest)
 
 
@@ -309,7 +314,7 @@ def replay_sample(replay: Replay, written: jax.Array, key: jax.Array, batch_size
     reward, discount, last = n_step_return(replay, env, start % rows, n_step, gamma)
     end = start + last                                   # the last step used; s' follows it
     col, end_row = env[:, None], (end % rows)[:, None]
-    final = Window(_as_input(replay.next_obs[col, end_row]), replay.action[col, end_row], replay.reward[col, end_row],
+    final = Window(as_input(replay.next_obs[col, end_row]), replay.action[col, end_row], replay.reward[col, end_row],
                    jnp.zeros((batch_size, 1), bool), jnp.ones((batch_size, 1), bool))
     history = replay_window(replay, written, env, end, context - 1)
     target = jax.tree.map(lambda h, f: jnp.concatenate([h, f], axis=1), history, final)
@@ -358,7 +363,7 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
     grad_steps = grad_steps_per_update(cfg)
     learn_from = first_learning_update(cfg)
     obs_shape = env.observation_space(env_params).shape
-    obs_dtype = jnp.dtype(cfg.replay_obs_dtype)  # check() made sure uint8 loses nothing
+    obs_dtype = stored_obs_dtype(cfg)
 
     sequence = cfg.policy == "transformer"  # Q from the recent history, not one observation
 
