@@ -61,7 +61,8 @@ def bench_args(argv):
     p.add_argument("--attention", nargs="+", default=["xla"], choices=["xla", "cudnn", "pallas"],
                    help="attention of the transformer policy (with --transformer-step: each one is timed)")
     p.add_argument("--mlp", nargs="+", default=["xla"], choices=["xla", "pallas"],
-                   help="MLP of the transformer policy, pallas = fused_mlp.py (with --transformer-step: each one is timed)")
+                   help="MLP (and output heads) of the transformer policy, pallas = fused_mlp.py and fused_heads.py "
+                        "(with --transformer-step: each one is timed)")
     return p.parse_known_args(argv)
 
 

@@ -117,8 +117,9 @@ class Config:
                                    "QKV projection, RoPE and attention fused, windows of <= 128 tokens, --algo "
                                    "ad, GPU)",
                             choices=("xla", "cudnn", "pallas"))
-    mlp: str = option("xla", "transformer MLP half-blocks: xla; pallas (fused LayerNorm + MLP + residual "
-                             "kernels, --d-model a power of 2 up to 128, GPU)", choices=("xla", "pallas"))
+    mlp: str = option("xla", "transformer MLP half-blocks and output heads: xla; pallas (fused LayerNorm + "
+                             "MLP + residual kernels, and final LayerNorm + heads, --d-model a power of 2 up "
+                             "to 128, GPU)", choices=("xla", "pallas"))
     # run
     seed: int = option(0, "random seed (params, environments and sampling all derive from it)")
     run_dir: str | None = option(None, "output directory (default runs/<env>-<algo>-<time>)")

@@ -1,4 +1,5 @@
-"""The Pallas kernels (nets/fused_attention.py, nets/fused_mlp.py) against plain jnp / XLA.
+"""The Pallas kernels (nets/fused_attention.py, nets/fused_mlp.py, nets/fused_heads.py) against
+plain jnp / XLA.
 
 On CPU the kernels run through the Pallas interpreter (`interpret=True`; the transformer picks it
 whenever the backend is not a GPU), which executes the same kernel bodies, masked loads and
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 from helpers import make_stream, random_transformer_params
 
-from jaxrl_mgpu.nets import fused_attention, fused_mlp
+from jaxrl_mgpu.nets import fused_attention, fused_heads, fused_mlp
 from jaxrl_mgpu.nets.transformer import TransformerActorCritic, rope, rope_tables
 
 # ----------------------------------------------------------------------------------------------
@@ -306,6 +307,54 @@ def test_mlp_kernel_bf16():
     assert_near(f32(grads[0]) - f32(dy), ref_grads[0] - f32(dy), rtol=2e-2, what="dx - dy")
     for g, r, name in zip(grads[1:], ref_grads[1:], GRAD_NAMES[1:]):
         assert_near(f32(g), r, rtol=2e-2, what=name)
+
+
+def heads_inputs(shape, outputs, dtype, seed=6):
+    rng = np.random.default_rng(seed)
+    x = jnp.asarray(rng.normal(size=shape) * 2 + 0.5, dtype)
+    d = shape[-1]
+    params = (jnp.asarray(1 + 0.1 * rng.normal(size=d), jnp.float32), jnp.asarray(0.1 * rng.normal(size=d), jnp.float32),
+              jnp.asarray(rng.normal(size=(d, outputs)), jnp.float32), jnp.asarray(rng.normal(size=outputs), jnp.float32))
+    dout = jnp.asarray(rng.normal(size=shape[:-1] + (outputs,)), jnp.float32)
+    return x, params, dout
+
+
+@pytest.mark.parametrize("dtype, rtol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)], ids=["fp32", "bf16"])
+def test_heads_kernel(dtype, rtol):
+    """LN -> float32 heads: 2 x 45 = 90 rows in blocks of 32 (the last partly out of range), 5
+    outputs (computed 16 wide); out and every gradient against the flax-style reference. In
+    bf16 the reference is the same function (the LayerNorm's output rounded to bf16 both ways);
+    dx differs by the rounding of the cotangent, which flax's cast rounds to bf16 first."""
+    x, params, dout = heads_inputs((2, 45, 32), 5, dtype)
+    out, vjp = jax.vjp(lambda *a: fused_heads.heads(*a, block_rows=32, interpret=True), x, *params)
+    ref_out, ref_vjp = jax.vjp(fused_heads.reference, x, *params)
+    assert out.shape == (2, 45, 5) and out.dtype == jnp.float32
+    assert_near(out, ref_out, rtol=1e-5, what="out")
+    grads, ref_grads = vjp(dout), ref_vjp(dout)
+    assert grads[0].dtype == dtype and all(g.dtype == jnp.float32 for g in grads[1:])
+    for g, r, name in zip(grads, ref_grads, ("x", "ln_scale", "ln_bias", "w", "b")):
+        assert_near(g.astype(jnp.float32), r.astype(jnp.float32), rtol=rtol if name != "w" else 1e-5, what=name)
+
+
+def test_heads_reference_is_the_flax_modules():
+    x, (ln_scale, ln_bias, w, b), _ = heads_inputs((3, 7, 32), 4, jnp.bfloat16)
+    ln = nn.LayerNorm(dtype=jnp.bfloat16, param_dtype=jnp.float32)
+    xn = ln.apply({"params": {"scale": ln_scale, "bias": ln_bias}}, x).astype(jnp.float32)
+    flax_out = nn.Dense(4, dtype=jnp.float32).apply({"params": {"kernel": w, "bias": b}}, xn)
+    assert_near(fused_heads.reference(x, ln_scale, ln_bias, w, b), flax_out, what="reference vs flax")
+
+
+def test_heads_rejects_unsupported_shapes():
+    x, params, _ = heads_inputs((10, 32), 3, jnp.float32)
+    ln_scale, ln_bias, w, b = params
+    with pytest.raises(ValueError, match="w \\[32, K\\]"):
+        fused_heads.heads(x, ln_scale, ln_bias, w[:16], b, interpret=True)
+    with pytest.raises(ValueError, match="d_model 48"):
+        fused_heads.heads(jnp.zeros((10, 48)), *heads_inputs((10, 48), 3, jnp.float32)[1], interpret=True)
+    with pytest.raises(ValueError, match="block_rows"):
+        fused_heads.heads(x, *params, block_rows=24, interpret=True)
+    # Over 127 actions a model with mlp_implementation="pallas" keeps XLA's heads.
+    assert not fused_heads.supported(32, 129) and fused_heads.supported(32, 128)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Small pieces the Pallas (Triton) kernels of fused_attention.py and fused_mlp.py share."""
+"""Small pieces the Pallas (Triton) kernels of fused_attention.py, fused_mlp.py and fused_heads.py share."""
 
 import jax
 import jax.numpy as jnp

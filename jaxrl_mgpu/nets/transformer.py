@@ -81,7 +81,9 @@ the attention output (fused_attention.py; sequences up to 128 tokens, d_model a 
 128); with a prefix cache and in `step` attention stays with XLA. `mlp_implementation="pallas"`:
 the output projection -> residual -> LayerNorm 2 -> MLP -> residual, the second half of every
 block, in fused kernels that keep the 4 x d_model activations on chip (fused_mlp.py; d_model a
-power of 2 up to 128). Both are for bf16/fp16 and change no parameter. Numbers: experiments/RESULTS.md ("Fused kernels").
+power of 2 up to 128), and the final LayerNorm with the actor and critic heads in one kernel each
+way (fused_heads.py; up to 127 actions, else XLA), in every path. Both are for bf16/fp16 and
+change no parameter. Numbers: experiments/RESULTS.md ("Fused kernels").
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_mgpu.nets import fused_attention, fused_mlp, pallas_util
+from jaxrl_mgpu.nets import fused_attention, fused_heads, fused_mlp, pallas_util
 from jaxrl_mgpu.nets.mlp import Torso
 
 ROPE_PERIOD = 2 ** 16  # RoPE phases are exact integers modulo this many steps
@@ -253,6 +255,15 @@ class TransformerActorCritic(nn.Module):
         return self.embed(jnp.concatenate(feats, axis=-1))
 
     def _heads(self, x):
+        if (self.mlp_implementation == "pallas" and fused_heads.supported(self.d_model, self.num_actions + 1)
+                and not self.is_initializing()):
+            # Final LayerNorm + both heads in one kernel each way (fused_heads.py): x is read
+            # once, and no float32 copy of the LayerNorm's output goes through HBM.
+            ln, actor, critic = (m.variables["params"] for m in (self.ln_f, self.actor, self.critic))
+            w = jnp.concatenate([actor["kernel"], critic["kernel"]], axis=1)
+            b = jnp.concatenate([actor["bias"], critic["bias"]])
+            out = fused_heads.heads(x, ln["scale"], ln["bias"], w, b, interpret=pallas_util.interpret())
+            return out[..., :-1], out[..., -1]
         x = self.ln_f(x).astype(jnp.float32)
         return self.actor(x), self.critic(x)[..., 0]
 
