@@ -55,7 +55,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxrl_mgpu.nets.pallas_util import (dot, index, layer_norm, layer_norm_backward, layer_norm_reference,
-                                         ptx_approx, standardize)
+                                         ptx_approx, row_mask, standardize)
 
 MAX_LEN = 128  # longest sequence: its keys' gradients stay in registers across the query blocks
                # (160 tokens spilled: slower than cuDNN, see RESULTS)
@@ -293,7 +293,7 @@ def _input_backward_kernel(x_ref, scale_ref, w_ref, dqkv_ref, dres_ref, dx_ref, 
     LayerNorm backward plus the residual stream's gradient, dx; partial sums of the LayerNorm's
     and the projection bias' gradients."""
     block_rows = x_ref.shape[0]
-    rows = (pl.program_id(0) * block_rows + jnp.arange(block_rows) < n_rows)[:, None]
+    rows = row_mask(pl.program_id(0) * block_rows, block_rows, n_rows)
     dxn = 0.0
     for p in range(3):
         g = plgpu.load(dqkv_ref.at[:, index(p), :], mask=rows, other=0)  # [rows, D]

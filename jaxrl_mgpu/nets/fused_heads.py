@@ -29,7 +29,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxrl_mgpu.nets.pallas_util import dot, layer_norm, layer_norm_backward, layer_norm_reference, standardize
+from jaxrl_mgpu.nets.pallas_util import (dot, layer_norm, layer_norm_backward, layer_norm_reference, row_mask,
+                                         standardize, whole)
 
 MAX_D_MODEL = 128  # a program holds a [block_rows, D] float32 tile per value in registers
 MAX_OUTPUTS = 128
@@ -44,12 +45,8 @@ def _padded(outputs: int) -> int:
     return max(16, pl.next_power_of_2(outputs))
 
 
-def _rows(block_rows, n_rows):
-    return (pl.program_id(0) * block_rows + jnp.arange(block_rows) < n_rows)[:, None]
-
-
 def _forward_kernel(x_ref, scale_ref, bias_ref, w_ref, b_ref, out_ref, *, n_rows):
-    rows = _rows(x_ref.shape[0], n_rows)
+    rows = row_mask(pl.program_id(0) * x_ref.shape[0], x_ref.shape[0], n_rows)
     x = plgpu.load(x_ref, mask=rows, other=0).astype(jnp.float32)
     xn = layer_norm(x, scale_ref, bias_ref, x_ref.dtype).astype(jnp.float32)
     out = dot(xn, w_ref[...]) + b_ref[...][None, :]
@@ -58,7 +55,7 @@ def _forward_kernel(x_ref, scale_ref, bias_ref, w_ref, b_ref, out_ref, *, n_rows
 
 def _backward_kernel(x_ref, scale_ref, bias_ref, w_ref, dout_ref, dx_ref, dscale_ref, dbias_ref, dw_ref,
                      db_ref, *, n_rows):
-    rows = _rows(x_ref.shape[0], n_rows)
+    rows = row_mask(pl.program_id(0) * x_ref.shape[0], x_ref.shape[0], n_rows)
     xhat, rstd = standardize(plgpu.load(x_ref, mask=rows, other=0).astype(jnp.float32))
     scale = scale_ref[...][None, :]
     xn = (xhat * scale + bias_ref[...][None, :]).astype(x_ref.dtype).astype(jnp.float32)
@@ -72,21 +69,20 @@ def _backward_kernel(x_ref, scale_ref, bias_ref, w_ref, dout_ref, dx_ref, dscale
 
 
 def _specs(block_rows):
-    """BlockSpec makers over the row blocks: a [block_rows, width] block, a whole array, one
-    program's partial sum of a [programs, ...] array."""
+    """BlockSpec makers over the row blocks: a [block_rows, width] block, one program's partial
+    sum of a [programs, ...] array."""
     row = lambda width: pl.BlockSpec((block_rows, width), lambda i: (i, 0))
-    whole = lambda *shape: pl.BlockSpec(shape, lambda i: (0,) * len(shape))
     partial = lambda *shape: pl.BlockSpec((None,) + shape, lambda i: (i,) + (0,) * len(shape))
-    return row, whole, partial
+    return row, partial
 
 
 def _forward(cfg, x, ln_scale, ln_bias, w, b):
     block_rows, num_warps, interpret = cfg
     (n, d), k = x.shape, w.shape[1]
-    row, whole, _ = _specs(block_rows)
+    row, _ = _specs(block_rows)
     return pl.pallas_call(
         functools.partial(_forward_kernel, n_rows=n), grid=(pl.cdiv(n, block_rows),),
-        in_specs=[row(d), whole(d), whole(d), whole(d, k), whole(k)], out_specs=row(k),
+        in_specs=[row(d), whole((d,)), whole((d,)), whole((d, k)), whole((k,))], out_specs=row(k),
         out_shape=jax.ShapeDtypeStruct((n, k), jnp.float32),
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret, name="heads_forward")(x, ln_scale, ln_bias, w, b)
@@ -106,11 +102,11 @@ def _heads_bwd(cfg, residuals, dout):
     x, ln_scale, ln_bias, w = residuals
     (n, d), k = x.shape, w.shape[1]
     blocks = pl.cdiv(n, block_rows)
-    row, whole, partial = _specs(block_rows)
+    row, partial = _specs(block_rows)
     out = lambda *shape: jax.ShapeDtypeStruct((blocks,) + shape, jnp.float32)
     dx, dscale, dbias, dw, db = pl.pallas_call(
         functools.partial(_backward_kernel, n_rows=n), grid=(blocks,),
-        in_specs=[row(d), whole(d), whole(d), whole(d, k), row(k)],
+        in_specs=[row(d), whole((d,)), whole((d,)), whole((d, k)), row(k)],
         out_specs=[row(d), partial(d), partial(d), partial(d, k), partial(k)],
         out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype), out(d), out(d), out(d, k), out(k)],
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),

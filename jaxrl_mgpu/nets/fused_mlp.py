@@ -68,7 +68,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxrl_mgpu.nets.pallas_util import (dot, layer_norm, layer_norm_backward, layer_norm_reference, ptx_approx,
-                                         standardize)
+                                         row_mask, standardize, whole)
 
 GELU_C = math.sqrt(2.0 / math.pi)  # gelu(h) = h * (1 + tanh(GELU_C * (h + GELU_A * h^3))) / 2
 GELU_A = 0.044715
@@ -89,11 +89,6 @@ class _Config(NamedTuple):
 
 # ------------------------------------------------------------------------------------------
 # Pieces shared by the kernel bodies. They work on values already loaded into registers.
-
-def _row_mask(first_row, block_rows, n_rows):
-    """[block_rows, 1] bool: which rows of the block starting at `first_row` exist."""
-    return (first_row + jnp.arange(block_rows) < n_rows)[:, None]
-
 
 def _gelu_cdf(h, fast):
     """The tanh-form GELU gate (1 + tanh(u)) / 2.
@@ -136,7 +131,7 @@ def _forward_kernel(x_ref, attn_ref, wo_ref, bo_ref, scale_ref, bias_ref, w1_ref
                     y_ref, *saved_refs, n_rows, block_hidden, fast_gelu):
     block_rows, d_model = x_ref.shape
     cd = w1_ref.dtype  # the compute dtype: the wrapper cast the weights to it
-    rows = _row_mask(pl.program_id(0) * block_rows, block_rows, n_rows)
+    rows = row_mask(pl.program_id(0) * block_rows, block_rows, n_rows)
     # The residual stream after attention, rounded where flax's Dense and add would round it.
     # Kept in the compute dtype across the loop (half the registers of fp32).
     r = (_load_rows(x_ref, rows) + dot(_load_rows(attn_ref, rows, cd), wo_ref[...])
@@ -167,7 +162,7 @@ def _backward_rows_kernel(r_ref, scale_ref, bias_ref, w1_ref, b1_ref, w2_ref, dy
                           block_hidden, fast_gelu):
     block_rows, d_model = r_ref.shape
     cd = w1_ref.dtype
-    rows = _row_mask(pl.program_id(0) * block_rows, block_rows, n_rows)
+    rows = row_mask(pl.program_id(0) * block_rows, block_rows, n_rows)
     # LN recomputed rather than read from the saved xn: r is read anyway, an extra 2 N D bytes
     # cost more than the arithmetic (seen on an H100).
     xn = layer_norm(_load_rows(r_ref, rows), scale_ref, bias_ref, cd)
@@ -210,7 +205,7 @@ def _backward_weights_kernel(xn_ref, w1_ref, b1_ref, w2_ref, dy_ref, dw1_ref, db
     def accumulate(i, carry):
         dw1, db1, dw2 = carry
         first_row = (first_block + i) * block_rows
-        rows = _row_mask(first_row, block_rows, n_rows)
+        rows = row_mask(first_row, block_rows, n_rows)
         block = pl.ds(first_row, block_rows)
         xn = _load_rows(xn_ref.at[block, :], rows, cd)
         h = dot(xn, w1_chunk) + b1_chunk
@@ -238,11 +233,6 @@ def _compiler_params(cfg: _Config, num_warps):
     return plgpu.CompilerParams(num_warps=num_warps, num_stages=cfg.num_stages)
 
 
-def _whole(shape):
-    """A BlockSpec that hands every program the whole array (1-D or 2-D)."""
-    return pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
-
-
 def _in_compute_dtype(cd, *dense_params):
     """Dense weights and biases in the compute dtype, as nn.Dense(dtype=cd) uses them. Cast once
     here, outside the kernels, so every program reads half the bytes (bf16)."""
@@ -256,13 +246,13 @@ def _forward(cfg: _Config, x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, s
     br = cfg.block_rows
     wo, bo, w1, b1, w2, b2 = _in_compute_dtype(x.dtype, wo, bo, w1, b1, w2, b2)
     row_block = pl.BlockSpec((br, d_model), lambda i: (i, 0))
-    vector = _whole((d_model,))
+    vector = whole((d_model,))
     kernel = functools.partial(_forward_kernel, n_rows=n_rows, block_hidden=cfg.block_hidden,
                                fast_gelu=cfg.fast_gelu)
     return pl.pallas_call(
         kernel, grid=(pl.cdiv(n_rows, br),),
-        in_specs=[row_block, row_block, _whole((d_model, d_model)), vector, vector, vector,
-                  _whole((d_model, hidden)), _whole((hidden,)), _whole((hidden, d_model)), vector],
+        in_specs=[row_block, row_block, whole((d_model, d_model)), vector, vector, vector,
+                  whole((d_model, hidden)), whole((hidden,)), whole((hidden, d_model)), vector],
         out_specs=[row_block] * (1 + 2 * save),
         out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype)] * (1 + 2 * save),
         compiler_params=_compiler_params(cfg, cfg.num_warps), interpret=cfg.interpret,
@@ -276,15 +266,15 @@ def _backward_rows(cfg: _Config, r, ln_scale, ln_bias, w1, b1, w2, dy):
     br = cfg.block_rows
     n_blocks = pl.cdiv(n_rows, br)
     row_block = pl.BlockSpec((br, d_model), lambda i: (i, 0))
-    vector = _whole((d_model,))
+    vector = whole((d_model,))
     partial = pl.BlockSpec((None, d_model), lambda i: (i, 0))
     partial_shape = jax.ShapeDtypeStruct((n_blocks, d_model), jnp.float32)
     kernel = functools.partial(_backward_rows_kernel, n_rows=n_rows,
                                block_hidden=cfg.block_hidden, fast_gelu=cfg.fast_gelu)
     dr, *partials = pl.pallas_call(
         kernel, grid=(n_blocks,),
-        in_specs=[row_block, vector, vector, _whole((d_model, hidden)), _whole((hidden,)),
-                  _whole((hidden, d_model)), row_block],
+        in_specs=[row_block, vector, vector, whole((d_model, hidden)), whole((hidden,)),
+                  whole((hidden, d_model)), row_block],
         out_specs=[row_block] + [partial] * 3,
         out_shape=[jax.ShapeDtypeStruct(r.shape, r.dtype)] + [partial_shape] * 3,
         compiler_params=_compiler_params(cfg, cfg.num_warps), interpret=cfg.interpret,
@@ -310,11 +300,11 @@ def _backward_weights(cfg: _Config, xn, w1, b1, w2, dy):
                                blocks_per_group=blocks_per_group, fast_gelu=cfg.fast_gelu)
     dw1, db1, dw2 = pl.pallas_call(
         kernel, grid=(groups, hidden // bh),
-        in_specs=[_whole(xn.shape),
+        in_specs=[whole(xn.shape),
                   pl.BlockSpec((d_model, bh), lambda g, c: (0, c)),
                   pl.BlockSpec((bh,), lambda g, c: (c,)),
                   pl.BlockSpec((bh, d_model), lambda g, c: (c, 0)),
-                  _whole(xn.shape)],
+                  whole(xn.shape)],
         out_specs=[pl.BlockSpec((None, d_model, bh), lambda g, c: (g, 0, c)),
                    pl.BlockSpec((None, bh), lambda g, c: (g, c)),
                    pl.BlockSpec((None, bh, d_model), lambda g, c: (g, c, 0))],

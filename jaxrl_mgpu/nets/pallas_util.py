@@ -2,6 +2,7 @@
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 
@@ -32,6 +33,17 @@ def interpret() -> bool:
     """Whether to run the kernels through the Pallas interpreter: everywhere but on GPUs, where
     they compile to Triton (the interpreter is how the CPU tests run them)."""
     return jax.default_backend() != "gpu"
+
+
+def row_mask(first_row, block_rows, n_rows):
+    """[block_rows, 1] bool: which rows of the block starting at `first_row` exist (the last
+    block of an [N, ...] array is partly out of range)."""
+    return (first_row + jnp.arange(block_rows) < n_rows)[:, None]
+
+
+def whole(shape):
+    """A BlockSpec that hands every program of a 1-D grid the whole array."""
+    return pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
 
 
 LN_EPSILON = 1e-6  # flax nn.LayerNorm's default
