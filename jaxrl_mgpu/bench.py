@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import itertools
 import json
 import statistics
@@ -156,17 +157,21 @@ def measure_transformer_step(cfg, batch: int, repeats: int, profile: str | None 
     params = net.init(keys[3], None, obs[:1], actions[:1], rewards[:1], first[:1])
     tx = optax.adam(1e-4)
 
-    def loss(p):
+    # The minibatch is an argument of the step, not a constant it closes over: as a constant,
+    # XLA would fold the work that depends only on it (the action gather's transpose, the masks)
+    # into the compiled program, which a training step cannot do.
+    def loss(p, minibatch):
+        obs, actions, rewards, first = minibatch
         logits, values, _ = net.apply(p, None, obs, actions, rewards, first)
         logp = jax.numpy.take_along_axis(jax.nn.log_softmax(logits), actions[..., None], -1)
         return -logp.mean() + jax.numpy.mean((values - rewards) ** 2)
 
-    def step(carry):
+    def step(carry, minibatch):
         p, o = carry
-        u, o = tx.update(jax.grad(loss)(p), o, p)
+        u, o = tx.update(jax.grad(loss)(p, minibatch), o, p)
         return optax.apply_updates(p, u), o
 
-    run = jax.jit(step, donate_argnums=0)
+    run = functools.partial(jax.jit(step, donate_argnums=0), minibatch=(obs, actions, rewards, first))
     times, _ = time_calls(run, (params, tx.init(params)), repeats,
                           trace_dir(profile, f"transformer-d{cfg.d_model}-L{cfg.n_layers}-b{batch}-{cfg.precision}-"
                                              f"{cfg.attention}-mlp-{cfg.mlp}"), per_timing)
