@@ -143,6 +143,7 @@ def measure_transformer_step(cfg, batch: int, repeats: int, profile: str | None 
     """One PPO-shaped training step of the transformer policy on full context windows, with the
     kernels of cfg.attention and cfg.mlp; `per_timing` steps dispatched back to back per timing."""
     import optax
+    from jaxrl_mgpu.algos import learner
     from jaxrl_mgpu.nets import compute_dtype, kernels
     from jaxrl_mgpu.nets.transformer import TransformerActorCritic
     L, A, obs_dim = cfg.context_len, 8, 16
@@ -155,7 +156,7 @@ def measure_transformer_step(cfg, batch: int, repeats: int, profile: str | None 
     rewards = jax.random.normal(keys[2], (batch, L))
     first = jax.numpy.zeros((batch, L), bool).at[:, 0].set(True)
     params = net.init(keys[3], None, obs[:1], actions[:1], rewards[:1], first[:1])
-    tx = optax.adam(1e-4)
+    tx = learner.adam(cfg, total_steps=1000)  # training's optimizer (clipping, flattened Adam)
 
     # The minibatch is an argument of the step, not a constant it closes over: as a constant,
     # XLA would fold the work that depends only on it (the action gather's transpose, the masks)
