@@ -1,7 +1,7 @@
 """Where a jax.profiler trace spends device time: `python experiments/gpu/trace_summary.py DIR...`
 prints, per trace under each DIR, the kernels per profiled call, device busy time against the
 wall span of the device events, and the top kernels by time (from the .trace.json.gz that
-`bench --profile` writes). `--host` reads the CPU events instead (for a CPU-only trace)."""
+`bench --profile` writes). `--host` reads the CPU events instead (for a CPU-only trace); `--all` lists every kernel, not the top 25."""
 import collections
 import glob
 import gzip
@@ -9,7 +9,8 @@ import json
 import sys
 
 host = "--host" in sys.argv
-for root in [a for a in sys.argv[1:] if a != "--host"]:
+top = None if "--all" in sys.argv else 25
+for root in [a for a in sys.argv[1:] if a not in ("--host", "--all")]:
     for path in sorted(glob.glob(f"{root}/**/*.trace.json.gz", recursive=True)):
         events = json.load(gzip.open(path))["traceEvents"]
         procs = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
@@ -27,5 +28,5 @@ for root in [a for a in sys.argv[1:] if a != "--host"]:
         span = max(e["ts"] + e["dur"] for e in kernels) - min(e["ts"] for e in kernels)
         print(f"== {path.split(root)[-1] or path}\n   {len(kernels)} device events, busy {busy / 1e3:.2f} ms "
               f"over a {span / 1e3:.2f} ms span (2 profiled calls)")
-        for name, (dur, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:25]:
+        for name, (dur, n) in sorted(by_name.items(), key=lambda kv: -kv[1][0])[:top]:
             print(f"   {dur / 1e3:9.3f} ms {100 * dur / busy:5.1f}%  x{n:<6} {name[:110]}")
