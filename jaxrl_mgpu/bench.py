@@ -49,9 +49,9 @@ def bench_args(argv):
                    help="also write a jax.profiler trace of two calls per measurement under DIR "
                         "(TensorBoard's profile plugin or Perfetto open it)")
     p.add_argument("--transformer-step", action="store_true",
-                   help="instead: time one training step (forward, backward, Adam) of the transformer policy on "
-                        "[--batch, --context-len] sequences, in each of --precisions, and report tokens/s and "
-                        "MFU against a bf16 matmul ceiling measured in the same run")
+                   help="instead: time one training step (forward, backward, training's clipped Adam) of the "
+                        "transformer policy on [--batch, --context-len] sequences, in each of --precisions, and "
+                        "report tokens/s and MFU against a bf16 matmul ceiling measured in the same run")
     p.add_argument("--batch", type=int, default=256, help="sequences per transformer step")
     p.add_argument("--steps-per-timing", type=int, default=10,
                    help="with --transformer-step: steps dispatched back to back per timing, as a training loop "
