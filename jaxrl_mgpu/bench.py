@@ -156,7 +156,9 @@ def measure_transformer_step(cfg, batch: int, repeats: int, profile: str | None 
     rewards = jax.random.normal(keys[2], (batch, L))
     first = jax.numpy.zeros((batch, L), bool).at[:, 0].set(True)
     params = net.init(keys[3], None, obs[:1], actions[:1], rewards[:1], first[:1])
-    tx = learner.adam(cfg, total_steps=1000)  # training's optimizer (clipping, flattened Adam)
+    # Training's optimizer (clipping, Adam on the flattened parameters); the schedule's length
+    # changes no work.
+    tx = learner.adam(cfg, total_steps=1000)
 
     # The minibatch is an argument of the step, not a constant it closes over: as a constant,
     # XLA would fold the work that depends only on it (the action gather's transpose, the masks)
