@@ -42,6 +42,11 @@ def _join_env_axis(tree, par: Parallel):
                    out_shardings=par.sharding)(tree)
 
 
+class CheckpointMismatch(Exception):
+    """A saved state whose tree does not fit the state this code builds: written by another
+    version (e.g. before the optimizer state became one flat vector) or another model."""
+
+
 class Checkpoints:
     """`<run-dir>/checkpoints` (latest `keep` states) and `<run-dir>/best` (params of the best
     evaluation)."""
@@ -130,7 +135,17 @@ class Checkpoints:
                 recreated.append(name)
                 continue
             args[name] = ocp.args.StandardRestore({name: target})
-        restored = self.latest.restore(step, args=ocp.args.Composite(**args))
+        try:
+            restored = self.latest.restore(step, args=ocp.args.Composite(**args))
+        except ValueError as e:
+            # Orbax compares the saved tree with the template's before it reads any array.
+            if "tree structures do not match" not in str(e):
+                raise
+            where = next((line.strip().rstrip(":") for line in str(e).splitlines()[1:] if line.strip()), "?")
+            raise CheckpointMismatch(
+                f"the checkpoint at update {step} in {self.root} does not fit this version's training state "
+                f"(first difference: {where}); it was written by another version of jaxrl_mgpu: continue it "
+                f"with that version, or start a new --run-dir") from e
         values = template._asdict()
         for name in args:
             kind, value = layout[name], restored[name][name]

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_lib.validate(cfg)
         from jaxrl_mgpu import elastic, elastic_ad, runner
         from jaxrl_mgpu.algos import ALGOS
-        from jaxrl_mgpu.checkpoint import Checkpoints
+        from jaxrl_mgpu.checkpoint import CheckpointMismatch, Checkpoints
         # --mode learn|collect: DQN from episodes, or AD from learning histories, in the run's store
         asynchronous = elastic_ad if cfg.algo == "ad" else elastic
         par = parallel.setup(cfg.parallel, cfg.devices)
@@ -144,16 +144,27 @@ def main(argv: list[str] | None = None) -> int:
     cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
 
     parallel.barrier("run directory checked")  # every process checks it before process 0 writes in it
+    # A learner (--mode learn) has no trainer: it counts its own updates, and the env steps
+    # are the collectors'.
+    trainer = runner.Trainer(cfg, par) if cfg.mode == "both" else None
+    state = None
+    if resume_step is not None and trainer is not None:
+        # Restored before process 0 rewrites config.json and metrics.jsonl, so that a checkpoint
+        # this version cannot read leaves the run directory as it was.
+        reader = Checkpoints(run_dir, read_only=True)
+        try:
+            state, recreated = reader.restore(resume_step, trainer.init_state(), trainer.layout, par)
+        except CheckpointMismatch as e:
+            fail(ConfigError(f"--resume: {e}"))
+        finally:
+            reader.close()
     if parallel.is_main():
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(config_lib.dump(cfg))
         # Rows logged after the checkpoint we resume from are logged again by this run.
         truncate_metrics(run_dir / "metrics.jsonl", resume_step or 0)
     parallel.barrier("run directory ready")
-    # A learner (--mode learn) has no trainer: it counts its own updates, and the env steps
-    # are the collectors'.
-    if cfg.mode == "both":
-        trainer = runner.Trainer(cfg, par)
+    if trainer is not None:
         unit, per_update = trainer.step_unit, trainer.steps_per_update
         log = RunLog(run_dir, cfg.total_updates * per_update, unit=unit)
         log.banner(banner(cfg, par, layout, f"{per_update:,} {unit}"))
@@ -162,9 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         log = RunLog(run_dir, cfg.total_updates, unit="update")
         log.banner(banner(cfg, par, layout, asynchronous.per_update(cfg)))
     ckpts = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
-    state, start = None, 0
-    if resume_step is not None and cfg.mode == "both":
-        state, recreated = ckpts.restore(resume_step, trainer.init_state(), trainer.layout, par)
+    start = 0
+    if state is not None:
         start = resume_step
         log.print(f"  resumed from the checkpoint at update {start} ({start * per_update:,} {unit})"
                   + (f"; re-created {', '.join(recreated)} (the saved ones do not fit {par.num_devices} devices"
@@ -175,7 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopSignal(log)
     try:
         if cfg.mode == "learn":
-            last = asynchronous.learn(cfg, par, run_dir, log, ckpts, stop, resume_step)
+            try:
+                last = asynchronous.learn(cfg, par, run_dir, log, ckpts, stop, resume_step)
+            except CheckpointMismatch as e:  # from the restore at its start
+                fail(ConfigError(f"--resume: {e}"))
             done = cfg.total_updates  # the learner stops on env steps received, not on updates
         else:
             hooks = trainer_hooks(cfg, trainer, par, ckpts, stop)

@@ -114,6 +114,25 @@ def test_incompatible_resume_names_the_keys(tmp_path, capsys):
     assert run(*TINY, "--resume") == 2  # no --run-dir
 
 
+def test_resume_from_another_versions_state_is_one_line(tmp_path, capsys, monkeypatch):
+    """A checkpoint whose optimizer state is laid out per leaf (as before the optimizer was
+    flattened) does not restore into this version's state: one line, exit 2, nothing written."""
+    import optax
+    run_dir = tmp_path / "run"
+    with monkeypatch.context() as m:
+        m.setattr(optax, "flatten", lambda tx: tx)
+        assert run(*TINY, "--run-dir", str(run_dir), "--stop-at-update", "2") == 0
+    files = {name: (run_dir / name).read_text() for name in ("config.json", "metrics.jsonl")}
+    before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    capsys.readouterr()
+    # (--keep-checkpoints: a setting a resume may change, so config.json would show a rewrite)
+    assert run(*TINY, "--run-dir", str(run_dir), "--resume", "--keep-checkpoints", "5") == 2
+    err = capsys.readouterr().err
+    assert "does not fit this version's training state" in err and "opt_state" in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before
+    assert {name: (run_dir / name).read_text() for name in files} == files
+
+
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert run(*TINY, "--run-dir", str(run_dir), "--stop-at-update", "4") == 0
