@@ -185,14 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     stop = StopSignal(log)
     try:
         if cfg.mode == "learn":
-            try:
-                last = asynchronous.learn(cfg, par, run_dir, log, ckpts, stop, resume_step)
-            except CheckpointMismatch as e:  # from the restore at its start
-                fail(ConfigError(f"--resume: {e}"))
+            last = asynchronous.learn(cfg, par, run_dir, log, ckpts, stop, resume_step)
             done = cfg.total_updates  # the learner stops on env steps received, not on updates
         else:
             hooks = trainer_hooks(cfg, trainer, par, ckpts, stop)
             _, last, done = runner.train(trainer, log, state, start, hooks, stop_at=cfg.stop_at_update)
+    except CheckpointMismatch as e:  # --mode learn restores at its start
+        fail(ConfigError(f"--resume: {e}"))
     except runner.NonFinite as e:
         ckpts.wait()
         last_good = ckpts.latest_step()

@@ -55,7 +55,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jaxrl_mgpu.nets.pallas_util import (dot, index, layer_norm, layer_norm_backward, layer_norm_reference,
-                                         ptx_approx, row_mask, standardize)
+                                         partial_sum, ptx_approx, row_block, row_mask, standardize)
 
 MAX_LEN = 128  # longest sequence: its keys' gradients stay in registers across the query blocks
                # (160 tokens spilled: slower than cuDNN, see RESULTS)
@@ -379,14 +379,13 @@ def _input_backward(x, ln_scale, w, dqkv, dres, *, block_rows, num_warps, interp
     B, L, D = x.shape
     n = B * L
     blocks = pl.cdiv(n, block_rows)
-    rows = lambda *shape: pl.BlockSpec((block_rows,) + shape, lambda i: (i,) + (0,) * len(shape))
-    partial = lambda *shape: pl.BlockSpec((None,) + shape, lambda i: (i,) + (0,) * len(shape))
+    rows = functools.partial(row_block, block_rows)
     out = lambda *shape: jax.ShapeDtypeStruct((blocks,) + shape, jnp.float32)
     dx, dscale, dbias, db = pl.pallas_call(
         functools.partial(_input_backward_kernel, n_rows=n), grid=(blocks,),
         in_specs=[rows(D), pl.BlockSpec((D,), lambda i: (0,)),
                   pl.BlockSpec((D, 3, D), lambda i: (0, 0, 0)), rows(3, D), rows(D)],
-        out_specs=[rows(D), partial(D), partial(D), partial(3, D)],
+        out_specs=[rows(D), partial_sum(D), partial_sum(D), partial_sum(3, D)],
         out_shape=[jax.ShapeDtypeStruct((n, D), x.dtype), out(D), out(D), out(3, D)],
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret, name="input_backward_kernel",

@@ -29,8 +29,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxrl_mgpu.nets.pallas_util import (dot, layer_norm, layer_norm_backward, layer_norm_reference, row_mask,
-                                         standardize, whole)
+from jaxrl_mgpu.nets.pallas_util import (dot, layer_norm, layer_norm_backward, layer_norm_reference, partial_sum,
+                                         row_block, row_mask, standardize, whole)
 
 MAX_D_MODEL = 128  # a program holds a [block_rows, D] float32 tile per value in registers
 MAX_OUTPUTS = 128
@@ -68,18 +68,10 @@ def _backward_kernel(x_ref, scale_ref, bias_ref, w_ref, dout_ref, dx_ref, dscale
     dbias_ref[...] = jnp.sum(dxn, axis=0)
 
 
-def _specs(block_rows):
-    """BlockSpec makers over the row blocks: a [block_rows, width] block, one program's partial
-    sum of a [programs, ...] array."""
-    row = lambda width: pl.BlockSpec((block_rows, width), lambda i: (i, 0))
-    partial = lambda *shape: pl.BlockSpec((None,) + shape, lambda i: (i,) + (0,) * len(shape))
-    return row, partial
-
-
 def _forward(cfg, x, ln_scale, ln_bias, w, b):
     block_rows, num_warps, interpret = cfg
     (n, d), k = x.shape, w.shape[1]
-    row, _ = _specs(block_rows)
+    row = functools.partial(row_block, block_rows)
     return pl.pallas_call(
         functools.partial(_forward_kernel, n_rows=n), grid=(pl.cdiv(n, block_rows),),
         in_specs=[row(d), whole((d,)), whole((d,)), whole((d, k)), whole((k,))], out_specs=row(k),
@@ -102,12 +94,12 @@ def _heads_bwd(cfg, residuals, dout):
     x, ln_scale, ln_bias, w = residuals
     (n, d), k = x.shape, w.shape[1]
     blocks = pl.cdiv(n, block_rows)
-    row, partial = _specs(block_rows)
+    row = functools.partial(row_block, block_rows)
     out = lambda *shape: jax.ShapeDtypeStruct((blocks,) + shape, jnp.float32)
     dx, dscale, dbias, dw, db = pl.pallas_call(
         functools.partial(_backward_kernel, n_rows=n), grid=(blocks,),
         in_specs=[row(d), whole((d,)), whole((d,)), whole((d, k)), row(k)],
-        out_specs=[row(d), partial(d), partial(d), partial(d, k), partial(k)],
+        out_specs=[row(d), partial_sum(d), partial_sum(d), partial_sum(d, k), partial_sum(k)],
         out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype), out(d), out(d), out(d, k), out(k)],
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret, name="heads_backward")(x, ln_scale, ln_bias, w, dout)

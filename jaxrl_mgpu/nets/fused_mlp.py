@@ -67,8 +67,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from jaxrl_mgpu.nets.pallas_util import (dot, layer_norm, layer_norm_backward, layer_norm_reference, ptx_approx,
-                                         row_mask, standardize, whole)
+from jaxrl_mgpu.nets.pallas_util import (dot, layer_norm, layer_norm_backward, layer_norm_reference, partial_sum,
+                                         ptx_approx, row_block, row_mask, standardize, whole)
 
 GELU_C = math.sqrt(2.0 / math.pi)  # gelu(h) = h * (1 + tanh(GELU_C * (h + GELU_A * h^3))) / 2
 GELU_A = 0.044715
@@ -245,15 +245,15 @@ def _forward(cfg: _Config, x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, s
     hidden = w1.shape[1]
     br = cfg.block_rows
     wo, bo, w1, b1, w2, b2 = _in_compute_dtype(x.dtype, wo, bo, w1, b1, w2, b2)
-    row_block = pl.BlockSpec((br, d_model), lambda i: (i, 0))
+    rows = row_block(br, d_model)
     vector = whole((d_model,))
     kernel = functools.partial(_forward_kernel, n_rows=n_rows, block_hidden=cfg.block_hidden,
                                fast_gelu=cfg.fast_gelu)
     return pl.pallas_call(
         kernel, grid=(pl.cdiv(n_rows, br),),
-        in_specs=[row_block, row_block, whole((d_model, d_model)), vector, vector, vector,
+        in_specs=[rows, rows, whole((d_model, d_model)), vector, vector, vector,
                   whole((d_model, hidden)), whole((hidden,)), whole((hidden, d_model)), vector],
-        out_specs=[row_block] * (1 + 2 * save),
+        out_specs=[rows] * (1 + 2 * save),
         out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype)] * (1 + 2 * save),
         compiler_params=_compiler_params(cfg, cfg.num_warps), interpret=cfg.interpret,
         name="finish_block_forward")(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2)
@@ -265,17 +265,16 @@ def _backward_rows(cfg: _Config, r, ln_scale, ln_bias, w1, b1, w2, dy):
     hidden = w1.shape[1]
     br = cfg.block_rows
     n_blocks = pl.cdiv(n_rows, br)
-    row_block = pl.BlockSpec((br, d_model), lambda i: (i, 0))
+    rows = row_block(br, d_model)
     vector = whole((d_model,))
-    partial = pl.BlockSpec((None, d_model), lambda i: (i, 0))
     partial_shape = jax.ShapeDtypeStruct((n_blocks, d_model), jnp.float32)
     kernel = functools.partial(_backward_rows_kernel, n_rows=n_rows,
                                block_hidden=cfg.block_hidden, fast_gelu=cfg.fast_gelu)
     dr, *partials = pl.pallas_call(
         kernel, grid=(n_blocks,),
-        in_specs=[row_block, vector, vector, whole((d_model, hidden)), whole((hidden,)),
-                  whole((hidden, d_model)), row_block],
-        out_specs=[row_block] + [partial] * 3,
+        in_specs=[rows, vector, vector, whole((d_model, hidden)), whole((hidden,)),
+                  whole((hidden, d_model)), rows],
+        out_specs=[rows] + [partial_sum(d_model)] * 3,
         out_shape=[jax.ShapeDtypeStruct(r.shape, r.dtype)] + [partial_shape] * 3,
         compiler_params=_compiler_params(cfg, cfg.num_warps), interpret=cfg.interpret,
         name="finish_block_backward_rows")(r, ln_scale, ln_bias, w1, b1, w2, dy)

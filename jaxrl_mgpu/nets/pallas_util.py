@@ -42,8 +42,20 @@ def row_mask(first_row, block_rows, n_rows):
 
 
 def whole(shape):
-    """A BlockSpec that hands every program of a 1-D grid the whole array."""
+    """A BlockSpec that hands every program (of any grid) the whole array."""
     return pl.BlockSpec(shape, lambda *_: (0,) * len(shape))
+
+
+def row_block(block_rows, *shape):
+    """A BlockSpec over a 1-D grid of row blocks: program i gets rows i * block_rows onwards of
+    an [N, *shape] array."""
+    return pl.BlockSpec((block_rows,) + shape, lambda i: (i,) + (0,) * len(shape))
+
+
+def partial_sum(*shape):
+    """A BlockSpec over a 1-D grid: program i writes entry i of a [programs, *shape] array of
+    per-program partial sums (the wrapper adds them up: deterministic, no atomics)."""
+    return pl.BlockSpec((None,) + shape, lambda i: (i,) + (0,) * len(shape))
 
 
 LN_EPSILON = 1e-6  # flax nn.LayerNorm's default
