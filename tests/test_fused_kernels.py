@@ -247,8 +247,9 @@ def mlp_inputs(shape, dtype=jnp.float32, seed=1):
     # N = 200 rows: the last of 4 row blocks is partly out of range; 2 hidden chunks.
     ((200, 32), {"block_rows": 64}),
     # Leading dims; the weight-gradient kernel with 13 row blocks in 3 groups of 5 (the last
-    # group runs past the end of the rows) and 4 hidden chunks.
-    ((2, 50, 64), {"block_rows": 32, "weights_block_rows": 16, "row_groups": 3}),
+    # group runs past the end of the rows) and 4 hidden chunks; the rows kernel reading dh in
+    # 4 chunks of its own width.
+    ((2, 50, 64), {"block_rows": 32, "weights_block_rows": 16, "row_groups": 3, "rows_block_hidden": 64}),
 ])
 def test_mlp_kernel(shape, kwargs):
     x, attn, dy = mlp_inputs(shape)
@@ -410,6 +411,8 @@ def test_mlp_rejects_unsupported_shapes():
         fused_mlp.finish_block(x, x, *mlp_params(32, hidden=96), interpret=True)
     with pytest.raises(ValueError, match="block_rows must be a power of 2"):
         fused_mlp.finish_block(x, x, *mlp_params(32), block_rows=48, interpret=True)
+    with pytest.raises(ValueError, match="rows_block_hidden must be a power of 2"):
+        fused_mlp.finish_block(x, x, *mlp_params(32), rows_block_hidden=96, interpret=True)
     wo, bo, ln_scale, ln_bias, w1, b1, w2, b2 = mlp_params(32)
     with pytest.raises(ValueError, match="w1 has shape"):
         fused_mlp.finish_block(x, x, wo, bo, ln_scale, ln_bias, w1[:16], b1, w2, b2, interpret=True)

@@ -8,16 +8,19 @@ materialises the [N, H] intermediates (335 MB each in bf16) in HBM: the pre-acti
 activation in the forward pass, and again the activation, its gradient and the pre-activation
 gradient in the backward pass; and the projection's output and the residual sum ([N, D]) each
 take a trip through HBM between kernels. With K = D = 128 the matmuls are cheap and those round
-trips dominate the step. Here the H-wide intermediates never leave the chip; HBM sees only x,
-attn, r, LN(r), y, dy, dr and d attn ([N, D]), the weights and small fp32 partial sums. The
-backward pass pays for that with recomputation (the first matmul twice).
+trips dominate the step. Here the forward pass keeps the H-wide intermediates on chip: HBM sees
+only x, attn, r, LN(r) and y ([N, D]) and the weights. The backward pass recomputes them once
+and writes one H-wide array, dh (the pre-activation gradient), which the rows kernel turns into
+dx without recomputing anything; HBM sees dy, dr and d attn ([N, D]) besides, and small fp32
+partial sums.
 
 Timings against XLA running the flax modules, alone and inside the transformer's training
 step: experiments/RESULTS.md ("Fused kernels").
 
     finish_block(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, *, block_rows=64,
                  block_hidden=64, num_warps=4, num_stages=2, weights_block_rows=64,
-                 weights_num_warps=4, row_groups=32, interpret=False) -> y
+                 weights_num_warps=4, row_groups=32, rows_block_hidden=128,
+                 interpret=False) -> y
 
 x and attn [..., D] in the compute dtype (bf16 / fp16 on GPU, fp32 for tests); every parameter
 float32 (wo [D, D], bo [D], ln_scale, ln_bias [D], w1 [D, H], b1 [H], w2 [H, D], b2 [D]); y like
@@ -35,19 +38,22 @@ runs the same bodies through XLA, which is how the CPU tests run them):
 1. forward, one program per block of `block_rows` rows: r = x + attn @ wo + bo, LN(r) in fp32,
    then for each of the H / block_hidden hidden chunks h = xn @ w1[:, c] + b1[c],
    a = gelu(h), acc += a @ w2[c, :]; writes y = r + acc + b2 and, when differentiated, r and
-   xn = LN(r) in the compute dtype (kernel 3 would otherwise redo the LayerNorm once per hidden
-   chunk; nothing H-wide is stored: the backward pass recomputes it, which is cheaper).
-2. backward over rows, one program per row block: recomputes xn and per chunk h; da = dy @
-   w2[c, :]^T, dh = da * gelu'(h), dxn += dh @ w1[:, c]^T; then the LayerNorm backward gives
-   dr = dy + LN'(dxn), which is also dx. It also writes per-program partial sums of d ln_scale,
-   d ln_bias and db2 ([programs, D] fp32) that the wrapper adds up (deterministic, no atomics).
-   The projection's gradients d attn = dr @ wo^T, dwo = attn^T @ dr and dbo are left to XLA.
-3. backward over weights, grid (row groups, hidden chunks): a program owns one hidden chunk c
+   xn = LN(r) in the compute dtype (kernel 2 would otherwise redo the LayerNorm once per hidden
+   chunk; the forward pass stores nothing H-wide: the backward pass recomputes h, which is
+   cheaper).
+2. backward over weights, grid (row groups, hidden chunks): a program owns one hidden chunk c
    and loops over the blocks of `weights_block_rows` rows of its group, reading xn and
-   recomputing h, a, da and dh, and accumulates in fp32 registers dw1[:, c] += xn^T @ dh, dw2[c, :] += a^T @ dy,
-   db1[c] += sum(dh). Partials [groups, ...] are summed by the wrapper. db1 lives here rather
-   than in kernel 2 because its partials are then [groups, H] instead of [row blocks, H]
-   (10 MB at the sizes above).
+   recomputing h, a, da = dy @ w2[c, :]^T and dh = da * gelu'(h); it accumulates in fp32
+   registers dw1[:, c] += xn^T @ dh, dw2[c, :] += a^T @ dy and db1[c] += sum(dh) (partials
+   [groups, ...], summed by the wrapper: deterministic, no atomics), and writes dh [N, H] in
+   the compute dtype (335 MB at the sizes above, freed once kernel 3 has read it).
+3. backward over rows, one program per row block: dxn = dh @ w1^T (hidden chunks of
+   `rows_block_hidden`, pipelined), then the LayerNorm backward gives dr = dy + LN'(dxn), which
+   is also dx; per-program partial sums of d ln_scale, d ln_bias and db2 ([programs, D] fp32).
+   Until session 12 this kernel recomputed h and da itself (three matmuls and the GELU per
+   chunk instead of one matmul); writing dh from kernel 2 and reading it here made the AD-size
+   training step 0.10-0.13 ms faster on an H100 (experiments/RESULTS.md).
+   The projection's gradients d attn = dr @ wo^T, dwo = attn^T @ dr and dbo are left to XLA.
 
 Triton needs every loaded or computed array to have a power-of-2 number of elements and dot
 operands of at least 16 x 16, hence the checks on D, H and the block sizes. N is arbitrary: the
@@ -83,6 +89,7 @@ class _Config(NamedTuple):
     weights_block_rows: int  # rows per loop step of the weight-gradient kernel
     weights_num_warps: int
     row_groups: int
+    rows_block_hidden: int   # hidden chunk of the backward-over-rows kernel
     fast_gelu: bool          # tanh.approx.f32 (GPU, bf16 only); see _gelu_cdf
     interpret: bool
 
@@ -155,52 +162,19 @@ def _forward_kernel(x_ref, attn_ref, wo_ref, bo_ref, scale_ref, bias_ref, w1_ref
 
 
 # ------------------------------------------------------------------------------------------
-# Kernel 2: backward over rows (dx and the LayerNorm / b2 gradients).
+# Kernel 2: backward over weights (dw1, db1, dw2 for one hidden chunk and one row group; dh).
 
-def _backward_rows_kernel(r_ref, scale_ref, bias_ref, w1_ref, b1_ref, w2_ref, dy_ref,
-                          dr_ref, dscale_ref, dbias_ref, db2_ref, *, n_rows,
-                          block_hidden, fast_gelu):
-    block_rows, d_model = r_ref.shape
-    cd = w1_ref.dtype
-    rows = row_mask(pl.program_id(0) * block_rows, block_rows, n_rows)
-    # LN recomputed rather than read from the saved xn: r is read anyway, an extra 2 N D bytes
-    # cost more than the arithmetic (seen on an H100).
-    xn = layer_norm(_load_rows(r_ref, rows), scale_ref, bias_ref, cd)
-    dy = _load_rows(dy_ref, rows, cd)  # zero on masked rows, so they add nothing below
-
-    def add_chunk(c, dxn):
-        chunk = _chunk(c, block_hidden)
-        w1_chunk = w1_ref[:, chunk]
-        h = dot(xn, w1_chunk) + b1_ref[chunk].astype(jnp.float32)[None, :]
-        da = dot(dy, w2_ref[chunk, :], trans_b=True)
-        dh = (da * _gelu_slope(h, _gelu_cdf(h, fast_gelu))).astype(cd)
-        return dxn + dot(dh, w1_chunk, trans_b=True)
-
-    dxn = jax.lax.fori_loop(0, w1_ref.shape[1] // block_hidden, add_chunk,
-                            jnp.zeros((block_rows, d_model), jnp.float32))
-    # LayerNorm backward (standardised here rather than before the loop: fewer live registers).
-    xhat, rstd = standardize(_load_rows(r_ref, rows))
-    dy32 = dy.astype(jnp.float32)
-    dr = dy32 + layer_norm_backward(dxn, xhat, rstd, scale_ref[...][None, :])
-    plgpu.store(dr_ref, dr.astype(cd), mask=rows)
-    dscale_ref[...] = jnp.sum(dxn * xhat, axis=0)
-    dbias_ref[...] = jnp.sum(dxn, axis=0)
-    db2_ref[...] = jnp.sum(dy32, axis=0)
-
-
-# ------------------------------------------------------------------------------------------
-# Kernel 3: backward over weights (dw1, db1, dw2 for one hidden chunk and one row group).
-
-def _backward_weights_kernel(xn_ref, w1_ref, b1_ref, w2_ref, dy_ref, dw1_ref, db1_ref, dw2_ref, *,
+def _backward_weights_kernel(xn_ref, w1_ref, b1_ref, w2_ref, dy_ref, dw1_ref, db1_ref, dw2_ref, dh_ref, *,
                              n_rows, block_rows, blocks_per_group, fast_gelu):
-    # xn_ref (LN(r), which the forward kernel saved), dy_ref: the whole [N, D] arrays; w1_ref
-    # [D, BH], b1_ref [BH], w2_ref [BH, D]: this program's hidden chunk.
+    # xn_ref (LN(r), which the forward kernel saved), dy_ref, dh_ref: the whole [N, D] / [N, H]
+    # arrays; w1_ref [D, BH], b1_ref [BH], w2_ref [BH, D]: this program's hidden chunk.
     d_model, block_hidden = w1_ref.shape
     cd = w1_ref.dtype
     w1_chunk = w1_ref[...]
     b1_chunk = b1_ref[...].astype(jnp.float32)[None, :]
     w2_chunk = w2_ref[...]
     first_block = pl.program_id(0) * blocks_per_group
+    chunk = _chunk(pl.program_id(1), block_hidden)  # outside the loop: the interpreter wants it so
 
     def accumulate(i, carry):
         dw1, db1, dw2 = carry
@@ -213,7 +187,9 @@ def _backward_weights_kernel(xn_ref, w1_ref, b1_ref, w2_ref, dy_ref, dw1_ref, db
         a = (h * cdf).astype(cd)
         dy = _load_rows(dy_ref.at[block, :], rows, cd)  # zero on masked rows: no contribution
         dh = dot(dy, w2_chunk, trans_b=True) * _gelu_slope(h, cdf)
-        dw1 += dot(xn, dh.astype(cd), trans_a=True)
+        dh_cd = dh.astype(cd)
+        plgpu.store(dh_ref.at[block, chunk], dh_cd, mask=rows)
+        dw1 += dot(xn, dh_cd, trans_a=True)
         dw2 += dot(a, dy, trans_a=True)
         return dw1, db1 + jnp.sum(dh, axis=0), dw2
 
@@ -224,6 +200,31 @@ def _backward_weights_kernel(xn_ref, w1_ref, b1_ref, w2_ref, dy_ref, dw1_ref, db
     dw1_ref[...] = dw1
     db1_ref[...] = db1
     dw2_ref[...] = dw2
+
+
+# ------------------------------------------------------------------------------------------
+# Kernel 3: backward over rows (dx and the LayerNorm / b2 gradients, from dh).
+
+def _backward_rows_kernel(r_ref, scale_ref, w1_ref, dh_ref, dy_ref, dr_ref, dscale_ref, dbias_ref, db2_ref,
+                          *, n_rows, block_hidden):
+    block_rows, d_model = r_ref.shape
+    rows = row_mask(pl.program_id(0) * block_rows, block_rows, n_rows)
+
+    def add_chunk(c, dxn):
+        chunk = _chunk(c, block_hidden)
+        dh = plgpu.load(dh_ref.at[:, chunk], mask=rows, other=0)  # rows past N were never written
+        return dxn + dot(dh, w1_ref[:, chunk], trans_b=True)
+
+    dxn = jax.lax.fori_loop(0, w1_ref.shape[1] // block_hidden, add_chunk,
+                            jnp.zeros((block_rows, d_model), jnp.float32))
+    # The LayerNorm's statistics from r (read anyway for them; xn alone would not give rstd).
+    xhat, rstd = standardize(_load_rows(r_ref, rows))
+    dy = _load_rows(dy_ref, rows)  # zero on masked rows, so they add nothing below
+    dr = dy + layer_norm_backward(dxn, xhat, rstd, scale_ref[...][None, :])
+    plgpu.store(dr_ref, dr.astype(dr_ref.dtype), mask=rows)
+    dscale_ref[...] = jnp.sum(dxn * xhat, axis=0)
+    dbias_ref[...] = jnp.sum(dxn, axis=0)
+    db2_ref[...] = jnp.sum(dy, axis=0)
 
 
 # ------------------------------------------------------------------------------------------
@@ -259,25 +260,23 @@ def _forward(cfg: _Config, x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, s
         name="finish_block_forward")(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2)
 
 
-def _backward_rows(cfg: _Config, r, ln_scale, ln_bias, w1, b1, w2, dy):
-    """dr (= dx), d ln_scale, d ln_bias, db2 (kernel 2)."""
+def _backward_rows(cfg: _Config, r, ln_scale, w1, dh, dy):
+    """dr (= dx), d ln_scale, d ln_bias, db2 (kernel 3) from dh."""
     n_rows, d_model = r.shape
     hidden = w1.shape[1]
     br = cfg.block_rows
     n_blocks = pl.cdiv(n_rows, br)
     rows = row_block(br, d_model)
-    vector = whole((d_model,))
     partial_shape = jax.ShapeDtypeStruct((n_blocks, d_model), jnp.float32)
     kernel = functools.partial(_backward_rows_kernel, n_rows=n_rows,
-                               block_hidden=cfg.block_hidden, fast_gelu=cfg.fast_gelu)
+                               block_hidden=min(cfg.rows_block_hidden, hidden))
     dr, *partials = pl.pallas_call(
         kernel, grid=(n_blocks,),
-        in_specs=[rows, vector, vector, whole((d_model, hidden)), whole((hidden,)),
-                  whole((hidden, d_model)), rows],
+        in_specs=[rows, whole((d_model,)), whole((d_model, hidden)), row_block(br, hidden), rows],
         out_specs=[rows] + [partial_sum(d_model)] * 3,
         out_shape=[jax.ShapeDtypeStruct(r.shape, r.dtype)] + [partial_shape] * 3,
         compiler_params=_compiler_params(cfg, cfg.num_warps), interpret=cfg.interpret,
-        name="finish_block_backward_rows")(r, ln_scale, ln_bias, w1, b1, w2, dy)
+        name="finish_block_backward_rows")(r, ln_scale, w1, dh, dy)
     return (dr, *(p.sum(0) for p in partials))
 
 
@@ -289,7 +288,7 @@ def _group_layout(n_rows, block_rows, row_groups):
 
 
 def _backward_weights(cfg: _Config, xn, w1, b1, w2, dy):
-    """dw1, db1, dw2 (kernel 3) from xn = LN(r)."""
+    """dw1, db1, dw2 and dh [N, H] in the compute dtype (kernel 2) from xn = LN(r)."""
     n_rows, d_model = xn.shape
     hidden = w1.shape[1]
     bh = cfg.block_hidden
@@ -297,7 +296,7 @@ def _backward_weights(cfg: _Config, xn, w1, b1, w2, dy):
     kernel = functools.partial(_backward_weights_kernel, n_rows=n_rows,
                                block_rows=cfg.weights_block_rows,
                                blocks_per_group=blocks_per_group, fast_gelu=cfg.fast_gelu)
-    dw1, db1, dw2 = pl.pallas_call(
+    dw1, db1, dw2, dh = pl.pallas_call(
         kernel, grid=(groups, hidden // bh),
         in_specs=[whole(xn.shape),
                   pl.BlockSpec((d_model, bh), lambda g, c: (0, c)),
@@ -306,13 +305,15 @@ def _backward_weights(cfg: _Config, xn, w1, b1, w2, dy):
                   whole(xn.shape)],
         out_specs=[pl.BlockSpec((None, d_model, bh), lambda g, c: (g, 0, c)),
                    pl.BlockSpec((None, bh), lambda g, c: (g, c)),
-                   pl.BlockSpec((None, bh, d_model), lambda g, c: (g, c, 0))],
+                   pl.BlockSpec((None, bh, d_model), lambda g, c: (g, c, 0)),
+                   whole((n_rows, hidden))],  # each program writes its chunk of its rows
         out_shape=[jax.ShapeDtypeStruct((groups, d_model, hidden), jnp.float32),
                    jax.ShapeDtypeStruct((groups, hidden), jnp.float32),
-                   jax.ShapeDtypeStruct((groups, hidden, d_model), jnp.float32)],
+                   jax.ShapeDtypeStruct((groups, hidden, d_model), jnp.float32),
+                   jax.ShapeDtypeStruct((n_rows, hidden), xn.dtype)],
         compiler_params=_compiler_params(cfg, cfg.weights_num_warps), interpret=cfg.interpret,
         name="finish_block_backward_weights")(xn, w1, b1, w2, dy)
-    return dw1.sum(0), db1.sum(0), dw2.sum(0)
+    return dw1.sum(0), db1.sum(0), dw2.sum(0), dh
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -321,23 +322,24 @@ def _finish_block(cfg: _Config, x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, 
 
 
 def _finish_block_fwd(cfg, x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2):
-    # Residuals are r, LN(r), attn and the weights: the backward kernels recompute everything
-    # H-wide.
+    # Residuals are r, LN(r), attn and the weights: the backward pass recomputes everything
+    # H-wide (kernel 2, once).
     y, r, xn = _forward(cfg, x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, save=True)
-    return y, (r, xn, attn, wo, ln_scale, ln_bias, w1, b1, w2)
+    return y, (r, xn, attn, wo, ln_scale, w1, b1, w2)
 
 
 def _finish_block_bwd(cfg, residuals, dy):
-    r, xn, attn, wo, ln_scale, ln_bias, w1, b1, w2 = residuals
+    r, xn, attn, wo, ln_scale, w1, b1, w2 = residuals
     wo_cd, w1_cd, b1_cd, w2_cd = _in_compute_dtype(r.dtype, wo, w1, b1, w2)
     dy = dy.astype(r.dtype)
-    dr, dscale, dbias, db2 = _backward_rows(cfg, r, ln_scale, ln_bias, w1_cd, b1_cd, w2_cd, dy)
+    dw1, db1, dw2, dh = _backward_weights(cfg, xn, w1_cd, b1_cd, w2_cd, dy)
+    dr, dscale, dbias, db2 = _backward_rows(cfg, r, ln_scale, w1_cd, dh, dy)
     # The projection's gradients stay with XLA (cuBLAS), next to dwo: d attn = dr @ wo^T inside
-    # kernel 2 made it ~1.2 ms a step slower, a fourth partial sum (dbo) ~0.2 ms (H100, AD size).
+    # the rows kernel made it ~1.2 ms a step slower, a fourth partial sum (dbo) ~0.2 ms (H100,
+    # AD size, session 7, when that kernel still recomputed h).
     dattn = jnp.dot(dr, wo_cd.T)
     dbo = jnp.sum(dr, axis=0, dtype=jnp.float32)
     dwo = dot(attn, dr, trans_a=True)
-    dw1, db1, dw2 = _backward_weights(cfg, xn, w1_cd, b1_cd, w2_cd, dy)
     # r = x + attn wo + bo: the residual stream's gradient dx is dr itself.
     return dr, dattn, dwo, dbo, dscale, dbias, dw1, db1, dw2, db2
 
@@ -377,7 +379,8 @@ def _check(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, cfg: _Config):
         raise ValueError(f"finish_block: d_model {d_model} is wider than the kernels take ({MAX_D_MODEL})")
     for name, size in (("d_model", d_model), ("hidden", hidden), ("block_rows", cfg.block_rows),
                        ("block_hidden", cfg.block_hidden),
-                       ("weights_block_rows", cfg.weights_block_rows)):
+                       ("weights_block_rows", cfg.weights_block_rows),
+                       ("rows_block_hidden", cfg.rows_block_hidden)):
         if size < 16 or not _is_power_of_2(size):
             raise ValueError(f"finish_block: {name} must be a power of 2 >= 16, got {size}")
     if cfg.block_hidden > hidden:
@@ -392,21 +395,23 @@ def _check(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, cfg: _Config):
 def finish_block(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, *, block_rows: int = 64,
                  block_hidden: int = 64, num_warps: int = 4, num_stages: int = 2,
                  weights_block_rows: int = 64, weights_num_warps: int = 4,
-                 row_groups: int = 32, interpret: bool = False):
+                 row_groups: int = 32, rows_block_hidden: int = 128, interpret: bool = False):
     """y = r + gelu(LN(r) @ w1 + b1) @ w2 + b2 with r = x + attn @ wo + bo, over the last axis
     of x and attn; see the module docstring.
 
-    block_rows x block_hidden: the tile of the forward and backward-over-rows kernels (powers
-    of 2, >= 16); num_warps: their Triton warps per program. The weight-gradient kernel keeps
-    two fp32 [D, block_hidden] accumulators in registers for its whole loop, so it has its own
-    rows per step and warps (weights_block_rows, weights_num_warps) and row_groups, its
-    programs along the rows (each loops over its share of the row blocks): row_groups x H /
-    block_hidden programs, each writing fp32 partials. num_stages: Triton software-pipelining
-    depth of every kernel's loop. Defaults: the fastest seen on one H100 at D = 128, bf16."""
+    block_rows x block_hidden: the tile of the forward kernel (powers of 2, >= 16); num_warps:
+    its Triton warps per program. The backward-over-rows kernel takes block_rows and num_warps
+    too, with hidden chunks of rows_block_hidden (at most H: it only reads dh, so wider chunks
+    than the forward's pay). The weight-gradient kernel keeps two fp32 [D, block_hidden]
+    accumulators in registers for its whole loop, so it has its own rows per step and warps
+    (weights_block_rows, weights_num_warps) and row_groups, its programs along the rows (each
+    loops over its share of the row blocks): row_groups x H / block_hidden programs, each
+    writing fp32 partials. num_stages: Triton software-pipelining depth of every kernel's loop.
+    Defaults: the fastest seen on one H100 at D = 128, bf16."""
     fast_gelu = not interpret and x.dtype == jnp.bfloat16
     cfg = _Config(int(block_rows), int(block_hidden), int(num_warps), int(num_stages),
                   int(weights_block_rows), int(weights_num_warps), int(row_groups),
-                  bool(fast_gelu), bool(interpret))
+                  int(rows_block_hidden), bool(fast_gelu), bool(interpret))
     _check(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, cfg)
     rows = (int(np.prod(x.shape[:-1])), x.shape[-1])
     y = _finish_block(cfg, x.reshape(rows), attn.reshape(rows), wo, bo, ln_scale, ln_bias,
