@@ -80,8 +80,8 @@ projection, RoPE, every mask above and attention) runs in fused kernels that rea
 the attention output (fused_attention.py; sequences up to 128 tokens, d_model a power of 2 up to
 128); with a prefix cache and in `step` attention stays with XLA. `mlp_implementation="pallas"`:
 the output projection -> residual -> LayerNorm 2 -> MLP -> residual, the second half of every
-block, in fused kernels that keep the 4 x d_model activations on chip (fused_mlp.py; d_model a
-power of 2 up to 128), and the final LayerNorm with the actor and critic heads in one kernel each
+block, in fused kernels that keep the 4 x d_model activations on chip (the backward pass writes
+only their gradient, once; fused_mlp.py; d_model a power of 2 up to 128), and the final LayerNorm with the actor and critic heads in one kernel each
 way (fused_heads.py; up to 127 actions, else XLA), in every path. Both are for bf16/fp16 and
 change no parameter. Numbers: experiments/RESULTS.md ("Fused kernels").
 """
