@@ -176,11 +176,21 @@ def _host_blocks(pending: list[Transitions], size: int) -> tuple[list[Transition
     return blocks, ([rest] if total > whole else [])
 
 
-def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resume_step: int | None) -> dict:
-    """The learner's loop (see the module docstring); returns the last log row."""
+def initial_state(cfg, par: Parallel) -> tuple[LearnerState, dict]:
+    """A fresh learner state and its checkpoint layout: what a resumed learner restores into."""
+    key = par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed)))
+    return Learner(cfg, par).init(key), STATE_LAYOUT
+
+
+def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resume_step: int | None,
+          restored: LearnerState | None = None) -> dict:
+    """The learner's loop (see the module docstring); returns the last log row. With
+    resume_step, `restored` is the state train.py restored from that checkpoint (into
+    `initial_state`) before it touched the run directory."""
     store, lrn = Store(run_dir), Learner(cfg, par)
     key = par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed)))
-    state, replay = lrn.init(key), lrn.init_replay(key)
+    state = lrn.init(key) if restored is None else restored
+    replay = lrn.init_replay(key)
     state, meta, consumed = start(ckpts, state, STATE_LAYOUT, par, cfg, resume_step, log, "replay")
     pending: list[Transitions] = []  # read, not yet in the replay
     # What arrived since the last log point.
@@ -262,12 +272,12 @@ COUNTS = ("env_steps", "episodes")  # what a learner counts of each shard it rec
 
 
 def start(ckpts, state, layout, par, cfg, resume_step, log, memory: str, counts=COUNTS):
-    """The learner's state and bookkeeping (`meta`, saved in every checkpoint it publishes,
-    and the set of shards consumed): restored from `resume_step`, or fresh and published at
-    iteration 0 so that waiting collectors can start."""
+    """The learner's bookkeeping (`meta`, saved in every checkpoint it publishes, and the set of
+    shards consumed): read from the checkpoint at `resume_step`, whose state the caller has
+    restored into `state`; or fresh, with `state` published at iteration 0 so that waiting
+    collectors can start."""
     meta = {"iteration": 0, **{f"{k}_received": 0 for k in counts}, "per_collector": {}, "consumed": []}
     if resume_step is not None:
-        state, _ = ckpts.restore(resume_step, state, layout, par)
         meta.update(ckpts.meta(resume_step)["async"])
         log.print(f"  resumed the learner at iteration {resume_step}; refilling the {memory} from the store")
     else:

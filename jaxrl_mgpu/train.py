@@ -148,12 +148,14 @@ def main(argv: list[str] | None = None) -> int:
     # are the collectors'.
     trainer = runner.Trainer(cfg, par) if cfg.mode == "both" else None
     state = None
-    if resume_step is not None and trainer is not None:
+    if resume_step is not None:
         # Restored before process 0 rewrites config.json and metrics.jsonl, so that a checkpoint
         # this version cannot read leaves the run directory as it was.
+        target, state_layout = ((trainer.init_state(), trainer.layout) if trainer is not None
+                                else asynchronous.initial_state(cfg, par))
         reader = Checkpoints(run_dir, read_only=True)
         try:
-            state, recreated = reader.restore(resume_step, trainer.init_state(), trainer.layout, par)
+            state, recreated = reader.restore(resume_step, target, state_layout, par)
         except CheckpointMismatch as e:
             fail(ConfigError(f"--resume: {e}"))
         finally:
@@ -174,24 +176,23 @@ def main(argv: list[str] | None = None) -> int:
         log.banner(banner(cfg, par, layout, asynchronous.per_update(cfg)))
     ckpts = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
     start = 0
-    if state is not None:
+    if state is None:
+        if cfg.resume == "auto":
+            log.print("  --resume auto: no checkpoint yet, starting fresh")
+    elif trainer is not None:  # (a learner says where it resumed in elastic.start)
         start = resume_step
         log.print(f"  resumed from the checkpoint at update {start} ({start * per_update:,} {unit})"
                   + (f"; re-created {', '.join(recreated)} (the saved ones do not fit {par.num_devices} devices"
                      f" x {cfg.num_envs} envs)" if recreated else ""))
-    elif cfg.resume == "auto":
-        log.print("  --resume auto: no checkpoint yet, starting fresh")
 
     stop = StopSignal(log)
     try:
         if cfg.mode == "learn":
-            last = asynchronous.learn(cfg, par, run_dir, log, ckpts, stop, resume_step)
+            last = asynchronous.learn(cfg, par, run_dir, log, ckpts, stop, resume_step, state)
             done = cfg.total_updates  # the learner stops on env steps received, not on updates
         else:
             hooks = trainer_hooks(cfg, trainer, par, ckpts, stop)
             _, last, done = runner.train(trainer, log, state, start, hooks, stop_at=cfg.stop_at_update)
-    except CheckpointMismatch as e:  # --mode learn restores at its start
-        fail(ConfigError(f"--resume: {e}"))
     except runner.NonFinite as e:
         ckpts.wait()
         last_good = ckpts.latest_step()

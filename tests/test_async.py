@@ -77,6 +77,38 @@ def test_restarted_learner_resumes_and_refills_from_the_store(tmp_path):
     assert updates == sorted(set(updates)), "no update logged twice"
 
 
+def test_learner_resume_from_another_versions_state_is_one_line(tmp_path, capsys):
+    """A learner checkpoint this version cannot read (written with the optimizer laid out per
+    leaf, as before it was flattened): --mode learn --resume stops with one line, exit 2, and
+    leaves config.json, metrics.jsonl and the checkpoints as they were (it restores before it
+    rewrites them)."""
+    import subprocess
+    import sys
+    from jaxrl_mgpu import train
+    run_dir = tmp_path / "run"
+    argv = [*DQN, "--mode", "learn", "--run-dir", str(run_dir)]
+    # A learner of that layout: it publishes its state at iteration 0, then waits for data.
+    old = subprocess.Popen([sys.executable, "-c", "import sys, optax; optax.flatten = lambda tx: tx; "
+                            "from jaxrl_mgpu import train; sys.exit(train.main(sys.argv[1:]))", *argv],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_until(lambda: (run_dir / "checkpoints" / "0").is_dir())
+    old.send_signal(signal.SIGTERM)
+    out, _ = old.communicate(timeout=60)
+    assert old.returncode == 0, out
+    (run_dir / "metrics.jsonl").write_text('{"update": 0}\n')  # a row the resume must not drop
+    files = {name: (run_dir / name).read_text() for name in ("config.json", "metrics.jsonl")}
+    before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    try:
+        code = train.main([*argv, "--resume", "--keep-checkpoints", "5"])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and "does not fit this version's training state" in err and "opt_state" in err, err
+    assert err.count("\n") == 1, err
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before
+    assert {name: (run_dir / name).read_text() for name in files} == files
+
+
 def test_collect_mode_needs_a_run_dir_and_an_off_policy_algo(capsys):
     from jaxrl_mgpu import train
     for argv, words in [(["--mode", "collect", "--algo", "dqn"], "--run-dir"),
