@@ -31,6 +31,8 @@ for spec in args.variants:
         target, value = item.split("=", 1)
         module, constant = target.rsplit(".", 1)
         module = importlib.import_module(f"jaxrl_mgpu.nets.{module}")
+        if not hasattr(module, constant):  # setattr would add it unused and time the base twice
+            parser.error(f"{spec}: jaxrl_mgpu.nets.{module.__name__.rsplit('.', 1)[1]} has no {constant}")
         if value.startswith("partial("):
             keywords = {k.arg: ast.literal_eval(k.value) for k in ast.parse(value, mode="eval").body.keywords}
             value = functools.partial(getattr(module, constant), **keywords)
