@@ -177,20 +177,19 @@ def _host_blocks(pending: list[Transitions], size: int) -> tuple[list[Transition
 
 
 def initial_state(cfg, par: Parallel) -> tuple[LearnerState, dict]:
-    """A fresh learner state and its checkpoint layout: what a resumed learner restores into."""
+    """A fresh learner state and its checkpoint layout: where a learner starts, or what a
+    resumed one restores into."""
     key = par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed)))
     return Learner(cfg, par).init(key), STATE_LAYOUT
 
 
 def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resume_step: int | None,
-          restored: LearnerState | None = None) -> dict:
-    """The learner's loop (see the module docstring); returns the last log row. With
-    resume_step, `restored` is the state train.py restored from that checkpoint (into
-    `initial_state`) before it touched the run directory."""
+          state: LearnerState) -> dict:
+    """The learner's loop (see the module docstring) from `state`: `initial_state`, or with
+    resume_step what train.py restored from that checkpoint before it touched the run
+    directory. Returns the last log row."""
     store, lrn = Store(run_dir), Learner(cfg, par)
-    key = par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed)))
-    state = lrn.init(key) if restored is None else restored
-    replay = lrn.init_replay(key)
+    replay = lrn.init_replay(par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed))))
     state, meta, consumed = start(ckpts, state, STATE_LAYOUT, par, cfg, resume_step, log, "replay")
     pending: list[Transitions] = []  # read, not yet in the replay
     # What arrived since the last log point.

@@ -152,22 +152,22 @@ def filled(buffer: Buffer) -> jax.Array:
 # -- the learner -----------------------------------------------------------------------------
 
 def initial_state(cfg, par: Parallel):
-    """A fresh learner state and its checkpoint layout: what a resumed learner restores into."""
+    """A fresh learner state and its checkpoint layout: where a learner starts, or what a
+    resumed one restores into."""
     env, env_params = histories.darkroom_env(cfg.env)
     key = par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed)))
     return par.map(ad.make(cfg, env, env_params, par.num_devices).init)(key), ad.STATE_LAYOUT
 
 
 def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resume_step: int | None,
-          restored=None) -> dict:
-    """The learner's loop (see the module docstring); returns the last log row. With
-    resume_step, `restored` is the state train.py restored from that checkpoint (into
-    `initial_state`) before it touched the run directory."""
+          state) -> dict:
+    """The learner's loop (see the module docstring) from `state`: `initial_state`, or with
+    resume_step what train.py restored from that checkpoint before it touched the run
+    directory. Returns the last log row."""
     env, env_params = histories.darkroom_env(cfg.env)
     algo, slot, per_device, devices = ad.make(cfg, env, env_params, par.num_devices), _slot(cfg), \
         capacity(cfg, par.num_devices), par.num_devices
     key = par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed)))
-    state = par.map(algo.init)(key) if restored is None else restored
     buffer = par.map(lambda _: new_buffer(slot, per_device))(key)
     state, meta, consumed = elastic.start(ckpts, state, ad.STATE_LAYOUT, par, cfg, resume_step, log, "buffer",
                                           COUNTS)

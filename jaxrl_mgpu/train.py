@@ -147,12 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     # A learner (--mode learn) has no trainer: it counts its own updates, and the env steps
     # are the collectors'.
     trainer = runner.Trainer(cfg, par) if cfg.mode == "both" else None
-    state = None
+    # The trainer builds its fresh state in runner.train; a learner starts from this one.
+    state, state_layout = (None, None) if trainer is not None else asynchronous.initial_state(cfg, par)
     if resume_step is not None:
         # Restored before process 0 rewrites config.json and metrics.jsonl, so that a checkpoint
         # this version cannot read leaves the run directory as it was.
-        target, state_layout = ((trainer.init_state(), trainer.layout) if trainer is not None
-                                else asynchronous.initial_state(cfg, par))
+        target, state_layout = (trainer.init_state(), trainer.layout) if trainer is not None else (state, state_layout)
         reader = Checkpoints(run_dir, read_only=True)
         try:
             state, recreated = reader.restore(resume_step, target, state_layout, par)
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         log.banner(banner(cfg, par, layout, asynchronous.per_update(cfg)))
     ckpts = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
     start = 0
-    if state is None:
+    if resume_step is None:
         if cfg.resume == "auto":
             log.print("  --resume auto: no checkpoint yet, starting fresh")
     elif trainer is not None:  # (a learner says where it resumed in elastic.start)
