@@ -15,10 +15,11 @@ LayerNorm passes. Here, three kernels:
    head's o in the [B, L, H, Dh] layout the output projection reads, and the softmax's
    log2-sum-exp2; the head-0 program also writes x normalised (for the backward pass). Nothing
    QKV-wide reaches HBM.
-2. backward, one program per (sequence, head): recomputes q, k, v from x normalised and P from
-   the log2-sum-exp2, takes the softmax's row sums of P dP as dO . O (FlashAttention's trick),
-   and writes the gradient of the head's raw projection, dqkv [B, L, 3, H, Dh] (for the weight
-   gradient, one XLA matmul x_norm^T @ dqkv, and for kernel 3).
+2. backward, one program per (head, two sequences), which it takes in turn in a software-
+   pipelined loop: recomputes q, k, v from x normalised and P from the log2-sum-exp2, takes the
+   softmax's row sums of P dP as dO . O (FlashAttention's trick), and writes the gradient of the
+   head's raw projection, dqkv [B, L, 3, H, Dh] (for the weight gradient, one XLA matmul
+   x_norm^T @ dqkv, and for kernel 3).
 3. input gradient, one program per block of rows: dx = LayerNorm backward of dqkv @ w^T plus the
    residual stream's gradient (see `attend`: x is returned, so that gradient arrives here
    instead of in a separate XLA pass); the LayerNorm's and the bias' gradients as fp32 partial
@@ -66,6 +67,11 @@ INPUT_ROWS = 64  # rows per program of the input-gradient kernel
 INPUT_STAGES = 2  # its pipeline depth over q, k, v (unrolled: the step 1.7% slower, H100; 3: 3% slower)
 MAX_BLOCK = 64  # rows per query / key block
 LOG2E = float(np.log2(np.e))
+# Sequences per backward program, a loop that Triton software-pipelines: the next sequence's
+# loads are under way while this one's matmuls run. AD-size step on an H100: 0.9-1.1% faster
+# than one sequence a program; 4 sequences 0.5%; the forward pass looped the same way 0.5% slower.
+BACKWARD_SEQUENCES = 2
+BACKWARD_STAGES = 2  # that loop's pipeline depth (1: 1.7% slower than 2; 3: 7% slower)
 
 
 def supported(seq_len: int, head_dim: int, d_model: int) -> bool:
@@ -211,7 +217,7 @@ def _sequence(xn_of, cos_ref, sin_ref, seg_ref, valid_ref, *, seq_len, max_block
 
 
 def _forward_kernel(x_ref, scale_ref, bias_ref, w_ref, b_ref, cos_ref, sin_ref, *rest, seq_len,
-                    window, scale, masks, max_block, fast):
+                    window, scale, masks, max_block, fast, head):
     """Program (sequence, head): LN, the head's projection, RoPE, attention; o [T, Dh] and the
     log2-sum-exp2 [T]; the head-0 program also writes x normalised [T, D]."""
     seg_ref, valid_ref, (o_ref, lse_ref, xn_ref) = _mask_refs(rest, masks)
@@ -222,7 +228,7 @@ def _forward_kernel(x_ref, scale_ref, bias_ref, w_ref, b_ref, cos_ref, sin_ref, 
 
     rows = _sequence(normalise, cos_ref, sin_ref, seg_ref, valid_ref, seq_len=seq_len, max_block=max_block)
 
-    @pl.when(pl.program_id(0) == 0)  # the head-0 program
+    @pl.when(head == 0)  # the head-0 program
     def _():
         for r in rows:
             _store(xn_ref, r.start, r.xn, seq_len)
@@ -243,10 +249,11 @@ def _forward_kernel(x_ref, scale_ref, bias_ref, w_ref, b_ref, cos_ref, sin_ref, 
 
 
 def _backward_kernel(xn_ref, w_ref, b_ref, cos_ref, sin_ref, *rest, seq_len, window, scale, masks,
-                     max_block, fast):
-    """Program (sequence, head): recomputes the head's q, k, v from x normalised and P from the
-    log2-sum-exp2; reads o for the row sums; writes the gradient of the head's raw projection,
-    dqkv [T, 3, Dh]."""
+                     max_block, fast, head):
+    """Program (sequence, head) (_call loops it over the program's sequences): recomputes the
+    head's q, k, v from x normalised and P from the log2-sum-exp2; reads o for the row sums;
+    writes the gradient of the head's raw projection, dqkv [T, 3, Dh]."""
+    del head  # only the forward kernel needs it
     seg_ref, valid_ref, (lse_ref, do_ref, o_ref, dqkv_ref) = _mask_refs(rest, masks)
     dtype = dqkv_ref.dtype
     rows = _sequence(lambda start, size: _load(xn_ref, start, size, seq_len), cos_ref, sin_ref,
@@ -312,39 +319,93 @@ def _input_backward_kernel(x_ref, scale_ref, w_ref, dqkv_ref, dres_ref, dx_ref, 
     dbias_ref[...] = jnp.sum(dxn, axis=0)
 
 
-def _call(kernel, leading, cos, sin, seg, valid, trailing, out_shape, out_specs, *, seq_len, n_heads,
-          window, num_warps, max_block, interpret):
-    """Grid (head, sequence): the first grid axis varies fastest in launch order, so the programs
-    of a sequence's heads run side by side and its x (or x normalised) comes from L2 for all
-    but the first (sequence-major, every head re-read it from HBM: 0.3 ms a step on an H100).
-    leading / trailing: (array, BlockSpec) inputs before the rotary tables and after the masks."""
+class _SequenceRef:
+    """Sequence s of a ref that holds a program's several sequences [S, ...], for the kernel
+    bodies, which are written for one. Every access becomes one indexer on the whole ref:
+    Pallas's Triton lowering takes no chain of them (ref.at[s].at[...])."""
+
+    def __init__(self, ref, s):
+        self.ref, self.s = ref, s
+        self.shape, self.dtype = ref.shape[1:], ref.dtype
+
+    def _full(self, idx):
+        return (self.s,) + (idx if isinstance(idx, tuple) else (idx,))
+
+    @property
+    def at(self):
+        seq = self
+
+        class _At:
+            def __getitem__(self, idx):
+                return seq.ref.at[seq._full(idx)]
+        return _At()
+
+    def __getitem__(self, idx):
+        return self.ref[self._full(idx)]
+
+    def __setitem__(self, idx, value):
+        self.ref[self._full(idx)] = value
+
+
+def _call(kernel, spec, leading, cos, sin, seg, valid, trailing, out_shape, out_specs, *, seq_len, n_heads,
+          window, num_warps, num_stages, max_block, interpret):
+    """Grid (head, block of spec.seqs sequences): the first grid axis varies fastest in launch
+    order, so the programs of a sequence's heads run side by side and its x (or x normalised)
+    comes from L2 for all but the first (sequence-major, every head re-read it from HBM: 0.3 ms
+    a step on an H100). A program with several sequences runs the kernel body on each in turn, a
+    loop pipelined num_stages deep. leading / trailing: (array, BlockSpec) inputs before the
+    rotary tables and after the masks; spec: the _Specs they come from."""
     T = _tile(seq_len, max_block)
     half = cos.shape[-1]
     tables = [(t, pl.BlockSpec((T, half), lambda h, b: (0, 0))) for t in (cos, sin)]
-    masks = [(m.astype(jnp.int32), pl.BlockSpec((None, T), lambda h, b: (b, 0)))
+    masks = [(m.astype(jnp.int32), spec.per_sequence((T,), lambda h, b: (b, 0)))
              for m in (seg, valid) if m is not None]
     inputs = list(leading) + tables + masks + list(trailing)
-    body = functools.partial(kernel, seq_len=seq_len, window=window, scale=1.0 / np.sqrt(2 * half),
-                             masks=(seg is not None, valid is not None), max_block=max_block, fast=not interpret)
+    outs = out_specs if isinstance(out_specs, list) else [out_specs]
+    looped = [spec.is_per_sequence(s) for s in [s for _, s in inputs] + outs]
+    kernel_body = functools.partial(kernel, seq_len=seq_len, window=window, scale=1.0 / np.sqrt(2 * half),
+                                    masks=(seg is not None, valid is not None), max_block=max_block,
+                                    fast=not interpret)
+
+    def body(*refs):
+        head = pl.program_id(0)  # read outside the loop: the interpreter finds none inside it
+        if spec.seqs == 1:
+            return kernel_body(*refs, head=head)
+
+        def one_sequence(s, carry):
+            kernel_body(*[_SequenceRef(r, s) if per_seq else r for r, per_seq in zip(refs, looped)], head=head)
+            return carry
+        jax.lax.fori_loop(0, spec.seqs, one_sequence, 0)
+
     return pl.pallas_call(
-        body, grid=(n_heads, leading[0][0].shape[0]), in_specs=[spec for _, spec in inputs],
+        body, grid=(n_heads, leading[0][0].shape[0] // spec.seqs), in_specs=[s for _, s in inputs],
         out_specs=out_specs, out_shape=out_shape,
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret, name=kernel.__name__.strip("_"))(*[a for a, _ in inputs])
 
 
 class _Specs:
-    """BlockSpecs of grid (head h, sequence b) for the arrays of one call."""
+    """BlockSpecs of grid (head h, block b of `seqs` sequences) for the arrays of one call."""
 
-    def __init__(self, seq_len, d_model, head_dim, max_block):
+    def __init__(self, seq_len, d_model, head_dim, max_block, seqs):
         T, D, Dh = _tile(seq_len, max_block), d_model, head_dim
-        self.rows = pl.BlockSpec((None, T, D), lambda h, b: (b, 0, 0))           # [B, L, D]
-        self.vector = pl.BlockSpec((D,), lambda h, b: (0,))                      # [D]
-        self.w = pl.BlockSpec((D, 3, None, Dh), lambda h, b: (0, 0, h, 0))       # [D, 3, H, Dh]
-        self.b = pl.BlockSpec((3, None, Dh), lambda h, b: (0, h, 0))             # [3, H, Dh]
-        self.head = pl.BlockSpec((None, T, None, Dh), lambda h, b: (b, 0, h, 0))  # [B, L, H, Dh]
-        self.lse = pl.BlockSpec((None, None, T), lambda h, b: (b, h, 0))         # [B, H, T]
-        self.qkv = pl.BlockSpec((None, T, 3, None, Dh), lambda h, b: (b, 0, 0, h, 0))  # [B, L, 3, H, Dh]
+        self.seqs, self._per_sequence = seqs, []
+        self.rows = self.per_sequence((T, D), lambda h, b: (b, 0, 0))                   # [B, L, D]
+        self.vector = pl.BlockSpec((D,), lambda h, b: (0,))                             # [D]
+        self.w = pl.BlockSpec((D, 3, None, Dh), lambda h, b: (0, 0, h, 0))              # [D, 3, H, Dh]
+        self.b = pl.BlockSpec((3, None, Dh), lambda h, b: (0, h, 0))                    # [3, H, Dh]
+        self.head = self.per_sequence((T, None, Dh), lambda h, b: (b, 0, h, 0))         # [B, L, H, Dh]
+        self.lse = self.per_sequence((None, T), lambda h, b: (b, h, 0))                 # [B, H, T]
+        self.qkv = self.per_sequence((T, 3, None, Dh), lambda h, b: (b, 0, 0, h, 0))    # [B, L, 3, H, Dh]
+
+    def per_sequence(self, block, index_map):
+        """A spec over [B, ...] arrays: the program's sequences (squeezed when it has one)."""
+        spec = pl.BlockSpec((None if self.seqs == 1 else self.seqs,) + block, index_map)
+        self._per_sequence.append(spec)
+        return spec
+
+    def is_per_sequence(self, spec):
+        return any(spec is s for s in self._per_sequence)
 
 
 def _in_compute_dtype(x, w, b, n_heads):
@@ -368,14 +429,14 @@ def _forward(x, ln_scale, ln_bias, w, b, cos, sin, seg, valid, window, n_heads, 
                          f"{MAX_D_MODEL} and a head dim that is a multiple of 32 up to 128, got length "
                          f"{L}, d_model {D}, head dim {D / n_heads:g}")
     w4, b3 = _in_compute_dtype(x, w, b, n_heads)
-    spec = _Specs(L, D, Dh, max_block)
-    return _call(_forward_kernel, [(x, spec.rows), (ln_scale, spec.vector), (ln_bias, spec.vector),
+    spec = _Specs(L, D, Dh, max_block, seqs=1)
+    return _call(_forward_kernel, spec, [(x, spec.rows), (ln_scale, spec.vector), (ln_bias, spec.vector),
                                    (w4, spec.w), (b3, spec.b)], cos, sin, seg, valid, [],
                  [jax.ShapeDtypeStruct((B, L, n_heads, Dh), x.dtype),
                   jax.ShapeDtypeStruct((B, n_heads, _tile(L, max_block)), jnp.float32),
                   jax.ShapeDtypeStruct(x.shape, x.dtype)],
                  [spec.head, spec.lse, spec.rows], seq_len=L, n_heads=n_heads, window=window,
-                 num_warps=warps[0], max_block=max_block, interpret=interpret)
+                 num_warps=warps[0], num_stages=1, max_block=max_block, interpret=interpret)
 
 
 def _input_backward(x, ln_scale, w, dqkv, dres, *, block_rows, num_warps, interpret):
@@ -423,12 +484,14 @@ def _attend_bwd(window, n_heads, warps, interpret, max_block, residuals, cotange
     x, ln_scale, w, b, cos, sin, seg, valid, o, lse, xn = residuals
     B, L, D = x.shape
     w4, b3 = _in_compute_dtype(x, w, b, n_heads)
-    spec = _Specs(L, D, D // n_heads, max_block)
-    dqkv = _call(_backward_kernel, [(xn, spec.rows), (w4, spec.w), (b3, spec.b)], cos, sin, seg, valid,
+    # As many sequences a program as BACKWARD_SEQUENCES and B allow (B odd: one).
+    seqs = int(np.gcd(B, BACKWARD_SEQUENCES))
+    spec = _Specs(L, D, D // n_heads, max_block, seqs)
+    dqkv = _call(_backward_kernel, spec, [(xn, spec.rows), (w4, spec.w), (b3, spec.b)], cos, sin, seg, valid,
                  [(lse, spec.lse), (do.astype(x.dtype), spec.head), (o, spec.head)],
                  jax.ShapeDtypeStruct((B, L, 3, n_heads, D // n_heads), x.dtype), spec.qkv,
-                 seq_len=L, n_heads=n_heads, window=window, num_warps=warps[1], max_block=max_block,
-                 interpret=interpret)
+                 seq_len=L, n_heads=n_heads, window=window, num_warps=warps[1],
+                 num_stages=1 if seqs == 1 else BACKWARD_STAGES, max_block=max_block, interpret=interpret)
     dx, dscale, dbias, db = _input_backward(x, ln_scale, w4.reshape(D, 3, D), dqkv, dres,
                                             block_rows=INPUT_ROWS, num_warps=warps[2], interpret=interpret)
     # The projection's weight gradient: one matmul over every token, fp32 out.
