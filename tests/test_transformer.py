@@ -194,6 +194,19 @@ def test_reduced_precision(dtype):
     close(lp, lp32, atol=0.2), close(v, v32, atol=0.2)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_tokens_are_the_embedding_dense(dtype):
+    """The token embedding folds its bias into the matmul (a ones column): the same tokens as
+    the flax Dense it holds the parameters of, within the compute dtype's rounding."""
+    model = make(dtype=dtype)
+    params = random_params(model)
+    xs = make_stream()[:4]  # obs, previous action, previous reward, is_first
+    tokens = model.apply(params, *xs, method=model._tokens)
+    dense = model.apply(params, *xs, method=lambda m, *x: m.embed(m._token_features(*x)))
+    assert tokens.dtype == dense.dtype == dtype and tokens.shape == (B, N, 32)
+    close(tokens.astype(jnp.float32), dense.astype(jnp.float32), atol=1e-5 if dtype == jnp.float32 else 0.05)
+
+
 def test_benchmark_size_builds_and_jits():
     """The MFU benchmark's shape (bf16) compiles and runs on both paths. Params come from
     eval_shape (the real init of 19M params is the same code as above, and slow on CPU)."""
