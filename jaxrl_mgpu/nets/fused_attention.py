@@ -15,8 +15,8 @@ LayerNorm passes. Here, three kernels:
    head's o in the [B, L, H, Dh] layout the output projection reads, and the softmax's
    log2-sum-exp2; the head-0 program also writes x normalised (for the backward pass). Nothing
    QKV-wide reaches HBM.
-2. backward, one program per (head, two sequences), which it takes in turn in a software-
-   pipelined loop: recomputes q, k, v from x normalised and P from the log2-sum-exp2, takes the
+2. backward, one program per (head, two sequences; one when B is odd), which it takes in turn
+   in a software-pipelined loop: recomputes q, k, v from x normalised and P from the log2-sum-exp2, takes the
    softmax's row sums of P dP as dO . O (FlashAttention's trick), and writes the gradient of the
    head's raw projection, dqkv [B, L, 3, H, Dh] (for the weight gradient, one XLA matmul
    x_norm^T @ dqkv, and for kernel 3).
