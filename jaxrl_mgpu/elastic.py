@@ -190,7 +190,7 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
     directory. Returns the last log row."""
     store, lrn = Store(run_dir), Learner(cfg, par)
     replay = lrn.init_replay(par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed))))
-    state, meta, consumed = start(ckpts, state, STATE_LAYOUT, par, cfg, resume_step, log, "replay")
+    meta, consumed = start(ckpts, state, STATE_LAYOUT, par, cfg, resume_step, log, "replay")
     pending: list[Transitions] = []  # read, not yet in the replay
     # What arrived since the last log point.
     window = {"episodes": 0, "return_sum": 0.0, "length_sum": 0, "lag_sum": 0.0, "shards": 0}
@@ -282,7 +282,7 @@ def start(ckpts, state, layout, par, cfg, resume_step, log, memory: str, counts=
     else:
         publish(ckpts, 0, state, layout, par, meta, set(), cfg)
     (Path(cfg.run_dir) / DONE_MARKER).unlink(missing_ok=True)
-    return state, meta, set(meta["consumed"])
+    return meta, set(meta["consumed"])
 
 
 class ShardReader:

@@ -169,7 +169,7 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
         capacity(cfg, par.num_devices), par.num_devices
     key = par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed)))
     buffer = par.map(lambda _: new_buffer(slot, per_device))(key)
-    state, meta, consumed = elastic.start(ckpts, state, ad.STATE_LAYOUT, par, cfg, resume_step, log, "buffer",
+    meta, consumed = elastic.start(ckpts, state, ad.STATE_LAYOUT, par, cfg, resume_step, log, "buffer",
                                           COUNTS)
     insert_fn = par.map(insert, donate=True)
     # The buffer is an input of every update, not part of the (checkpointed) state.

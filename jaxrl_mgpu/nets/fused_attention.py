@@ -332,19 +332,22 @@ class _SequenceRef:
         return (self.s,) + (idx if isinstance(idx, tuple) else (idx,))
 
     @property
-    def at(self):
-        seq = self
-
-        class _At:
-            def __getitem__(self, idx):
-                return seq.ref.at[seq._full(idx)]
-        return _At()
+    def at(self):  # self.at[idx] is ref.at[s, idx], as ref.at[idx] gives views
+        return _SequenceViews(self)
 
     def __getitem__(self, idx):
         return self.ref[self._full(idx)]
 
     def __setitem__(self, idx, value):
         self.ref[self._full(idx)] = value
+
+
+class _SequenceViews:
+    def __init__(self, seq: _SequenceRef):
+        self._seq = seq
+
+    def __getitem__(self, idx):
+        return self._seq.ref.at[self._seq._full(idx)]
 
 
 def _call(kernel, spec, leading, cos, sin, seg, valid, trailing, out_shape, out_specs, *, seq_len, n_heads,
