@@ -18,8 +18,8 @@ Timings against XLA running the flax modules, alone and inside the transformer's
 step: experiments/RESULTS.md ("Fused kernels").
 
     finish_block(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, *, block_rows=64,
-                 block_hidden=64, num_warps=4, num_stages=2, weights_block_rows=64,
-                 weights_num_warps=4, row_groups=32, rows_block_hidden=128,
+                 block_hidden=64, num_warps=4, num_stages=2, weights_block_rows=128,
+                 weights_num_warps=8, row_groups=16, rows_block_hidden=128,
                  interpret=False) -> y
 
 x and attn [..., D] in the compute dtype (bf16 / fp16 on GPU, fp32 for tests); every parameter
@@ -395,8 +395,8 @@ def _check(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, cfg: _Config):
 
 def finish_block(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, *, block_rows: int = 64,
                  block_hidden: int = 64, num_warps: int = 4, num_stages: int = 2,
-                 weights_block_rows: int = 64, weights_num_warps: int = 4,
-                 row_groups: int = 32, rows_block_hidden: int = 128, interpret: bool = False):
+                 weights_block_rows: int = 128, weights_num_warps: int = 8,
+                 row_groups: int = 16, rows_block_hidden: int = 128, interpret: bool = False):
     """y = r + gelu(LN(r) @ w1 + b1) @ w2 + b2 with r = x + attn @ wo + bo, over the last axis
     of x and attn; see the module docstring.
 
@@ -408,7 +408,10 @@ def finish_block(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, *, block_ro
     (weights_block_rows, weights_num_warps) and row_groups, its programs along the rows (each
     loops over its share of the row blocks): row_groups x H / block_hidden programs, each
     writing fp32 partials. num_stages: Triton software-pipelining depth of every kernel's loop.
-    Defaults: the fastest seen on one H100 at D = 128, bf16."""
+    Defaults: the fastest seen on one H100 at D = 128, bf16. For the weight-gradient kernel that
+    is 128 rows a step on two warpgroups (8 warps) and 16 x H / block_hidden = 128 programs, one
+    an SM (its accumulators fill the registers; 12 groups leave SMs idle, 256 rows overflow
+    shared memory); 64 rows on 4 warps, two programs an SM, was 0.5-0.9% slower (session 13)."""
     fast_gelu = not interpret and x.dtype == jnp.bfloat16
     cfg = _Config(int(block_rows), int(block_hidden), int(num_warps), int(num_stages),
                   int(weights_block_rows), int(weights_num_warps), int(row_groups),
