@@ -411,7 +411,9 @@ def finish_block(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, *, block_ro
     Defaults: the fastest seen on one H100 at D = 128, bf16. For the weight-gradient kernel that
     is 128 rows a step on two warpgroups (8 warps) and 16 x H / block_hidden = 128 programs, one
     an SM (its accumulators fill the registers; 12 groups leave SMs idle, 256 rows overflow
-    shared memory); 64 rows on 4 warps, two programs an SM, was 0.5-0.9% slower (session 13)."""
+    shared memory); 64 rows on 4 warps, two programs an SM, was 0.5-0.9% slower (sessions 13
+    and 14). The forward and rows kernels stay on 4 warps (8: the step 13% slower), and the
+    forward's 128-wide hidden chunks overflow an H100's shared memory."""
     fast_gelu = not interpret and x.dtype == jnp.bfloat16
     cfg = _Config(int(block_rows), int(block_hidden), int(num_warps), int(num_stages),
                   int(weights_block_rows), int(weights_num_warps), int(row_groups),
