@@ -295,11 +295,11 @@ def _store_unrotated(dqkv_ref, part, r: _Rows, grad, seq_len):
         _store(dqkv_ref, r.start, g.astype(dqkv_ref.dtype), seq_len, (index(part), cols))
 
 
-def _input_backward_kernel(x_ref, scale_ref, w_ref, dqkv_ref, dres_ref, dx_ref, dscale_ref, dbias_ref,
-                           db_ref, *, n_rows):
+def _input_backward_kernel(x_ref, scale_ref, w_ref, dqkv_ref, dres_ref, dx_ref, sums_ref, *, n_rows):
     """Program (block of rows of the flattened [N, ...] arrays): dxn = dqkv @ w^T, then the
     LayerNorm backward plus the residual stream's gradient, dx; partial sums of the LayerNorm's
-    and the projection bias' gradients."""
+    and the projection bias' gradients, in one output [d ln_scale, d ln_bias, db_q, db_k, db_v]
+    (XLA adds them up in one pass)."""
     block_rows, d_model = x_ref.shape
     rows = row_mask(pl.program_id(0) * block_rows, block_rows, n_rows)
 
@@ -307,7 +307,7 @@ def _input_backward_kernel(x_ref, scale_ref, w_ref, dqkv_ref, dres_ref, dx_ref, 
     # (INPUT_STAGES): the next part of dqkv is on its way while this one's matmul runs.
     def add_part(p, dxn):
         g = plgpu.load(dqkv_ref.at[:, p, :], mask=rows, other=0)  # [rows, D]
-        db_ref[p, :] = jnp.sum(g.astype(jnp.float32), axis=0)
+        sums_ref[2 + p, :] = jnp.sum(g.astype(jnp.float32), axis=0)
         return dxn + dot(g, w_ref[:, p, :], trans_b=True)
 
     dxn = jax.lax.fori_loop(0, 3, add_part, jnp.zeros((block_rows, d_model), jnp.float32))
@@ -315,8 +315,8 @@ def _input_backward_kernel(x_ref, scale_ref, w_ref, dqkv_ref, dres_ref, dx_ref, 
     dres = plgpu.load(dres_ref, mask=rows, other=0).astype(jnp.float32)
     dx = dres + layer_norm_backward(dxn, xhat, rstd, scale_ref[...][None, :])
     plgpu.store(dx_ref, dx.astype(dx_ref.dtype), mask=rows)
-    dscale_ref[...] = jnp.sum(dxn * xhat, axis=0)
-    dbias_ref[...] = jnp.sum(dxn, axis=0)
+    sums_ref[0, :] = jnp.sum(dxn * xhat, axis=0)
+    sums_ref[1, :] = jnp.sum(dxn, axis=0)
 
 
 class _SequenceRef:
@@ -449,18 +449,18 @@ def _input_backward(x, ln_scale, w, dqkv, dres, *, block_rows, num_warps, interp
     n = B * L
     blocks = pl.cdiv(n, block_rows)
     rows = functools.partial(row_block, block_rows)
-    out = lambda *shape: jax.ShapeDtypeStruct((blocks,) + shape, jnp.float32)
-    dx, dscale, dbias, db = pl.pallas_call(
+    dx, partials = pl.pallas_call(
         functools.partial(_input_backward_kernel, n_rows=n), grid=(blocks,),
         in_specs=[rows(D), pl.BlockSpec((D,), lambda i: (0,)),
                   pl.BlockSpec((D, 3, D), lambda i: (0, 0, 0)), rows(3, D), rows(D)],
-        out_specs=[rows(D), partial_sum(D), partial_sum(D), partial_sum(3, D)],
-        out_shape=[jax.ShapeDtypeStruct((n, D), x.dtype), out(D), out(D), out(3, D)],
+        out_specs=[rows(D), partial_sum(5, D)],
+        out_shape=[jax.ShapeDtypeStruct((n, D), x.dtype), jax.ShapeDtypeStruct((blocks, 5, D), jnp.float32)],
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=INPUT_STAGES),
         interpret=interpret, name="input_backward_kernel",
     )(x.reshape(n, D), ln_scale, w, dqkv.reshape(n, 3, D),
       dres.astype(x.dtype).reshape(n, D))
-    return dx.reshape(x.shape), dscale.sum(0), dbias.sum(0), db.sum(0).reshape(3 * D)
+    sums = partials.sum(0)
+    return dx.reshape(x.shape), sums[0], sums[1], sums[2:].reshape(3 * D)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(9, 10, 11, 12, 13))

@@ -49,11 +49,12 @@ runs the same bodies through XLA, which is how the CPU tests run them):
    the compute dtype (335 MB at the sizes above, freed once kernel 3 has read it).
 3. backward over rows, one program per row block: dxn = dh @ w1^T (hidden chunks of
    `rows_block_hidden`, pipelined), then the LayerNorm backward gives dr = dy + LN'(dxn), which
-   is also dx; per-program partial sums of d ln_scale, d ln_bias and db2 ([programs, D] fp32).
+   is also dx; per-program partial sums of d ln_scale, d ln_bias, db2 and dbo = sum(dr), one
+   [programs, 4, D] fp32 array.
    Until session 12 this kernel recomputed h and da itself (three matmuls and the GELU per
    chunk instead of one matmul); writing dh from kernel 2 and reading it here made the AD-size
    training step 0.10-0.13 ms faster on an H100 (experiments/RESULTS.md).
-   The projection's gradients d attn = dr @ wo^T, dwo = attn^T @ dr and dbo are left to XLA.
+   The projection's matmul gradients d attn = dr @ wo^T and dwo = attn^T @ dr are left to XLA.
 
 Triton needs every loaded or computed array to have a power-of-2 number of elements and dot
 operands of at least 16 x 16, hence the checks on D, H and the block sizes. N is arbitrary: the
@@ -205,8 +206,7 @@ def _backward_weights_kernel(xn_ref, w1_ref, b1_ref, w2_ref, dy_ref, dw1_ref, db
 # ------------------------------------------------------------------------------------------
 # Kernel 3: backward over rows (dx and the LayerNorm / b2 gradients, from dh).
 
-def _backward_rows_kernel(r_ref, scale_ref, w1_ref, dh_ref, dy_ref, dr_ref, dscale_ref, dbias_ref, db2_ref,
-                          *, n_rows, block_hidden):
+def _backward_rows_kernel(r_ref, scale_ref, w1_ref, dh_ref, dy_ref, dr_ref, sums_ref, *, n_rows, block_hidden):
     block_rows, d_model = r_ref.shape
     rows = row_mask(pl.program_id(0) * block_rows, block_rows, n_rows)
 
@@ -222,9 +222,14 @@ def _backward_rows_kernel(r_ref, scale_ref, w1_ref, dh_ref, dy_ref, dr_ref, dsca
     dy = _load_rows(dy_ref, rows)  # zero on masked rows, so they add nothing below
     dr = dy + layer_norm_backward(dxn, xhat, rstd, scale_ref[...][None, :])
     plgpu.store(dr_ref, dr.astype(dr_ref.dtype), mask=rows)
-    dscale_ref[...] = jnp.sum(dxn * xhat, axis=0)
-    dbias_ref[...] = jnp.sum(dxn, axis=0)
-    db2_ref[...] = jnp.sum(dy, axis=0)
+    # Partial sums [d ln_scale, d ln_bias, db2, dbo] in one output, so XLA adds them up in one
+    # pass; dbo here rather than in XLA, which would read dr once more for it: the AD-size step
+    # 0.5% faster on an H100 (session 14; in session 7, when this kernel still recomputed h and
+    # wrote each partial sum as its own array, it cost 0.2 ms).
+    sums_ref[0, :] = jnp.sum(dxn * xhat, axis=0)
+    sums_ref[1, :] = jnp.sum(dxn, axis=0)
+    sums_ref[2, :] = jnp.sum(dy, axis=0)
+    sums_ref[3, :] = jnp.sum(dr, axis=0)
 
 
 # ------------------------------------------------------------------------------------------
@@ -261,23 +266,22 @@ def _forward(cfg: _Config, x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, s
 
 
 def _backward_rows(cfg: _Config, r, ln_scale, w1, dh, dy):
-    """dr (= dx), d ln_scale, d ln_bias, db2 (kernel 3) from dh."""
+    """dr (= dx) and the sums [d ln_scale, d ln_bias, db2, dbo] (kernel 3) from dh."""
     n_rows, d_model = r.shape
     hidden = w1.shape[1]
     br = cfg.block_rows
     n_blocks = pl.cdiv(n_rows, br)
     rows = row_block(br, d_model)
-    partial_shape = jax.ShapeDtypeStruct((n_blocks, d_model), jnp.float32)
     kernel = functools.partial(_backward_rows_kernel, n_rows=n_rows,
                                block_hidden=min(cfg.rows_block_hidden, hidden))
-    dr, *partials = pl.pallas_call(
+    dr, partials = pl.pallas_call(
         kernel, grid=(n_blocks,),
         in_specs=[rows, whole((d_model,)), whole((d_model, hidden)), row_block(br, hidden), rows],
-        out_specs=[rows] + [partial_sum(d_model)] * 3,
-        out_shape=[jax.ShapeDtypeStruct(r.shape, r.dtype)] + [partial_shape] * 3,
+        out_specs=[rows, partial_sum(4, d_model)],
+        out_shape=[jax.ShapeDtypeStruct(r.shape, r.dtype), jax.ShapeDtypeStruct((n_blocks, 4, d_model), jnp.float32)],
         compiler_params=_compiler_params(cfg, cfg.num_warps), interpret=cfg.interpret,
         name="finish_block_backward_rows")(r, ln_scale, w1, dh, dy)
-    return (dr, *(p.sum(0) for p in partials))
+    return dr, partials.sum(0)
 
 
 def _group_layout(n_rows, block_rows, row_groups):
@@ -333,13 +337,12 @@ def _finish_block_bwd(cfg, residuals, dy):
     wo_cd, w1_cd, b1_cd, w2_cd = _in_compute_dtype(r.dtype, wo, w1, b1, w2)
     dy = dy.astype(r.dtype)
     dw1, db1, dw2, dh = _backward_weights(cfg, xn, w1_cd, b1_cd, w2_cd, dy)
-    dr, dscale, dbias, db2 = _backward_rows(cfg, r, ln_scale, w1_cd, dh, dy)
-    # The projection's gradients stay with XLA (cuBLAS), next to dwo: d attn = dr @ wo^T inside
-    # the rows kernel made it ~1.2 ms a step slower, a fourth partial sum (dbo) ~0.2 ms (H100,
-    # AD size, session 7, when that kernel still recomputed h); reading dh, as now, d attn there
-    # still cost 0.14 ms a step (session 13).
+    dr, sums = _backward_rows(cfg, r, ln_scale, w1_cd, dh, dy)
+    dscale, dbias, db2, dbo = sums
+    # The projection's matmul gradients stay with XLA (cuBLAS): d attn = dr @ wo^T inside the
+    # rows kernel made it ~1.2 ms a step slower (H100, AD size, session 7, when that kernel
+    # still recomputed h); reading dh, as now, d attn there still cost 0.14 ms a step (session 13).
     dattn = jnp.dot(dr, wo_cd.T)
-    dbo = jnp.sum(dr, axis=0, dtype=jnp.float32)
     dwo = dot(attn, dr, trans_a=True)
     # r = x + attn wo + bo: the residual stream's gradient dx is dr itself.
     return dr, dattn, dwo, dbo, dscale, dbias, dw1, db1, dw2, db2
