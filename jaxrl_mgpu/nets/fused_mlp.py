@@ -204,7 +204,7 @@ def _backward_weights_kernel(xn_ref, w1_ref, b1_ref, w2_ref, dy_ref, dw1_ref, db
 
 
 # ------------------------------------------------------------------------------------------
-# Kernel 3: backward over rows (dx and the LayerNorm / b2 gradients, from dh).
+# Kernel 3: backward over rows (dx and the LayerNorm, b2 and bo gradients, from dh).
 
 def _backward_rows_kernel(r_ref, scale_ref, w1_ref, dh_ref, dy_ref, dr_ref, sums_ref, *, n_rows, block_hidden):
     block_rows, d_model = r_ref.shape
