@@ -42,6 +42,11 @@ def test_transformer_step_reports_mfu(capsys):
     (row,) = json_lines(out)
     assert row["tokens_per_s"] > 0 and 0 < row["mfu"] and row["batch"] == 2 and "MFU" in out
     assert row["steps_per_timing"] == 3
+    # The ceiling before and after the row; the MFU is against their median.
+    ceilings = row["matmul_ceilings_tflops"]
+    assert len(ceilings) == 2 and row["matmul_ceiling_tflops"] == pytest.approx(sum(ceilings) / 2)
+    assert row["mfu"] == pytest.approx(row["tflops"] / row["matmul_ceiling_tflops"])
+    assert "median of 2 measurements" in out
 
 
 def test_transformer_step_times_fp32_with_xla_kernels(capsys):
@@ -59,8 +64,8 @@ def test_transformer_table_speedup_column():
     row = dict(d_model=16, n_layers=1, n_heads=2, context_len=8, batch=2, attention="xla", mlp="xla",
                tflops=1.0, mfu=0.1, device_kind="cpu")
     fp32, bf16 = dict(row, precision="fp32", tokens_per_s=100.0), dict(row, precision="bf16", tokens_per_s=250.0)
-    assert bench.transformer_table([fp32, bf16], 10.0).splitlines()[-1].split()[-1] == "2.50"
-    last = bench.transformer_table([bf16], 10.0).splitlines()[-1]
+    assert bench.transformer_table([fp32, bf16], [10.0]).splitlines()[-1].split()[-1] == "2.50"
+    last = bench.transformer_table([bf16], [10.0]).splitlines()[-1]
     assert last.split()[-1] == "-" and "nan" not in last
 
 
