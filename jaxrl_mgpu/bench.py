@@ -195,7 +195,8 @@ def measure_transformer_step(cfg, batch: int, repeats: int, profile: str | None 
 
 
 def transformer_table(rows: list[dict], ceilings: list[float]) -> str:
-    """The rows (MFU against the median of `ceilings`, the bf16 matmul ceilings measured)."""
+    """The rows as a table under a line that gives the bf16 matmul ceiling readings `ceilings`:
+    their median (what the rows' MFU is against), count and range."""
     fp32 = {(r["d_model"], r["n_layers"], r["context_len"], r["batch"]): r["tokens_per_s"]
             for r in rows if r["precision"] == "fp32" and r["attention"] == "xla" and r["mlp"] == "xla"}
     tflops = lambda x: f"{x:.0f}" if x >= 10 else f"{x:.2f}"  # a CPU's is a fraction of one
