@@ -337,8 +337,7 @@ def _finish_block_bwd(cfg, residuals, dy):
     wo_cd, w1_cd, b1_cd, w2_cd = _in_compute_dtype(r.dtype, wo, w1, b1, w2)
     dy = dy.astype(r.dtype)
     dw1, db1, dw2, dh = _backward_weights(cfg, xn, w1_cd, b1_cd, w2_cd, dy)
-    dr, sums = _backward_rows(cfg, r, ln_scale, w1_cd, dh, dy)
-    dscale, dbias, db2, dbo = sums
+    dr, (dscale, dbias, db2, dbo) = _backward_rows(cfg, r, ln_scale, w1_cd, dh, dy)
     # The projection's matmul gradients stay with XLA (cuBLAS): d attn = dr @ wo^T inside the
     # rows kernel made it ~1.2 ms a step slower (H100, AD size, session 7, when that kernel
     # still recomputed h); reading dh, as now, d attn there still cost 0.14 ms a step (session 13).
