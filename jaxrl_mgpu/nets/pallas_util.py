@@ -16,11 +16,15 @@ def dot(a, b, trans_a=False, trans_b=False):
 def ptx_approx(instruction: str, x):
     """One PTX approximation instruction per element of fp32 x, e.g. "tanh.approx.f32" or
     "ex2.approx.f32": a single special-function-unit op, where the Triton lowering of jnp.tanh /
-    jnp.exp2 calls libdevice's accurate (several-instruction) versions. GPU only."""
+    jnp.exp2 calls libdevice's accurate (several-instruction) versions. A packed half-precision
+    instruction ("ex2.approx.f16x2") takes two elements, rounded to fp16, per op; the result
+    comes back in fp32. GPU only."""
+    packed = instruction.endswith("x2")
+    dtype = jnp.float16 if packed else jnp.float32
     [y] = plgpu.elementwise_inline_asm(
-        f"{instruction} $0, $1;", args=[x], constraints="=r,r", pack=1,
-        result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, jnp.float32)])
-    return y
+        f"{instruction} $0, $1;", args=[x.astype(dtype)], constraints="=r,r", pack=2 if packed else 1,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, dtype)])
+    return y.astype(jnp.float32)
 
 
 def index(i: int):
