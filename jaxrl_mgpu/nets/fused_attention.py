@@ -11,7 +11,8 @@ LayerNorm passes. Here, three kernels:
 1. forward, one program per (sequence, head): loads the sequence's x, normalises it, projects
    the head's q, k and v (matmuls against that head's columns of w, in registers), rotates q
    and k (RoPE), computes the masked scores and their softmax (in base 2: the score scale
-   times log2(e) is folded into q, so each score costs one ex2 instruction), and writes the
+   times log2(e) is folded into q, so each score costs one ex2 instruction, in bf16 / fp16 half
+   of one), and writes the
    head's o in the [B, L, H, Dh] layout the output projection reads, and the softmax's
    log2-sum-exp2; the head-0 program also writes x normalised (for the backward pass). Nothing
    QKV-wide reaches HBM.
@@ -151,14 +152,17 @@ class _Rows:
         return r1 * self.cos + r2 * self.sin, r2 * self.cos - r1 * self.sin
 
 
-def _exp2(x, fast):
+def _exp2(x, fast, dtype):
     """2^x (x <= 0 here: scores less their row's maximum or log2-sum-exp2), fp32. The softmax
     runs in base 2 (log2(e) folded into q with the score scale), so on GPUs (`fast`) a score
-    costs half a special-function op: ex2.approx.f16x2 takes two scores rounded to fp16. Its
-    error (under 6e-4 absolute, experiments/results/s16/check_half2.txt) is under a third of
-    the rounding of P to bf16 for the P V matmul (up to 2e-3); against ex2.approx.f32 it made
-    the AD-size step 0.5-0.7% faster on an H100 (s16/half2_ab.txt, attn_probes_ab.txt)."""
-    return ptx_approx("ex2.approx.f16x2", x) if fast else jnp.exp2(x)
+    costs one special-function op, ex2.approx.f32 (relative error ~2^-22), and with a 16-bit
+    compute dtype half of one: ex2.approx.f16x2 takes two scores rounded to fp16. That error
+    (under 6e-4 absolute, experiments/results/s16/check_half2.txt) is under a third of the
+    rounding of P to bf16 for the P V matmul (up to 2e-3); it made the AD-size step 0.5-0.7%
+    faster on an H100 than ex2.approx.f32 (s16/half2_ab.txt, attn_probes_ab.txt)."""
+    if not fast:
+        return jnp.exp2(x)
+    return ptx_approx("ex2.approx.f16x2" if jnp.dtype(dtype).itemsize == 2 else "ex2.approx.f32", x)
 
 
 def _halves(head_dim):
@@ -242,7 +246,7 @@ def _forward_kernel(x_ref, scale_ref, bias_ref, w_ref, b_ref, cos_ref, sin_ref, 
         keys = [ki for q, ki in pairs if q == qi]
         scores = [_scores(r, qkv[qi][0], rows[ki], qkv[ki][1], seq_len=seq_len, window=window) for ki in keys]
         m = functools.reduce(jnp.maximum, [jnp.max(s, axis=1) for s in scores])[:, None]
-        probs = [_exp2(s - m, fast) for s in scores]
+        probs = [_exp2(s - m, fast, dtype) for s in scores]
         total = sum(jnp.sum(p, axis=1) for p in probs)[:, None]
         # Normalised after P @ V: [rows, Dh] divisions instead of [rows, keys].
         o = sum(dot(p.astype(dtype), qkv[ki][2]) for p, ki in zip(probs, keys)) / total
@@ -281,7 +285,8 @@ def _backward_kernel(xn_ref, w_ref, b_ref, cos_ref, sin_ref, *rest, seq_len, win
                         axis=1)[:, None]
         dq = [zeros(r, half)] * 2
         for ki in key_ids:
-            p = _exp2(_scores(r, qkv[qi][0], rows[ki], qkv[ki][1], seq_len=seq_len, window=window) - lse, fast)
+            p = _exp2(_scores(r, qkv[qi][0], rows[ki], qkv[ki][1], seq_len=seq_len, window=window) - lse, fast,
+                      dtype)
             ds = (p * (dot(do, qkv[ki][2], trans_b=True) - delta)).astype(dtype)
             dq = [dq[c] + dot(ds, qkv[ki][1][c]) for c in (0, 1)]
             dk[ki] = [dk[ki][c] + dot(ds, qkv[qi][0][c], trans_a=True) for c in (0, 1)]

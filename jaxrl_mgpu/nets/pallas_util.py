@@ -19,7 +19,7 @@ def ptx_approx(instruction: str, x):
     jnp.exp2 calls libdevice's accurate (several-instruction) versions. A packed half-precision
     instruction ("ex2.approx.f16x2") takes two elements, rounded to fp16, per op; the result
     comes back in fp32. GPU only."""
-    packed = instruction.endswith("x2")
+    packed = instruction.endswith(".f16x2")
     dtype = jnp.float16 if packed else jnp.float32
     [y] = plgpu.elementwise_inline_asm(
         f"{instruction} $0, $1;", args=[x.astype(dtype)], constraints="=r,r", pack=2 if packed else 1,
