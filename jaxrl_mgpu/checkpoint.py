@@ -12,11 +12,15 @@ algorithm declares, per field, how that field is laid out over devices (`STATE_L
   else re-created (the caller logs what was re-created).
 
 Saves are asynchronous and atomic: Orbax writes into a temporary directory and renames it
-when complete, so a process killed mid-save leaves no checkpoint that fails to restore.
+when complete. Deleting an old step is atomic too: Orbax renames it into `deleted/` (a plain
+recursive delete killed half-way would leave a listed step with items missing), and the
+writer empties `deleted/` before its next save. So a process killed at any moment leaves no
+listed checkpoint that fails to restore.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,7 @@ import orbax.checkpoint as ocp
 from jaxrl_mgpu.parallel import Parallel
 
 REPLICATED, PER_ENV, PER_DEVICE = "replicated", "per_env", "per_device"
+DELETED = "deleted"  # where Orbax moves the steps it drops, inside each manager's directory
 
 
 def _split_env_axis(tree, par: Parallel):
@@ -53,19 +58,29 @@ class Checkpoints:
 
     def __init__(self, run_dir: str | Path, keep: int = 3, read_only: bool = False):
         self.root = Path(run_dir).absolute()
-        # Readers (evaluation, resume checks) must not create directories.
-        opts = dict(enable_async_checkpointing=True, create=not read_only)
-        self.latest = ocp.CheckpointManager(self.root / "checkpoints",
-                                            options=ocp.CheckpointManagerOptions(max_to_keep=keep, **opts))
-        self._best = None
         self._read_only = read_only
+        self.latest = self._manager("checkpoints", keep)
+        self._best = None
+
+    def _manager(self, name: str, keep: int) -> ocp.CheckpointManager:
+        # Readers (evaluation, resume checks) must neither create directories nor delete steps.
+        return ocp.CheckpointManager(self.root / name, options=ocp.CheckpointManagerOptions(
+            max_to_keep=keep, enable_async_checkpointing=True, create=not self._read_only,
+            todelete_subdir=None if self._read_only else DELETED))
 
     @property
     def best(self) -> ocp.CheckpointManager:
         if self._best is None:
-            self._best = ocp.CheckpointManager(self.root / "best", options=ocp.CheckpointManagerOptions(
-                max_to_keep=1, enable_async_checkpointing=True, create=not self._read_only))
+            self._best = self._manager("best", 1)
         return self._best
+
+    @staticmethod
+    def _purge_deleted(mgr: ocp.CheckpointManager) -> None:
+        """Removes the steps `mgr` dropped. Call only with no save of `mgr` in flight: its
+        background finalisation is what moves steps in. Process 0 only, as Orbax deletes."""
+        mgr.wait_until_finished()
+        if jax.process_index() == 0:
+            shutil.rmtree(Path(mgr.directory) / DELETED, ignore_errors=True)
 
     # -- writing ----------------------------------------------------------------------
     def save(self, step: int, state, layout: dict, par: Parallel, meta: dict) -> None:
@@ -79,9 +94,11 @@ class Checkpoints:
             value = (par.first(value) if kind == REPLICATED else
                      _split_env_axis(value, par) if kind == PER_ENV else value)
             args[name] = ocp.args.StandardSave({name: value})  # a tree: Orbax refuses bare arrays
+        self._purge_deleted(self.latest)  # Orbax's save would wait for the previous one here anyway
         self.latest.save(step, args=ocp.args.Composite(**args), force=True)
 
     def save_best(self, step: int, params, par: Parallel, meta: dict) -> None:
+        self._purge_deleted(self.best)
         self.best.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave({"params": par.first(params)}),
                                                      meta=ocp.args.JsonSave(meta)), force=True)
 
@@ -92,9 +109,11 @@ class Checkpoints:
 
     def close(self) -> None:
         self.wait()
-        self.latest.close()
-        if self._best is not None:
-            self._best.close()
+        for mgr in (self.latest, self._best):
+            if mgr is not None:
+                if not self._read_only:
+                    self._purge_deleted(mgr)
+                mgr.close()
 
     # -- reading ----------------------------------------------------------------------
     def steps(self) -> list[int]:

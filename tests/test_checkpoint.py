@@ -7,13 +7,15 @@ import signal
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 import jax
 import numpy as np
 import pytest
 
 from jaxrl_mgpu import evaluate, train
-from jaxrl_mgpu.checkpoint import Checkpoints
+from jaxrl_mgpu.checkpoint import DELETED, REPLICATED, Checkpoints
+from jaxrl_mgpu.parallel import setup
 
 # 16 envs x 16 steps, 8 updates in chunks of 2; small enough to compile and run in seconds.
 TINY = ["--num-envs", "16", "--num-steps", "16", "--num-minibatches", "2", "--hidden-size", "16",
@@ -164,6 +166,29 @@ def wait_for_checkpoint(run_dir, at_least=1, timeout=120):
             return
         time.sleep(0.05)
     raise AssertionError("no checkpoint appeared")
+
+
+def test_old_steps_are_dropped_whole_by_a_rename(tmp_path):
+    """A recursive delete killed half-way would leave a listed step with items missing; Orbax
+    must instead move a dropped step out of the listing in one rename, and the writer must
+    empty that place before its next save so the disk does not fill."""
+    class State(NamedTuple):
+        params: dict
+
+    par = setup("pmap", 2)
+    state = State(par.replicate({"w": np.arange(3, dtype=np.float32)}))
+    ckpts = Checkpoints(tmp_path, keep=2)
+    checkpoints = tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        ckpts.save(step, state, {"params": REPLICATED}, par, {"update": step})
+    ckpts.wait()
+    assert ckpts.steps() == [2, 3]
+    moved = checkpoints / DELETED / "1"
+    assert moved.is_dir() and (moved / "params").is_dir()  # whole: items and all
+    ckpts.save(4, state, {"params": REPLICATED}, par, {"update": 4})
+    ckpts.close()
+    assert ckpts.steps() == [3, 4]
+    assert not (checkpoints / DELETED).exists() or not any((checkpoints / DELETED).iterdir())
 
 
 def test_sigkill_never_leaves_a_broken_checkpoint(tmp_path):
