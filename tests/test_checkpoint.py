@@ -158,14 +158,15 @@ def spawn(run_dir, *extra):
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def wait_for_checkpoint(run_dir, at_least=1, timeout=120):
+def wait_for_checkpoint(run_dir, newer_than=0, timeout=120):
+    """Until a checkpoint of an update after `newer_than` is complete (so the process trains)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        done = [p for p in (run_dir / "checkpoints").glob("*") if p.name.isdigit()] if (run_dir / "checkpoints").exists() else []
-        if len(done) >= at_least:
+        done = [int(p.name) for p in (run_dir / "checkpoints").glob("*") if p.name.isdigit()]
+        if max(done, default=0) > newer_than:
             return
         time.sleep(0.05)
-    raise AssertionError("no checkpoint appeared")
+    raise AssertionError(f"no checkpoint after update {newer_than} appeared")
 
 
 def test_old_steps_are_dropped_whole_by_a_rename(tmp_path):
@@ -197,13 +198,14 @@ def test_sigkill_never_leaves_a_broken_checkpoint(tmp_path):
     last = 0
     for attempt in range(3):
         proc = spawn(run_dir, "--resume", "auto")
-        wait_for_checkpoint(run_dir)
-        # Checkpoints are saved after every update, so a random moment often falls in a save.
+        wait_for_checkpoint(run_dir, newer_than=last)  # the resumed run is training
+        # Checkpoints are saved (and the oldest dropped) after every update, so a random
+        # moment often falls in a save or a deletion.
         time.sleep(rng.uniform(0.2, 1.5))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         step, params = saved_params(run_dir)  # the latest complete one restores
-        assert step >= last
+        assert step > last
         assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
         ckpts = Checkpoints(run_dir, read_only=True)
         for s in ckpts.steps():  # and so does every other listed one
