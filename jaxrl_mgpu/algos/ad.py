@@ -168,6 +168,9 @@ def check_batch(cfg, num_devices: int) -> dict:
     if cfg.n_transit > 2 ** 14:
         raise ConfigError(f"--n-transit {cfg.n_transit} is above the transformer's limit of {2 ** 14}")
     env, env_params = envs_lib.make(cfg.env)
+    if not isinstance(actor_critic.distribution(env, env_params), actor_critic.Categorical):
+        raise ConfigError(f"--algo ad predicts discrete actions (a softmax over them); --env {cfg.env} has "
+                          f"continuous (Box) actions: use --algo ppo")
     if len(env.observation_space(env_params).shape) != 1:
         raise ConfigError(f"--algo ad needs vector observations; --env {cfg.env} has shape "
                           f"{env.observation_space(env_params).shape}")

@@ -74,7 +74,7 @@ from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.envs import vec
-from jaxrl_mgpu.nets import compute_dtype, kernels
+from jaxrl_mgpu.nets import actor_critic, compute_dtype, kernels
 from jaxrl_mgpu.nets.actor_critic import Memory, Policy
 from jaxrl_mgpu.nets.transformer import TransformerActorCritic
 from jaxrl_mgpu.nets.qnet import QNetwork
@@ -149,6 +149,9 @@ def grad_steps_per_update(cfg) -> int:
 
 def check(cfg, num_devices: int) -> dict:
     """The batch layout over `num_devices`, or a ConfigError naming the option that breaks it."""
+    if not isinstance(actor_critic.distribution(*envs_lib.make(cfg.env)), actor_critic.Categorical):
+        raise ConfigError(f"--algo dqn takes discrete actions (one Q-value each); --env {cfg.env} has continuous "
+                          f"(Box) actions: use --algo ppo")
     for name in ("buffer_size", "replay_batch_size", "n_step", "target_update_every"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")

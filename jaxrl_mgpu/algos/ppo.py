@@ -9,10 +9,13 @@ over all devices:
 One update: roll out `num_steps` on this device's environments (`lax.scan`), compute GAE,
 then `update_epochs` passes of `num_minibatches` minibatches. The only cross-device code is
 the fused all-reduces `parallel.all_mean` / `all_sum` (one in each of learner.step,
-normalize_per_minibatch and EpisodeStats): gradients and losses are averaged, advantage
+normalize_per_minibatch and EpisodeStats, and in normalize_rewards): gradients and losses are averaged, advantage
 statistics are taken over the global minibatch, so one update on D devices equals one update on one device with the same
 global batch. The policy is an MLP or a transformer (nets/actor_critic.py); with a
 transformer, minibatches are whole environment sequences instead of shuffled transitions.
+Actions come from the action distribution of the env's action space (actor_critic.distribution:
+categorical over logits for discrete actions, a diagonal Gaussian for Box actions), which is
+all the rollout and the loss know about them.
 """
 
 from __future__ import annotations
@@ -23,11 +26,12 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_mgpu.algos import learner
+from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.nets import actor_critic
-from jaxrl_mgpu.parallel import all_mean, device_index, global_indices, split_evenly
+from jaxrl_mgpu.parallel import all_mean, all_sum, device_index, global_indices, split_evenly
 
 
 class PPOState(NamedTuple):
@@ -38,26 +42,43 @@ class PPOState(NamedTuple):
     memory: Any         # the policy's per-environment memory (a transformer's cache; mlp: ())
     key: jax.Array      # the same on every device; split once per update
     update: jax.Array   # updates done so far
+    return_stats: Any   # --normalize-reward: ReturnStats, the same on every device; else ()
+    returns: Any        # --normalize-reward: [E] discounted return of each running episode; else ()
+
+
+class ReturnStats(NamedTuple):
+    """Running moments of the discounted return over all environments of all devices."""
+    mean: jax.Array
+    var: jax.Array
+    count: jax.Array
+
+    @staticmethod
+    def init() -> "ReturnStats":
+        # A tiny prior count, as gym's RunningMeanStd: the first batch all but replaces it.
+        return ReturnStats(jnp.zeros(()), jnp.ones(()), jnp.full((), 1e-4))
 
 
 # Options (besides config.STATE_KEYS) that shape this algorithm's state: the optimizer state
-# holds a schedule count only when annealing; the transformer's size and memory.
-STATE_KEYS = ("anneal_lr", "d_model", "n_layers", "n_heads", "context_len")
+# holds a schedule count only when annealing; the transformer's size and memory; the return
+# statistics of --normalize-reward.
+STATE_KEYS = ("anneal_lr", "d_model", "n_layers", "n_heads", "context_len", "normalize_reward")
 
 # Rollout steps per iteration of the compiled loop, on GPUs: there every iteration of a loop
-# waits for the host to read its predicate. 8 measured on an H100 (experiments/RESULTS.md, v4):
-# 9.96 -> 8.69 ms per update at 2048 envs, on top of the loop-free GAE. Elsewhere 1: on CPUs a
-# loop costs no round trip, and unrolling only doubles the compile time.
-GPU_ROLLOUT_UNROLL = 8
+# waits for the host to read its predicate, and each unrolled step is more code to compile.
+# On an H200 (experiments/RESULTS.md, "Start-up"): 1 / 4 / 8 steps gave 8.34 / 7.36 / 7.28 ms
+# per update at 2048 envs and 8.9 / 10.5 / 12.8 s of compile; 4 keeps the speed within 1.1%
+# of 8 and compiles 2.3 s faster. Elsewhere 1: on CPUs a loop costs no round trip.
+GPU_ROLLOUT_UNROLL = 4
 
 # How each state field is laid out over devices (see checkpoint.py).
 STATE_LAYOUT = {"params": REPLICATED, "opt_state": REPLICATED, "loss_scale": REPLICATED, "envs": PER_ENV,
-                "memory": PER_ENV, "key": REPLICATED, "update": REPLICATED}
+                "memory": PER_ENV, "key": REPLICATED, "update": REPLICATED, "return_stats": REPLICATED,
+                "returns": PER_ENV}
 
 
 class Rollout(NamedTuple):
     inputs: Any           # what the policy needs to recompute each step (policy.inputs)
-    action: jax.Array
+    action: jax.Array     # as sampled: a Gaussian's sample before it is clipped for the env
     log_prob: jax.Array
     value: jax.Array
     reward: jax.Array
@@ -87,6 +108,9 @@ class Algo(NamedTuple):
 
 def check(cfg, num_devices: int) -> dict:
     """The batch layout over `num_devices`, or a ConfigError naming the option that breaks it."""
+    dist = actor_critic.distribution(*envs_lib.make(cfg.env))  # a ConfigError for an unsupported action space
+    if cfg.policy == "transformer" and not isinstance(dist, actor_critic.Categorical):
+        raise ConfigError(actor_critic.transformer_refusal(cfg.env))
     envs_per_device = split_evenly(cfg.num_envs, num_devices, "--num-envs")
     per_device_batch = envs_per_device * cfg.num_steps
     if cfg.policy == "transformer" and envs_per_device % cfg.num_minibatches:
@@ -126,6 +150,38 @@ def gae(cfg, traj: Rollout, last_value: jax.Array) -> tuple[jax.Array, jax.Array
     return adv, adv + traj.value
 
 
+def normalize_rewards(cfg, traj: Rollout, stats: ReturnStats, returns: jax.Array):
+    """--normalize-reward: the rollout with its rewards divided by the standard deviation of the
+    discounted return G_t = r_t + gamma G_{t-1} (restarted after every episode end), whose
+    running moments are first updated with this rollout's G of all devices. Returns the rollout,
+    the new statistics and each environment's G to carry into the next rollout.
+
+    Returns, not rewards, set the scale, so that value targets come out near unit size whatever
+    the env's reward scale, which the value clipping (an absolute clip_eps) and the gradient
+    clipping assume. One update of the statistics per rollout, from all its steps at once,
+    takes one all-reduce (per step, as gym's wrapper does, would take one in every step)."""
+    ends = jnp.maximum(traj.terminated, traj.truncated)
+    # G_t = b_t + a_t G_{t-1} is a linear recurrence: an associative scan, as in gae. The carried
+    # G (zero where the last rollout ended an episode) enters through step 0's offset.
+    decay = cfg.gamma * jnp.concatenate([jnp.zeros_like(ends[:1]), 1.0 - ends[:-1]])
+    offset = traj.reward.at[0].add(cfg.gamma * returns)
+
+    def compose(earlier, later):
+        return later[0] * earlier[0], later[1] + later[0] * earlier[1]
+
+    _, g = jax.lax.associative_scan(compose, (decay, offset))
+    # Moments about the running mean (less cancellation in float32), summed over all devices.
+    d = g - stats.mean
+    s1, s2, n = all_sum(jnp.stack([d.sum(), jnp.square(d).sum(), jnp.float32(d.size)]))
+    delta = s1 / n                                    # batch mean - running mean
+    batch_var = jnp.maximum(s2 / n - jnp.square(delta), 0.0)
+    total = stats.count + n
+    m2 = stats.var * stats.count + batch_var * n + jnp.square(delta) * stats.count * n / total
+    stats = ReturnStats(stats.mean + delta * n / total, m2 / total, total)
+    traj = traj._replace(reward=traj.reward / jnp.sqrt(stats.var + 1e-8))
+    return traj, stats, g[-1] * (1.0 - ends[-1])
+
+
 def normalize_per_minibatch(adv: jax.Array) -> jax.Array:
     """Advantages [epochs, minibatches, ...per device] -> (adv - mean) / std, each minibatch
     with the mean and std of that minibatch over ALL devices. One all-reduce for all of them."""
@@ -138,6 +194,7 @@ def normalize_per_minibatch(adv: jax.Array) -> jax.Array:
 
 def make(cfg, env, env_params, num_devices: int) -> Algo:
     policy = actor_critic.make(cfg, env, env_params)
+    dist = actor_critic.distribution(env, env_params)
     tx = learner.adam(cfg, cfg.total_updates * cfg.update_epochs * cfg.num_minibatches)
     envs_per_device = cfg.num_envs // num_devices
     unroll = GPU_ROLLOUT_UNROLL if jax.default_backend() == "gpu" else 1
@@ -146,8 +203,9 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
         params_key, env_key, key = jax.random.split(key, 3)
         params = policy.init_params(params_key)
         envs = vec.reset(env, env_params, env_key, global_indices(envs_per_device))
+        normalizer = (ReturnStats.init(), jnp.zeros(envs_per_device)) if cfg.normalize_reward else ((), ())
         return PPOState(params, tx.init(params), learner.LossScale.init(cfg.precision), envs,
-                        policy.init_memory(envs_per_device), key, jnp.zeros((), jnp.int32))
+                        policy.init_memory(envs_per_device), key, jnp.zeros((), jnp.int32), *normalizer)
 
     def rollout(params, envs: vec.EnvBatch, memory, key: jax.Array):
         """`num_steps` steps of this device's environments; also returns V(last observation)."""
@@ -156,7 +214,7 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
         def draws(t):
             """Step t's randomness, per environment from (key, t, global index) alone."""
             keys = jax.vmap(jax.random.split)(vec.env_keys(jax.random.fold_in(key, t), ids))
-            return actor_critic.gumbel_noise(keys[:, 0], env.num_actions), keys[:, 1]
+            return dist.noise(keys[:, 0]), keys[:, 1]
 
         # All of the rollout's random numbers in one batched op before the loop, instead of a
         # few small kernels in every step of it.
@@ -166,13 +224,14 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
             envs, memory, prev_final_obs = carry
             action_noise, step_keys = xs
             inputs = policy.inputs(memory, envs.obs)
-            logits, value, prev_bootstrap, memory = policy.act(params, memory, envs.obs, prev_final_obs)
-            action = actor_critic.sample_with_noise(logits, action_noise)
-            next_envs, out = vec.step(env, env_params, envs, action, step_keys)
+            pi, value, prev_bootstrap, memory = policy.act(params, memory, envs.obs, prev_final_obs)
+            action = dist.sample(pi, action_noise)
+            # The env gets the action within its bounds; the log-prob is of the sample itself.
+            next_envs, out = vec.step(env, env_params, envs, dist.to_env(action), step_keys)
             memory = policy.remember(memory, action, out.reward, out.terminated | out.truncated)
             # The per-environment scalars leave the loop as ONE [E, 8] array: each scan output
             # is one more small kernel in every step, and steps are what a rollout is made of.
-            scalars = jnp.stack([actor_critic.log_prob(logits, action), value, out.reward,
+            scalars = jnp.stack([dist.log_prob(pi, action), value, out.reward,
                                  out.terminated.astype(jnp.float32), out.truncated.astype(jnp.float32),
                                  prev_bootstrap, out.done_return, out.done_length.astype(jnp.float32)], -1)
             return (next_envs, memory, out.final_obs), (inputs, action, scalars)
@@ -189,15 +248,14 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
         return envs, memory, traj, last_value, vec.EpisodeStats.of(done_return, done_length)
 
     def loss_fn(params, batch: Batch):
-        logits, value = policy.evaluate(params, batch.memory, batch.inputs)
+        pi, value = policy.evaluate(params, batch.memory, batch.inputs)
         advantages, targets = batch.advantage, batch.target
-        log_probs = jax.nn.log_softmax(logits)
-        ratio = jnp.exp(actor_critic.log_prob(logits, batch.action) - batch.log_prob)
+        ratio = jnp.exp(dist.log_prob(pi, batch.action) - batch.log_prob)
         policy_loss = -jnp.minimum(ratio * advantages,
                                    jnp.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * advantages).mean()
         value_clipped = batch.value + jnp.clip(value - batch.value, -cfg.clip_eps, cfg.clip_eps)
         value_loss = 0.5 * jnp.maximum(jnp.square(value - targets), jnp.square(value_clipped - targets)).mean()
-        entropy = -(jnp.exp(log_probs) * log_probs).sum(-1).mean()
+        entropy = dist.entropy(pi).mean()
         total = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
         stats = {"loss/total": total, "loss/policy": policy_loss, "loss/value": value_loss,
                  "loss/entropy": entropy, "loss/approx_kl": ((ratio - 1) - jnp.log(ratio)).mean(),
@@ -238,6 +296,9 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
     def update(state: PPOState):
         key, rollout_key, learn_key = jax.random.split(state.key, 3)
         envs, memory, traj, last_value, episodes = rollout(state.params, state.envs, state.memory, rollout_key)
+        return_stats, returns = state.return_stats, state.returns
+        if cfg.normalize_reward:
+            traj, return_stats, returns = normalize_rewards(cfg, traj, return_stats, returns)
         advantages, targets = gae(cfg, traj, last_value)
         data = Batch(state.memory, traj.inputs, traj.action, traj.log_prob, traj.value, advantages, targets)
         if policy.sequences:  # [T, E, ...] -> [E, T, ...]: minibatches of whole environments
@@ -247,7 +308,7 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
             data = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), data)
         params, opt_state, loss_scale, losses = learn(state.params, state.opt_state, state.loss_scale, data,
                                                       learn_key)
-        new = PPOState(params, opt_state, loss_scale, envs, memory, key, state.update + 1)
+        new = PPOState(params, opt_state, loss_scale, envs, memory, key, state.update + 1, return_stats, returns)
         return new, (losses, episodes)
 
     return Algo(init, update, rollout, policy.init_params, policy)

@@ -1,4 +1,5 @@
-"""Actor-critic policies behind one interface, whatever memory they keep between steps.
+"""Actor-critic policies behind one interface, whatever memory they keep between steps, and
+the action distributions they parameterise.
 
 `make(cfg, env, env_params) -> Policy` for `--policy mlp` (no memory) or `--policy transformer`
 (a key/value cache plus the previous action and reward). PPO, evaluation and data collection
@@ -6,25 +7,40 @@ use only these functions, so they work with either:
 
     init_params(key)                       -> params
     init_memory(n)                         -> memory of n environments (batch-first leaves)
-    act(params, memory, obs, final_obs)    -> logits [n, A], value [n], bootstrap [n], memory
+    act(params, memory, obs, final_obs)    -> pi, value [n], bootstrap [n], memory
+        pi: what the env's action distribution takes (`distribution(env, env_params)`): logits
+        [n, A] for discrete actions, (mean, log_std) [n, D] each for Box actions
         acts on `obs` and also values `final_obs` (the previous step's pre-reset observation,
         continuing its episode): the bootstrap of a time-limit truncation, computed one step
         late so it costs no extra launches
     remember(memory, action, reward, done) -> memory after the environment step
     inputs(memory, obs)                    -> what the learner needs of this step
-    evaluate(params, memory0, inputs)      -> logits, values with the leading dims of `inputs`
+    evaluate(params, memory0, inputs)      -> pi, values with the leading dims of `inputs`
         the learner's recomputation: over transitions [B] (mlp), or over whole environment
         sequences [E, T] starting from the memory at the rollout's start (transformer)
     sequences: bool                        -> True: minibatches must be whole environments
+
+An action distribution (`Categorical` or `DiagGaussian`, chosen from the env's action space)
+is everything that depends on the kind of action, so the rollout, the loss and evaluation are
+the same code for both:
+
+    noise(keys)          -> its random numbers, one row per key, drawn before pi is known
+    sample(pi, noise)    -> actions;  mode(pi) -> the most likely actions (greedy evaluation)
+    log_prob(pi, action) -> [n];      entropy(pi) -> [n]
+    to_env(action)       -> what the environment is given
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from gymnax.environments import spaces
 
+from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.nets import compute_dtype, kernels
 from jaxrl_mgpu.nets.mlp import ActorCritic
 from jaxrl_mgpu.nets.transformer import KVCache, TransformerActorCritic
@@ -48,17 +64,106 @@ class Memory(NamedTuple):
     is_first: jax.Array     # [n] bool: the next observation starts an episode
 
 
+@dataclasses.dataclass(frozen=True)
+class Categorical:
+    """Discrete actions: pi is logits [n, A], actions are int32 [n]."""
+    num_actions: int
+
+    def noise(self, keys: jax.Array) -> jax.Array:
+        return gumbel_noise(keys, self.num_actions)
+
+    def sample(self, logits: jax.Array, noise: jax.Array) -> jax.Array:
+        return sample_with_noise(logits, noise)
+
+    def mode(self, logits: jax.Array) -> jax.Array:
+        return jnp.argmax(logits, -1)
+
+    def log_prob(self, logits: jax.Array, action: jax.Array) -> jax.Array:
+        return log_prob(logits, action)
+
+    def entropy(self, logits: jax.Array) -> jax.Array:
+        log_probs = jax.nn.log_softmax(logits)
+        return -(jnp.exp(log_probs) * log_probs).sum(-1)
+
+    def to_env(self, action: jax.Array) -> jax.Array:
+        return action
+
+
+@dataclasses.dataclass(frozen=True)
+class DiagGaussian:
+    """Box actions [n, D]: a Gaussian with a diagonal covariance, pi = (mean, log_std), each
+    [n, D]; log-probs and entropies are sums over the D dimensions. As in PureJaxRL's and
+    CleanRL's continuous PPO, the environment gets the sample clipped to the space's bounds
+    (`to_env`), while the rollout keeps the unclipped sample and its log-prob: the policy the
+    ratio compares against is the Gaussian itself, not the clipped one, whose mass at a bound
+    has no density."""
+    low: tuple   # [D] bounds of the action space (may be infinite)
+    high: tuple
+
+    @property
+    def num_dims(self) -> int:
+        return len(self.low)
+
+    def noise(self, keys: jax.Array) -> jax.Array:
+        return jax.vmap(lambda k: jax.random.normal(k, (self.num_dims,)))(keys)
+
+    def sample(self, pi, noise: jax.Array) -> jax.Array:
+        mean, log_std = pi
+        return mean + jnp.exp(log_std) * noise
+
+    def mode(self, pi) -> jax.Array:
+        return pi[0]
+
+    def log_prob(self, pi, action: jax.Array) -> jax.Array:
+        mean, log_std = pi
+        z = (action - mean) * jnp.exp(-log_std)
+        return (-0.5 * jnp.square(z) - log_std - 0.5 * np.log(2 * np.pi)).sum(-1)
+
+    def entropy(self, pi) -> jax.Array:
+        return (pi[1] + 0.5 * (1.0 + np.log(2 * np.pi))).sum(-1)
+
+    def to_env(self, action: jax.Array) -> jax.Array:
+        return jnp.clip(action, np.asarray(self.low, np.float32), np.asarray(self.high, np.float32))
+
+
+def distribution(env, env_params) -> Categorical | DiagGaussian:
+    """The action distribution of the env's action space, or a ConfigError naming it."""
+    space = env.action_space(env_params)
+    if isinstance(space, spaces.Discrete):
+        return Categorical(env.num_actions)
+    if isinstance(space, spaces.Box) and len(space.shape) == 1 and jnp.issubdtype(space.dtype, jnp.floating):
+        bounds = (tuple(float(x) for x in np.broadcast_to(np.asarray(b, np.float32), space.shape))
+                  for b in (space.low, space.high))
+        return DiagGaussian(*bounds)
+    what = (f"Box of shape {space.shape} and dtype {np.dtype(space.dtype).name}" if isinstance(space, spaces.Box)
+            else type(space).__name__)
+    name = getattr(env, "name", type(env).__name__)
+    raise ConfigError(f"--env {name}: its actions ({what}) are neither discrete nor a float vector (1-D Box), "
+                      f"the two kinds the policies act in")
+
+
 def make(cfg, env, env_params) -> Policy:
     obs_shape = env.observation_space(env_params).shape
     dtype = compute_dtype(cfg.precision)
+    dist = distribution(env, env_params)
     if cfg.policy == "transformer":
-        return _transformer(cfg, env.num_actions, obs_shape, dtype)
-    return _mlp(cfg, env.num_actions, obs_shape, dtype)
+        if not isinstance(dist, Categorical):
+            raise ConfigError(transformer_refusal(cfg.env))
+        return _transformer(cfg, dist.num_actions, obs_shape, dtype)
+    return _mlp(cfg, dist, obs_shape, dtype)
 
 
-def _mlp(cfg, num_actions: int, obs_shape: tuple, dtype) -> Policy:
-    net = ActorCritic(num_actions=num_actions, obs_ndim=len(obs_shape), hidden_size=cfg.hidden_size,
-                      num_layers=cfg.num_layers, activation=cfg.activation, dtype=dtype)
+def transformer_refusal(env_name: str) -> str:
+    """Why --policy transformer refuses Box actions (its tokens hold the previous action one-hot)."""
+    return (f"--policy transformer embeds the previous action as a discrete token; --env {env_name} has "
+            f"continuous (Box) actions: use --policy mlp")
+
+
+def _mlp(cfg, dist, obs_shape: tuple, dtype) -> Policy:
+    continuous = isinstance(dist, DiagGaussian)
+    net = ActorCritic(num_actions=dist.num_dims if continuous else dist.num_actions, obs_ndim=len(obs_shape),
+                      hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, activation=cfg.activation,
+                      continuous=continuous, dtype=dtype)
 
     def act(params, memory, obs, final_obs):
         return (*net.apply(params, obs, final_obs, method=net.act), memory)

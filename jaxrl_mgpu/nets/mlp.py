@@ -44,12 +44,16 @@ class MLP(nn.Module):
 
 
 class ActorCritic(nn.Module):
-    """`__call__(obs) -> (logits, value)` for a batch of observations of rank `obs_ndim`."""
+    """`__call__(obs) -> (pi, value)` for a batch of observations of rank `obs_ndim`. pi is
+    logits [..., num_actions], or with `continuous` the (mean, log_std) of a diagonal Gaussian
+    over `num_actions` dimensions, each [..., num_actions]: the mean from the actor MLP, the
+    log-std one learned vector for every state (as PureJaxRL's and CleanRL's continuous PPO)."""
     num_actions: int
     obs_ndim: int
     hidden_size: int = 64
     num_layers: int = 2
     activation: str = "tanh"
+    continuous: bool = False
     dtype: jnp.dtype = jnp.float32
 
     def setup(self):
@@ -57,15 +61,21 @@ class ActorCritic(nn.Module):
         self.torso = Torso(self.obs_ndim, self.dtype)
         self.actor = MLP(hidden, self.num_actions, 0.01, self.activation, self.dtype)
         self.critic = MLP(hidden, 1, 1.0, self.activation, self.dtype)
+        if self.continuous:
+            self.log_std = self.param("log_std", nn.initializers.zeros, (self.num_actions,))
+
+    def pi(self, x):
+        out = self.actor(x).astype(jnp.float32)
+        return (out, jnp.broadcast_to(self.log_std, out.shape)) if self.continuous else out
 
     def __call__(self, obs):
         x = self.torso(obs)
-        return self.actor(x).astype(jnp.float32), self.critic(x)[..., 0].astype(jnp.float32)
+        return self.pi(x), self.critic(x)[..., 0].astype(jnp.float32)
 
     def act(self, obs, final_obs):
-        """Logits and value of `obs`, and the value of `final_obs`, in the launches of one
-        forward pass: the torso and critic run on [obs; final_obs], the actor on obs only."""
+        """pi and value of `obs`, and the value of `final_obs`, in the launches of one forward
+        pass: the torso and critic run on [obs; final_obs], the actor on obs only."""
         n = obs.shape[0]
         x = self.torso(jnp.concatenate([obs, final_obs]))
         values = self.critic(x)[..., 0].astype(jnp.float32)
-        return self.actor(x[:n]).astype(jnp.float32), values[:n], values[n:]
+        return self.pi(x[:n]), values[:n], values[n:]
