@@ -30,14 +30,14 @@ import jax
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel, runner
 from jaxrl_mgpu.algos import ALGOS
-from jaxrl_mgpu.train import USER_ERRORS, fail
+from jaxrl_mgpu.cli import USER_ERRORS, fail
 
 
 def bench_args(argv):
     # allow_abbrev=False: training flags pass through, and `--env` must not be taken for an
     # abbreviation of `--envs-per-device`.
-    p = argparse.ArgumentParser(prog="python -m jaxrl_mgpu.bench", description=__doc__, allow_abbrev=False,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = config_lib.Parser(prog="python -m jaxrl_mgpu.bench", description=__doc__, allow_abbrev=False,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", type=int, nargs="+", default=None, help="device counts to measure (default: all)")
     p.add_argument("--num-envs", type=int, nargs="+", default=None, help="GLOBAL environment counts")
     p.add_argument("--envs-per-device", type=int, nargs="+", default=None,
@@ -65,7 +65,13 @@ def bench_args(argv):
     p.add_argument("--mlp", nargs="+", default=["xla"], choices=["xla", "pallas"],
                    help="MLP (and output heads) of the transformer policy, pallas = fused_mlp.py and fused_heads.py "
                         "(with --transformer-step: each one is timed)")
-    return p.parse_known_args(argv)
+    args, rest = p.parse_known_args(argv)
+    for name in ("devices", "num_envs", "envs_per_device", "updates", "repeats", "batch", "steps_per_timing"):
+        values = getattr(args, name)
+        for value in values if isinstance(values, list) else [values]:
+            if value is not None and value < 1:
+                raise config_lib.ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    return args, rest
 
 
 def time_calls(fn, state, repeats: int, trace: str | None = None, per_timing: int = 1) -> tuple[list[float], object]:
@@ -267,11 +273,9 @@ def emit(row: dict, out: str | None) -> None:
 
 
 def main(argv=None) -> int:
-    args, rest = bench_args(argv)
     try:
+        args, rest = bench_args(argv)
         base = config_lib.from_args(rest)
-        if args.steps_per_timing < 1:
-            raise config_lib.ConfigError(f"--steps-per-timing must be at least 1, got {args.steps_per_timing}")
         if args.transformer_step:
             return main_transformer(args, base)
         if len(args.attention) > 1 or len(args.mlp) > 1:

@@ -20,6 +20,7 @@ listed checkpoint that fails to restore.
 
 from __future__ import annotations
 
+import concurrent.futures
 import shutil
 from pathlib import Path
 from typing import Any
@@ -59,8 +60,20 @@ class Checkpoints:
     def __init__(self, run_dir: str | Path, keep: int = 3, read_only: bool = False):
         self.root = Path(run_dir).absolute()
         self._read_only = read_only
-        self.latest = self._manager("checkpoints", keep)
         self._best = None
+        if read_only or jax.process_count() > 1:
+            self._latest = self._manager("checkpoints", keep)
+        else:
+            # A writer's manager is made on a thread (Orbax's set-up takes a second or more on
+            # some machines) while the run compiles; the first save waits for it. Across
+            # processes Orbax's set-up synchronises them, so there it is made here.
+            self._latest = concurrent.futures.ThreadPoolExecutor(1).submit(self._manager, "checkpoints", keep)
+
+    @property
+    def latest(self) -> ocp.CheckpointManager:
+        if isinstance(self._latest, concurrent.futures.Future):
+            self._latest = self._latest.result()
+        return self._latest
 
     def _manager(self, name: str, keep: int) -> ocp.CheckpointManager:
         # Readers (evaluation, resume checks) must neither create directories nor delete steps.

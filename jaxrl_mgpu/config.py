@@ -1,7 +1,7 @@
 """Every option of a run, in one typed dataclass; YAML presets; the command line.
 
-Precedence: dataclass defaults < `--config` preset (YAML from experiments/) < flags given on
-the command line. Numbers on the command line are GLOBAL (over all devices and hosts);
+Precedence: dataclass defaults < `--config` preset (YAML, shipped in jaxrl_mgpu/presets/, or
+any path) < flags given on the command line. Numbers on the command line are GLOBAL (over all devices and hosts);
 per-device values are derived from them once the devices are known.
 """
 
@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+import sys
 import types
 import typing
 from pathlib import Path
@@ -21,7 +23,7 @@ ALGOS = ("ppo", "dqn", "ad")
 POLICIES = ("mlp", "transformer")
 PRECISIONS = ("fp32", "bf16", "fp16")
 SOURCE_ALGOS = ("ucb", "q")  # exploration of AD's tabular Q-learning source (histories.py)
-PRESET_DIRS = (Path.cwd() / "experiments", Path(__file__).resolve().parents[1] / "experiments")
+PRESET_DIRS = (Path(__file__).resolve().parent / "presets",)  # package data: installed with the package
 
 
 class ConfigError(ValueError):
@@ -54,6 +56,9 @@ class Config:
     ent_coef: float = option(0.01, "entropy bonus coefficient")
     vf_coef: float = option(0.5, "value loss coefficient")
     max_grad_norm: float = option(0.5, "clip gradients to this global norm (after the all-reduce)")
+    normalize_reward: bool = option(False, "PPO: divide rewards by the running standard deviation of the "
+                                           "discounted return (statistics over all devices, kept in checkpoints), "
+                                           "as PureJaxRL's and CleanRL's continuous-action PPO do")
     # DQN ------------------------------------------------------------------------------
     # (--algo dqn also uses --num-envs, --num-steps, --lr, --anneal-lr, --gamma, --max-grad-norm,
     # --hidden-size, --num-layers, --activation.)
@@ -160,7 +165,15 @@ class Config:
     eval_every: int = option(0, "evaluate every this many updates (a multiple of --log-every; 0 = never) "
                                 "and keep the best checkpoint for `evaluate --best`")
     eval_episodes: int = option(64, "episodes per evaluation, GLOBAL (spread over all devices)")
-    config: str | None = option(None, "YAML preset: a path, or a name in experiments/ (e.g. cartpole)")
+    config: str | None = option(None, "YAML preset: a path, or the name of a shipped preset (listed at the end of --help)")
+    compile_cache: str | None = option(None, "directory of JAX's persistent compilation cache, where compiled programs "
+                                             "are kept for the next run (default: $JAX_COMPILATION_CACHE_DIR, else "
+                                             "$XDG_CACHE_HOME/jaxrl_mgpu/jax); 'off': compile everything afresh")
+    # Where this run's count starts (set by a resume, not on the command line): a resume with
+    # another --num-envs or --total-timesteps goes on from the env steps done, not from
+    # update x the new batch.
+    resumed_update: int = option(0, "update of the checkpoint this run resumed from", internal=True)
+    resumed_steps: int = option(0, "env steps (tokens for --algo ad) done by then", internal=True)
 
     # -- derived numbers ---------------------------------------------------------------
     @property
@@ -170,14 +183,95 @@ class Config:
 
     @property
     def total_updates(self) -> int:
-        """Updates this run trains for: --num-updates, else --total-timesteps / batch_size."""
-        return self.num_updates if self.num_updates is not None else self.total_timesteps // self.batch_size
+        """The update this run ends at: --num-updates, else as many whole updates of batch_size
+        as fit in --total-timesteps (counted on from a resume's env steps)."""
+        if self.num_updates is not None:
+            return self.num_updates
+        return self.resumed_update + max(self.total_timesteps - self.resumed_steps, 0) // self.batch_size
+
+    def steps_at(self, update: int, steps_per_update: int) -> int:
+        """Env steps (or the algorithm's unit) done after `update` updates of this run."""
+        return self.resumed_steps + (update - self.resumed_update) * steps_per_update
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+# -- what each option may hold and when it applies: every value is checked here, once --------
+POSITIVE, NON_NEGATIVE, UNIT, UNIT_OPEN = "> 0", ">= 0", "in [0, 1]", "in (0, 1]"
+RANGES = {
+    POSITIVE: ("total_timesteps", "num_updates", "num_envs", "num_steps", "num_minibatches", "update_epochs",
+               "lr", "clip_eps", "max_grad_norm", "buffer_size", "replay_batch_size", "updates_per_step",
+               "target_update_every", "n_step", "n_transit", "ad_batch_size", "ad_episode_stride",
+               "ad_history_steps", "ad_history_tasks", "hidden_size", "num_layers", "grad_accum", "d_model",
+               "n_layers", "n_heads", "context_len", "devices", "log_every", "num_processes", "failure_timeout",
+               "store_max_episodes", "max_replay_ratio", "shard_steps", "keep_checkpoints", "stop_at_update",
+               "eval_episodes"),
+    NON_NEGATIVE: ("ent_coef", "vf_coef", "learning_starts", "eps_decay_steps", "process_id", "checkpoint_every",
+                   "resumed_update", "resumed_steps",
+                   "eval_every"),
+    UNIT: ("gamma", "gae_lambda", "eps_start", "eps_end"),
+    UNIT_OPEN: ("tau",),
+}
+RANGE = {name: kind for kind, names in RANGES.items() for name in names}
+
+
+def _in_range(kind: str, value) -> bool:
+    return {POSITIVE: value > 0, NON_NEGATIVE: value >= 0, UNIT: 0 <= value <= 1, UNIT_OPEN: 0 < value <= 1}[kind]
+
+
+def check_value(name: str, value) -> None:
+    """A value of the right kind can still be wrong: negative, zero where it divides, NaN."""
+    if value is None or isinstance(value, (bool, str)):
+        return
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    if name in RANGE and not _in_range(RANGE[name], value):
+        wanted = "at least 1" if RANGE[name] == POSITIVE and isinstance(value, int) else RANGE[name]
+        raise ConfigError(f"--{name.replace('_', '-')} must be {wanted}, got {value}")
+
+
+# Options that only some runs use: (who, test). Giving one to a run that ignores it is an error,
+# not a silent no-op. Options missing here apply to every run.
+_TRANSFORMER = ("a transformer (--policy transformer, or --algo ad)", lambda c: c.algo == "ad" or c.policy == "transformer")
+_ASYNC = ("--mode learn or collect", lambda c: c.mode != "both")
+APPLIES = {
+    **dict.fromkeys(("num_minibatches", "update_epochs", "gae_lambda", "clip_eps", "ent_coef", "vf_coef",
+                     "normalize_reward"),
+                    ("--algo ppo", lambda c: c.algo == "ppo")),
+    **dict.fromkeys(("buffer_size", "replay_obs_dtype", "replay_batch_size", "updates_per_step", "learning_starts",
+                     "target_update_every", "tau", "eps_start", "eps_end", "eps_decay_steps", "n_step"),
+                    ("--algo dqn", lambda c: c.algo == "dqn")),
+    **dict.fromkeys(("total_timesteps", "num_envs", "num_steps", "gamma", "policy"),
+                    ("--algo ppo or dqn", lambda c: c.algo != "ad")),
+    **dict.fromkeys(("num_updates", "n_transit", "ad_batch_size", "ad_episode_stride"),
+                    ("--algo ad", lambda c: c.algo == "ad")),
+    "dataset": ("--algo ad with --mode both", lambda c: c.algo == "ad" and c.mode == "both"),
+    **dict.fromkeys(("ad_history_steps", "ad_history_tasks", "ad_source"),
+                    ("--algo ad with --mode learn or collect", lambda c: c.algo == "ad" and c.mode != "both")),
+    **dict.fromkeys(("hidden_size", "num_layers", "activation"),
+                    ("an MLP (--policy mlp, --algo ppo or dqn)", lambda c: c.algo != "ad" and c.policy == "mlp")),
+    **dict.fromkeys(("d_model", "n_layers", "n_heads", "attention", "mlp"), _TRANSFORMER),
+    **dict.fromkeys(("context_len", "context_across_episodes"),
+                    ("--policy transformer", lambda c: c.algo != "ad" and c.policy == "transformer")),
+    # Learners and collectors of one run may share one command line, so these are for both.
+    **dict.fromkeys(("store_max_episodes", "max_replay_ratio", "collect_before_checkpoint", "shard_steps",
+                     "collector_id"), _ASYNC),
+}
+
+
+def check_applicable(cfg: "Config", given) -> None:
+    """A ConfigError for the first option in `given` (set on the command line or by the preset)
+    that this run would ignore."""
+    for name in given:
+        if name in APPLIES and not APPLIES[name][1](cfg):
+            who = APPLIES[name][0]
+            this = f"--algo {cfg.algo}" + (f" --policy {cfg.policy}" if cfg.algo != "ad" else "") + \
+                   ("" if cfg.mode == "both" else f" --mode {cfg.mode}")
+            raise ConfigError(f"--{name.replace('_', '-')} is only for {who}; this run is {this} and would "
+                              f"ignore it")
 
 
 def _base_type(name: str) -> type:
@@ -197,24 +291,33 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             raise TypeError
         value = kind(float(value)) if kind is int and isinstance(value, (float, str)) and float(value).is_integer() \
             else kind(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{source}: {name.replace('_', '-')} must be {kind.__name__}, got {value!r}") from None
     if "choices" in meta and value not in meta["choices"]:
         raise ConfigError(f"--{name.replace('_', '-')} {value!r} is not valid; choose from: {', '.join(meta['choices'])}")
+    check_value(name, value)
     return value
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2, no usage dump
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one ConfigError line (exit 2), not a usage dump."""
+
+    def error(self, message: str):
         raise ConfigError(message)
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m jaxrl_mgpu.train", description="Train an RL agent data-parallel on all local devices.")
+    p = Parser(prog="python -m jaxrl_mgpu.train", description="Train an RL agent data-parallel on all local devices.",
+                epilog=f"presets (--config NAME): {', '.join(preset_names())}")
     defaults = Config()
     for f in dataclasses.fields(Config):
+        if f.metadata.get("internal"):
+            continue
         flag, kind = "--" + f.name.replace("_", "-"), _base_type(f.name)
-        help_ = f"{f.metadata['help']} (default: {getattr(defaults, f.name)})"
+        default = getattr(defaults, f.name)
+        choices = f.metadata.get("choices")
+        help_ = f.metadata["help"] + (f"; one of {', '.join(map(str, choices))}" if choices else "") + \
+            (f" (default: {default})" if default is not None else "")
         if kind is bool:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_)
         elif "nargs" in f.metadata:
@@ -225,14 +328,17 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def preset_names() -> list[str]:
+    return sorted({p.stem for d in PRESET_DIRS if d.is_dir() for p in d.glob("*.yaml")})
+
+
 def find_preset(name: str) -> Path:
     path = Path(name)
     candidates = [path] + [d / n for d in PRESET_DIRS for n in (name, f"{name}.yaml", f"{name}.yml")]
     for c in candidates:
         if c.is_file():
             return c
-    available = sorted({p.stem for d in PRESET_DIRS if d.is_dir() for p in d.glob("*.yaml")})
-    raise ConfigError(f"--config {name!r}: no such preset file; presets in experiments/: {', '.join(available) or 'none'}")
+    raise ConfigError(f"--config {name!r}: no such preset file; presets: {', '.join(preset_names()) or 'none'}")
 
 
 def load_preset(name: str) -> dict:
@@ -244,21 +350,49 @@ def load_preset(name: str) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: a preset must be a mapping of option: value")
     data = {k.replace("-", "_"): v for k, v in data.items()}
-    unknown = sorted(set(data) - set(FIELDS) - {"config"})
+    unknown = sorted(set(data) - {n for n, f in FIELDS.items() if not f.metadata.get("internal")} - {"config"})
     if unknown:
         raise ConfigError(f"--config {path}: unknown option(s) {', '.join(unknown)}")
     return {k: _coerce(k, v, str(path)) for k, v in data.items()}
+
+
+def _values_attached(argv: list[str], p: argparse.ArgumentParser) -> list[str]:
+    """`--lr -1e-3` as `--lr=-1e-3`: argparse takes a value that starts with '-' for a flag, so
+    the two spellings would differ; joined, both reach the same value check."""
+    takes_value = {a for action in p._actions if action.nargs is None and action.option_strings
+                   for a in action.option_strings}
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in takes_value and i + 1 < len(argv) and argv[i + 1].startswith("-"):
+            try:
+                float(argv[i + 1])
+            except ValueError:
+                pass
+            else:
+                out.append(f"{argv[i]}={argv[i + 1]}")
+                i += 2
+                continue
+        out.append(argv[i])
+        i += 1
+    return out
+
+
+def parse_given(argv: list[str] | None = None) -> dict:
+    """The options this command sets, from its preset and its flags (flags win), checked one by
+    one; options it does not set are absent."""
+    p = parser()
+    args = vars(p.parse_args(_values_attached(sys.argv[1:] if argv is None else list(argv), p)))
+    given = {k: _coerce(k, v, "command line") for k, v in args.items() if v is not None}
+    values = load_preset(given["config"]) if given.get("config") else {}
+    values.update(given)
+    return values
 
 
 def parse_args(argv: list[str] | None = None) -> Config:
     """The command line (with its preset) as a Config; only the multi-host flags are checked
     (the rest by `validate`, which may import environments, hence JAX's backend, so it must
     come after `parallel.initialize`)."""
-    args = vars(parser().parse_args(argv))
-    given = {k: _coerce(k, v, "command line") for k, v in args.items() if v is not None}
-    values = load_preset(given["config"]) if given.get("config") else {}
-    values.update(given)
-    return check_distributed(Config(**values))
+    return check_distributed(Config(**parse_given(argv)))
 
 
 def from_args(argv: list[str] | None = None) -> Config:
@@ -272,8 +406,6 @@ def check_distributed(cfg: Config) -> Config:
         raise ConfigError("--coordinator-address, --num-processes and --process-id go together: give all three")
     if cfg.num_processes is not None and not 0 <= cfg.process_id < cfg.num_processes:
         raise ConfigError(f"--process-id {cfg.process_id} must be in 0..{cfg.num_processes - 1} (--num-processes)")
-    if cfg.failure_timeout < 1:
-        raise ConfigError(f"--failure-timeout must be at least 1 second, got {cfg.failure_timeout}")
     return cfg
 
 
@@ -281,36 +413,75 @@ def from_dict(values: dict) -> Config:
     return Config(**{k: v for k, v in values.items() if k in FIELDS})
 
 
+def read_saved(run_dir: str | Path) -> dict:
+    """A run directory's config.json, or a ConfigError saying what is wrong with it."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"--run-dir {run_dir} is not a run directory (no config.json)")
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path} is not readable JSON ({e})") from None
+    if not isinstance(saved, dict) or saved.get("algo") not in ALGOS:
+        raise ConfigError(f"{path} is not a jaxrl_mgpu run config")
+    return saved
+
+
+# Options a resumed run may change (each change is logged): how long it runs, how its batch is
+# split, how often it logs and saves, and the step size (to go on from the last good checkpoint
+# after a divergence). Everything else is the run's own, from its config.json; an algorithm's
+# STATE_KEYS (options that shape its saved state) never change.
+RESUMABLE = ("total_timesteps", "num_updates", "num_envs", "lr", "max_grad_norm", "log_every", "checkpoint_every",
+             "keep_checkpoints", "eval_every", "eval_episodes", "parallel")
+# Options of one invocation, not of the run: a resume takes them from its own command line (or
+# their defaults), never from the saved config.
+PER_INVOCATION = ("stop_at_update", "devices", "coordinator_address", "num_processes", "process_id",
+                  "local_device_ids", "failure_timeout", "resume", "run_dir", "config", "compile_cache")
+
+
+def resumed(saved: dict, given: dict, state_keys=()) -> tuple[Config, list[str]]:
+    """The config of a resumed run: its saved config.json, with the options this command sets
+    that a resume may change (RESUMABLE, minus the algorithm's `state_keys`) and this
+    invocation's own (PER_INVOCATION). Returns it and the changes, as 'name old -> new'
+    strings; any other option set to a different value is a ConfigError."""
+    saved_cfg = from_dict(saved)
+    defaults = Config()
+    changes, refused = [], []
+    for name, value in given.items():
+        old = getattr(saved_cfg, name)
+        if name in PER_INVOCATION or value == old:
+            continue
+        if name in RESUMABLE and name not in state_keys:
+            changes.append(f"--{name.replace('_', '-')} {old} -> {value}")
+        else:
+            refused.append(f"--{name.replace('_', '-')} {value!r} (the run has {old!r})")
+    if refused:
+        allowed = ", ".join("--" + n.replace("_", "-") for n in RESUMABLE if n not in state_keys)
+        raise ConfigError(f"--resume keeps the run's own settings (its config.json); this command changes "
+                          f"{'; '.join(refused)}. A resume may change {allowed}, and the per-invocation options "
+                          f"(--stop-at-update, --devices, the multi-host flags)")
+    this_invocation = {name: given.get(name, getattr(defaults, name)) for name in PER_INVOCATION}
+    return dataclasses.replace(saved_cfg, **{k: v for k, v in given.items() if k in RESUMABLE},
+                               **this_invocation), changes
+
+
 def validate(cfg: Config) -> Config:
-    """Checks that do not need the devices (those live in train.resolve_layout)."""
+    """Checks that do not need the devices (the per-device split is the algorithm's `check`)."""
     from jaxrl_mgpu import envs  # local import: envs pulls in jax
 
     envs.check(cfg.env)
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs",
-                 "hidden_size", "num_layers", "log_every", "grad_accum", "d_model", "n_layers", "n_heads",
-                 "context_len"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
+    for name in FIELDS:
+        check_value(name, getattr(cfg, name))
     for name in ("checkpoint_every", "eval_every"):
-        every = getattr(cfg, name)
-        if every < 0 or every % cfg.log_every:
-            raise ConfigError(f"--{name.replace('_', '-')} {every} must be 0 or a multiple of --log-every "
+        if getattr(cfg, name) % cfg.log_every:
+            raise ConfigError(f"--{name.replace('_', '-')} {getattr(cfg, name)} must be 0 or a multiple of --log-every "
                               f"{cfg.log_every} (checkpoints and evaluations happen between compiled chunks)")
-    if cfg.keep_checkpoints < 1 or cfg.eval_episodes < 1:
-        raise ConfigError("--keep-checkpoints and --eval-episodes must be at least 1")
     if cfg.resume and not cfg.run_dir:
         raise ConfigError("--resume needs --run-dir: the directory of the run to continue")
-    if cfg.devices is not None and cfg.devices < 1:
-        raise ConfigError(f"--devices must be at least 1, got {cfg.devices}")
-    for name in ("gamma", "gae_lambda"):
-        if not 0.0 <= getattr(cfg, name) <= 1.0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(cfg, name)}")
     if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 2:
         raise ConfigError(f"--d-model {cfg.d_model} / --n-heads {cfg.n_heads} must be an even whole number "
                           f"(the head size)")
     check_kernels(cfg)
-    if cfg.num_updates is not None and cfg.num_updates < 1:
-        raise ConfigError(f"--num-updates must be at least 1, got {cfg.num_updates}")
     if cfg.total_updates < 1:
         raise ConfigError(f"--total-timesteps {cfg.total_timesteps} is less than one update of "
                           f"{cfg.batch_size} steps (--num-envs x --num-steps)")

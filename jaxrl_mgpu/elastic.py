@@ -50,6 +50,8 @@ from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.parallel import Parallel, device_index, global_indices
 
 DONE_MARKER = "learner_done"  # written by the learner at the end: collectors then stop
+COLLECTOR_LOG_S = 30.0        # a collector's progress line, at most this often
+WAITING_LOG_S = 60.0          # a collector waiting for the learner says so this often
 BLOCK = 256                   # transitions per device per replay insert (one compiled shape)
 
 
@@ -443,11 +445,16 @@ def collect(cfg, par: Parallel, log, stop) -> int:
     if cfg.collect_before_checkpoint == "wait":
         log.print(f"collector {name}: following the learner's checkpoints in {run_dir} (waiting for the first)")
     partial: dict[int, list] = {}
-    total, shard_index = 0, 0
+    total, shard_index, waited_from = 0, 0, time.monotonic()
+    window = {"shards": 0, "episodes": 0, "return_sum": 0.0}
     while not stop() and not (run_dir / DONE_MARKER).exists():
         held = policy_step
         params, policy_step, eps = _follow(cfg, run_dir, par, params, policy_step, eps, log, stop)
         if params is None:
+            if time.monotonic() - waited_from > WAITING_LOG_S and log.due("waiting", WAITING_LOG_S):
+                log.print(f"collector {name}: still waiting for the learner's first checkpoint in {run_dir}/checkpoints "
+                          f"({time.monotonic() - waited_from:.0f}s); start one with --mode learn --run-dir {run_dir}, "
+                          f"or collect at random meanwhile with --collect-before-checkpoint random")
             continue
         if store.episodes() > 2 * cfg.store_max_episodes:
             time.sleep(0.5)  # back-pressure: the learner is not consuming (and evicting) the store
@@ -461,9 +468,14 @@ def collect(cfg, par: Parallel, log, stop) -> int:
         if episodes:
             store.write(episodes, name, policy_step, cfg.env)
             total += sum(len(e["reward"]) for e in episodes)
-            log.print(f"collector {name}: shard {shard_index}, {len(episodes)} episodes, mean return "
-                      f"{np.mean([e['reward'].sum() for e in episodes]):.1f}, policy step {policy_step}, "
-                      f"epsilon {eps:.3f}, {total:,} env steps in all")
+            window["shards"] += 1
+            window["episodes"] += len(episodes)
+            window["return_sum"] += float(sum(e["reward"].sum() for e in episodes))
+        if window["episodes"] and log.due("shards", COLLECTOR_LOG_S):
+            log.print(f"collector {name}: {window['shards']} shard(s), {window['episodes']} episodes since the last "
+                      f"line, mean return {window['return_sum'] / window['episodes']:.1f}, policy step "
+                      f"{policy_step}, epsilon {eps:.3f}, {total:,} env steps in all")
+            window = dict.fromkeys(window, 0)
     return total
 
 

@@ -173,7 +173,8 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
                                           COUNTS)
     insert_fn = par.map(insert, donate=True)
     # The buffer is an input of every update, not part of the (checkpointed) state.
-    chunks = {}  # compiled chunk of n updates, for the (at most two) lengths n a run uses
+    # n updates of AD on the buffer's filled slots, one compiled program for every n
+    chunk_fn = par.map(runner.make_chunk(lambda state, buf: algo.update(state, buf.steps, filled(buf))), donate=True)
     store = Store(run_dir)
     pending: list[ad.Steps] = []  # histories read, waiting for a slot, oldest first
     inserted, waiting_said = 0, False  # history i went to device i % devices
@@ -227,10 +228,7 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
             time.sleep(0.02)
             continue
         n = min(cfg.log_every, cfg.total_updates - iteration)
-        if n not in chunks:
-            update = lambda state, buf: algo.update(state, buf.steps, filled(buf))  # noqa: E731
-            chunks[n] = par.map(runner.make_chunk(update, n), donate=True)
-        state, chunk = chunks[n](state, buffer)
+        state, chunk = chunk_fn(state, par.replicate(np.int32(n)), buffer)
         losses = runner.read_chunk(par, chunk, iteration + 1)  # waits for the devices; raises NonFinite
         iteration += n
         # 4. log, publish, evict (one optimizer step per update: gradient steps = updates)
@@ -270,7 +268,7 @@ def collect(cfg, par: Parallel, log, stop) -> int:
     batch = 1 + max((s.meta.get("batch", -1) for s in store.shards() if s.meta.get("collector") == name), default=-1)
     log.print(f"collector {name}: tabular-q-{cfg.ad_source} source learners on {cfg.ad_history_tasks} {cfg.env} "
               f"train goals x {cfg.ad_history_steps} steps per shard, into {store.root}")
-    total = 0
+    total, shards, since = 0, 0, 0
     while not stop() and not (run_dir / elastic.DONE_MARKER).exists():
         if store.episodes() > 2 * cfg.store_max_episodes:
             time.sleep(0.5)  # back-pressure: the learner is not consuming (and evicting) the store
@@ -285,10 +283,12 @@ def collect(cfg, par: Parallel, log, stop) -> int:
         meta = {**histories.source_metadata(cfg.env, source, len(goals), cfg.ad_history_steps, cfg.seed, "train"),
                 "batch": batch, "key_seed": key_seed}
         store.write_histories(dataclasses.replace(h, metadata=meta), name)
-        total += h.reward.size
-        returns = histories.episode_returns(h, env.episode_len).mean(0)
-        log.print(f"collector {name}: shard {batch}, {h.num_tasks} learning histories, source return first episode "
-                  f"{returns[0]:.2f}, last {returns[-1]:.2f}, {total:,} env steps in all")
+        total, shards, since = total + h.reward.size, shards + 1, since + 1
+        if log.due("shards", elastic.COLLECTOR_LOG_S):
+            returns = histories.episode_returns(h, env.episode_len).mean(0)
+            log.print(f"collector {name}: {shards} shard(s) so far ({since} since the last line), {total:,} env steps "
+                      f"in all; latest source return first episode {returns[0]:.2f}, last {returns[-1]:.2f}")
+            since = 0
         batch += 1
     return total
 

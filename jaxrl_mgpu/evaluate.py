@@ -32,7 +32,9 @@ def make_episodes(policy, env, env_params, total: int, num_devices: int, greedy:
     """A per-device function `(params, key) -> (sum, sum of squares, count)` of the returns of
     the first episode of `ceil(total / num_devices)` environments per device, summed over all
     devices and hosts (environments past `total` are padding and do not count). `policy` is an
-    actor-critic Policy (nets/actor_critic.py), with whatever memory it keeps."""
+    actor-critic Policy (nets/actor_critic.py), with whatever memory it keeps; `greedy` takes the
+    action distribution's mode (argmax of the logits, a Gaussian's mean) instead of a sample."""
+    dist = actor_critic.distribution(env, env_params)
     per_device = -(-total // num_devices)
     max_steps = int(env_params.max_steps_in_episode)
 
@@ -43,9 +45,9 @@ def make_episodes(policy, env, env_params, total: int, num_devices: int, greedy:
         def step(carry, t):
             batch, memory, first_return, finished = carry
             keys = jax.vmap(jax.random.split)(vec.env_keys(jax.random.fold_in(key, t + 1), ids))
-            logits, _, _, memory = policy.act(params, memory, batch.obs, batch.obs)
-            action = actor_critic.sample(logits, keys[:, 0], greedy)
-            batch, out = vec.step(env, env_params, batch, action, keys[:, 1])
+            pi, _, _, memory = policy.act(params, memory, batch.obs, batch.obs)
+            action = dist.mode(pi) if greedy else dist.sample(pi, dist.noise(keys[:, 0]))
+            batch, out = vec.step(env, env_params, batch, dist.to_env(action), keys[:, 1])
             ended = out.done_length > 0
             memory = policy.remember(memory, action, out.reward, ended)
             first_return = jnp.where(ended & ~finished, out.done_return, first_return)
@@ -70,7 +72,7 @@ def summarize(totals) -> dict:
 
 # -- command line ------------------------------------------------------------------------
 def _args(argv):
-    p = config_lib._Parser(prog="python -m jaxrl_mgpu.evaluate", description=__doc__,
+    p = config_lib.Parser(prog="python -m jaxrl_mgpu.evaluate", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run-dir", required=True, help="a training run's directory")
     which = p.add_mutually_exclusive_group()
@@ -93,9 +95,7 @@ def load_run(run_dir: str):
     path = Path(run_dir)
     if not path.is_dir():
         raise ConfigError(f"--run-dir {run_dir}: no such directory")
-    if not (path / "config.json").is_file():
-        raise ConfigError(f"--run-dir {run_dir}: not a run directory (no config.json)")
-    cfg = config_lib.from_dict(json.loads((path / "config.json").read_text()))
+    cfg = config_lib.from_dict(config_lib.read_saved(path))
     if not (path / "checkpoints").is_dir():
         raise ConfigError(f"--run-dir {run_dir}: the run has no checkpoints")
     return cfg, Checkpoints(path, read_only=True)
@@ -135,12 +135,15 @@ def main(argv=None) -> int:
     if "--in-context" in argv:  # Algorithm Distillation: its own options and outputs
         from jaxrl_mgpu import incontext
         return incontext.evaluate(argv)
-    from jaxrl_mgpu.train import USER_ERRORS, fail
+    from jaxrl_mgpu.cli import USER_ERRORS, fail
     try:
         args = _args(argv)
         if args.episodes < 1:
             raise ConfigError(f"--episodes must be at least 1, got {args.episodes}")
         cfg, ckpts = load_run(args.run_dir)
+        if cfg.algo == "ad":
+            raise ConfigError(f"--run-dir {args.run_dir} is an --algo ad run: it acts from its context of past "
+                              f"episodes, so evaluate it with --in-context")
         if args.best:
             step = ckpts.best_step()
             if step is None:

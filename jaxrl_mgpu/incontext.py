@@ -159,7 +159,7 @@ def plot(path: Path, result: dict) -> None:
 
 # -- command line ------------------------------------------------------------------------
 def _args(argv):
-    p = config_lib._Parser(prog="python -m jaxrl_mgpu.evaluate --in-context", description=__doc__,
+    p = config_lib.Parser(prog="python -m jaxrl_mgpu.evaluate --in-context", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--in-context", action="store_true", help="(this mode)")
     p.add_argument("--run-dir", required=True, help="an --algo ad training run's directory")
@@ -179,7 +179,7 @@ def _args(argv):
 def evaluate(argv=None) -> int:
     from jaxrl_mgpu.algos import ad
     from jaxrl_mgpu.evaluate import load_run, params_template, pick_step
-    from jaxrl_mgpu.train import USER_ERRORS, fail
+    from jaxrl_mgpu.cli import USER_ERRORS, fail
     try:
         args = _args(argv)
         if args.episodes < 1 or args.envs_per_goal < 1:
@@ -242,7 +242,7 @@ def throughput(argv=None, repeats: int = 5) -> int:
     compiled AD update (windows/s consumed); one JSON line."""
     from jaxrl_mgpu import runner
     from jaxrl_mgpu.algos import ad
-    from jaxrl_mgpu.train import USER_ERRORS, fail
+    from jaxrl_mgpu.cli import USER_ERRORS, fail
     try:
         cfg = config_lib.parse_args(argv)
         cfg = dataclasses.replace(cfg, algo="ad", num_updates=cfg.num_updates or cfg.log_every)

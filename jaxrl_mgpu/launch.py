@@ -3,11 +3,17 @@
     python -m jaxrl_mgpu.launch --num-processes 2 --devices-per-process 4 -- --num-envs 64 ...
 
 starts N `python -m jaxrl_mgpu.train` processes joined by `jax.distributed` through a free
-local port, prefixes every output line with `[process id]`, and stops all of them as soon as
-one fails (its exit code becomes the launcher's). Each process gets its own devices: K GPUs
-through CUDA_VISIBLE_DEVICES where GPUs exist, else K virtual CPU devices. This is how the
-multi-host path is tested on one machine; on a cluster start one process per host instead
-(README, experiments/slurm/train.sbatch).
+local port and prefixes every output line with `[process id]`. Each process gets its own
+devices: K GPUs through CUDA_VISIBLE_DEVICES where GPUs exist, else K virtual CPU devices. This
+is how the multi-host path is tested on one machine; on a cluster start one process per host
+instead (README, experiments/slurm/train.sbatch).
+
+Every process is watched. When one fails, the launcher says which and how, and tells the
+others (SIGUSR1) that the job is broken: they leave at once with exit code 1 and whatever
+complete checkpoints exist, instead of waiting in a collective for the dead process until the
+heartbeat timeout aborts them. The launcher's exit code is the failed process's (128 + N for a
+process killed by signal N). Ctrl-C or SIGTERM to the launcher go to every process: they
+finish the current chunk, save a checkpoint and exit.
 """
 
 from __future__ import annotations
@@ -21,6 +27,12 @@ import subprocess
 import sys
 import threading
 import time
+
+# A survivor that has not left this long after SIGUSR1 is killed.
+GRACE_S = 10.0
+# gloo's C++ connection report, printed by every process at start-up; it says nothing a user
+# can act on.
+NOISE = ("[Gloo] Rank ",)
 
 
 def free_port() -> int:
@@ -48,25 +60,57 @@ def process_env(index: int, per_process: int | None, gpus: int) -> dict:
 
 def relay(index: int, stream) -> None:
     for line in stream:
-        sys.stdout.write(f"[{index}] {line}")
-        sys.stdout.flush()
+        if not line.startswith(NOISE):
+            sys.stdout.write(f"[{index}] {line}")
+            sys.stdout.flush()
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+def describe(code: int) -> str:
+    """A process's exit status in words."""
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+def exit_status(code: int) -> int:
+    """A child's return code as a shell would report it (a signal N as 128 + N)."""
+    return 128 - code if code < 0 else code
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ours, train_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     p = argparse.ArgumentParser(prog="python -m jaxrl_mgpu.launch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--num-processes", type=int, required=True)
+    p.add_argument("--num-processes", type=int, required=True, help="processes to start (at least 1)")
     p.add_argument("--devices-per-process", type=int, default=None,
-                   help="GPUs (or virtual CPU devices) per process; default: GPUs split evenly, or 1 CPU device")
+                   help="GPUs (or virtual CPU devices) per process; default: the GPUs split evenly, or 1 CPU "
+                        "device each")
     p.add_argument("--module", default="jaxrl_mgpu.train", help="the module each process runs")
-    args = p.parse_args(ours)
+    return p.parse_args(ours), train_args
+
+
+def check(args: argparse.Namespace, gpus: int) -> int | None:
+    """Devices per process (None: the CPU default), or an error message's exit via SystemExit."""
+    if args.num_processes < 1:
+        raise SystemExit(f"error: --num-processes must be at least 1, got {args.num_processes}")
+    if args.devices_per_process is not None and args.devices_per_process < 1:
+        raise SystemExit(f"error: --devices-per-process must be at least 1, got {args.devices_per_process}")
+    if not gpus:
+        return args.devices_per_process
+    per_process = args.devices_per_process or gpus // args.num_processes
+    if per_process < 1 or per_process * args.num_processes > gpus:
+        raise SystemExit(f"error: --num-processes {args.num_processes} x --devices-per-process "
+                         f"{args.devices_per_process or 1} needs more than the {gpus} GPUs of this machine")
+    return per_process
+
+
+def main(argv=None) -> int:
+    args, train_args = parse(sys.argv[1:] if argv is None else list(argv))
     gpus = gpu_count()
-    per_process = args.devices_per_process or (gpus // args.num_processes if gpus else None)
-    if args.num_processes < 1 or (gpus and per_process and per_process * args.num_processes > gpus):
-        print(f"error: --num-processes {args.num_processes} x --devices-per-process {per_process} needs more "
-              f"than the {gpus} GPUs here", file=sys.stderr)
+    try:
+        per_process = check(args, gpus)
+    except SystemExit as e:
+        print(e, file=sys.stderr)
         return 2
 
     address = f"localhost:{free_port()}"
@@ -80,31 +124,42 @@ def main(argv=None) -> int:
         threads.append(threading.Thread(target=relay, args=(i, proc.stdout), daemon=True))
         threads[-1].start()
 
-    def stop_all(sig=signal.SIGTERM):
+    def signal_all(sig):
         for proc in procs:
             if proc.poll() is None:
-                os.killpg(proc.pid, sig)
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
 
     # Ctrl-C / SIGTERM to the launcher go to every process (they save and exit).
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: stop_all(signal.Signals(signum)))
-    code = 0
-    while any(proc.poll() is None for proc in procs):
-        failed = [(i, proc.returncode) for i, proc in enumerate(procs) if proc.returncode not in (None, 0)]
-        if failed and code == 0:
-            index, code = failed[0]
-            print(f"[launch] process {index} exited with code {code}; stopping the others", flush=True)
-            stop_all()
-            deadline = time.time() + 15
-            while time.time() < deadline and any(proc.poll() is None for proc in procs):
-                time.sleep(0.1)
-            stop_all(signal.SIGKILL)
+        signal.signal(sig, lambda signum, frame: signal_all(signal.Signals(signum)))
+    failed = None  # (index, return code) of the first process that failed
+    while True:
+        codes = [proc.poll() for proc in procs]  # every process, every time
+        if all(code is not None for code in codes):
+            break
+        if failed is None:
+            failed = next(((i, c) for i, c in enumerate(codes) if c not in (None, 0)), None)
+            if failed is not None:
+                running = [i for i, c in enumerate(codes) if c is None]
+                print(f"[launch] process {failed[0]} {describe(failed[1])}; stopping process(es) "
+                      f"{', '.join(map(str, running))}", flush=True)
+                signal_all(signal.SIGUSR1)
+                deadline = time.monotonic() + GRACE_S
+        elif time.monotonic() > deadline:
+            late = [i for i, proc in enumerate(procs) if proc.poll() is None]
+            print(f"[launch] process(es) {', '.join(map(str, late))} still running {GRACE_S:.0f}s after the stop; "
+                  f"killing them", flush=True)
+            signal_all(signal.SIGKILL)
+            deadline = float("inf")
         time.sleep(0.1)
     for t in threads:
         t.join(timeout=5)
-    if code == 0:
-        code = next((proc.returncode for proc in procs if proc.returncode), 0)
-    return code
+    if failed is None:
+        failed = next(((i, proc.returncode) for i, proc in enumerate(procs) if proc.returncode), None)
+    return 0 if failed is None else exit_status(failed[1])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Main-process output: start-up banner, progress, metrics.jsonl and TensorBoard.
+"""Main-process output: start-up banner, progress, metrics.jsonl, TensorBoard, the run summary.
 
 Every process builds a `RunLog`; only the main process's writes anything, so callers never
 branch on the process index.
@@ -6,12 +6,23 @@ branch on the process index.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import json
 import math
 import sys
+import threading
+import time
 from pathlib import Path
 
 from jaxrl_mgpu.parallel import is_main
+
+# What the console line shows of a row, where the row has it: (label, key, format).
+CONSOLE = (("policy", "loss/policy", ".3f"), ("value", "loss/value", ".3f"), ("kl", "loss/approx_kl", ".4f"),
+           ("clip", "loss/clip_frac", ".3f"), ("td", "loss/td", ".4f"), ("eps", "epsilon", ".3f"),
+           ("loss", "loss/cross_entropy", ".4f"), ("acc", "loss/accuracy", ".3f"))
+# How often a long wait (a compile, a slow first chunk) says it is still working.
+HEARTBEAT_S = 30.0
 
 
 def _clean(value):
@@ -21,21 +32,35 @@ def _clean(value):
 
 
 class RunLog:
-    def __init__(self, run_dir: Path | None, total_steps: int, unit: str = "env_steps"):
+    def __init__(self, run_dir: Path | None, total_steps: int, unit: str = "env_steps", episodic: bool = True):
         self.enabled = is_main()
         self.unit = unit  # the row key progress is counted in
+        self.episodic = episodic  # False: the rows carry no episode returns (AD's training)
         self.run_dir = run_dir
         self.total_steps = total_steps
         self.tty = sys.stdout.isatty()
+        self.last: dict = {}
+        self.best: dict = {}  # the best episode_return and eval/episode_return logged, with their step
+        self.timeline: dict = {}  # start-up phases in seconds (the summary reports them)
         self._jsonl = self._tb = self._bar = None
+        self._activity: tuple[str, float, float] | None = None  # (what, started, last said)
+        self._lock = threading.Lock()
+        self._last_said: dict[str, float] = {}
         if self.enabled and run_dir is not None:
             self._jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)
-            from tensorboardX import SummaryWriter  # imported here: only the main process needs it
-            self._tb = SummaryWriter(str(run_dir))
+            # TensorBoard's writer takes a second or more to import and open on some machines:
+            # it is made on a thread, while the run compiles, and waited for at the first row.
+            self._tb = concurrent.futures.ThreadPoolExecutor(1).submit(_tensorboard_writer, run_dir)
+        if self.enabled:
+            threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
 
     def print(self, text: str = "") -> None:
-        if self.enabled:
-            (self._bar.write if self._bar is not None else print)(text)
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.write(text)
+        else:
+            print(text, flush=True)
 
     def banner(self, rows: dict) -> None:
         width = max(map(len, rows))
@@ -47,38 +72,119 @@ class RunLog:
             self._bar = tqdm(total=self.total_steps, initial=initial_steps, unit="step", unit_scale=True,
                              dynamic_ncols=True, smoothing=0.3)
 
+    @contextlib.contextmanager
+    def waiting(self, what: str):
+        """Says every HEARTBEAT_S seconds that `what` is still under way, if it takes that long,
+        so a slow compile or first chunk is not mistaken for a hang."""
+        now = time.monotonic()
+        with self._lock:
+            self._activity = (what, now, now)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._activity = None
+
+    def due(self, what: str, seconds: float) -> bool:
+        """True at the first call for `what` and then at most once every `seconds`: for lines
+        a loop prints per interval rather than per iteration."""
+        now = time.monotonic()
+        if now - self._last_said.get(what, -math.inf) < seconds:
+            return False
+        self._last_said[what] = now
+        return True
+
+    def _heartbeat(self) -> None:
+        while True:
+            time.sleep(1.0)
+            with self._lock:
+                if self._activity is None:
+                    continue
+                what, started, said = self._activity
+                now = time.monotonic()
+                if now - said < HEARTBEAT_S:
+                    continue
+                self._activity = (what, started, now)
+            self.print(f"  ... {what}: {now - started:.0f}s so far")
+
     def write(self, row: dict) -> None:
         """One log point: a metrics.jsonl line, TensorBoard scalars, and the console."""
         if not self.enabled:
             return
         row = {k: _clean(v) for k, v in row.items()}
+        self.last = row
+        for key in ("episode_return", "eval/episode_return"):
+            if row.get(key) is not None and row[key] > self.best.get(key, (-math.inf,))[0]:
+                self.best[key] = (row[key], row[self.unit])
         if self._jsonl is not None:
             self._jsonl.write(json.dumps(row) + "\n")
         if self._tb is not None:
+            tb = self._tb.result()
             for k, v in row.items():
                 if k not in ("update", self.unit) and isinstance(v, (int, float)):
-                    self._tb.add_scalar(k, v, row[self.unit])
-        ret = row.get("episode_return")
-        ret_text = "n/a" if ret is None else f"{ret:.1f}"
+                    tb.add_scalar(k, v, row[self.unit])
+        parts = []
+        if self.episodic:
+            ret = row.get("episode_return")
+            parts.append("return " + ("n/a (no episode ended)" if ret is None else f"{ret:.1f}"))
         if row.get("eval/episode_return") is not None:
-            ret_text += f"  eval {row['eval/episode_return']:.1f}"
+            parts.append(f"eval {row['eval/episode_return']:.1f}")
+        parts += [f"{label} {row[key]:{fmt}}" for label, key, fmt in CONSOLE if row.get(key) is not None]
+        rate = f"{row['sps']:,.0f} {self.unit.replace('env_', '')}/s" if row.get("sps") is not None else ""
         if self._bar is not None:
             self._bar.update(row[self.unit] - self._bar.n)
-            self._bar.set_postfix_str(f"return {ret_text}  {row['sps']:,.0f} steps/s", refresh=False)
+            self._bar.set_postfix_str("  ".join(parts + [rate]), refresh=False)
         else:
             progress = (f"update {row['update']:,}/{self.total_steps:,}" if self.unit == "update" else
                         f"update {row['update']}  {self.unit} {row[self.unit]:,}/{self.total_steps:,}")
-            print(f"{progress}  "
-                  f"return {ret_text}  steps/s {row['sps']:,.0f}  time {row['time']:.0f}s", flush=True)
+            print("  ".join([progress] + parts + [rate, f"time {row['time']:.0f}s"]), flush=True)
+
+    def summary(self, values: dict) -> None:
+        """The run's end: `summary.json` in the run directory, and the same in a few lines."""
+        if not self.enabled:
+            return
+        if self.run_dir is not None:
+            path = self.run_dir / "summary.json"
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps({k: _clean(v) if not isinstance(v, (dict, list)) else v
+                                       for k, v in values.items()}, indent=2) + "\n")
+            tmp.replace(path)
+        width = max(map(len, values))
+        self.print("summary:\n" + "\n".join(f"  {k:<{width}}  {_text(v)}" for k, v in values.items()))
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        for sink in (self._jsonl, self._tb):
+        for sink in (self._jsonl, None if self._tb is None else self._tb.result()):
             if sink is not None:
                 sink.close()
         self._jsonl = self._tb = None
+
+
+def _tensorboard_writer(run_dir: Path):
+    # tensorboardX imports PyTorch, where it is installed, only to recognise its tensors: seconds
+    # of start-up (3 s on a GPU machine) for rows of plain floats. Unless PyTorch is loaded
+    # already, it is hidden while tensorboardX loads.
+    hide_torch = "torch" not in sys.modules
+    if hide_torch:
+        sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects
+    try:
+        from tensorboardX import SummaryWriter  # only the main process needs it
+    finally:
+        if hide_torch:
+            del sys.modules["torch"]
+    return SummaryWriter(str(run_dir))
+
+
+def _text(value) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_text(v)}" for k, v in value.items())
+    if isinstance(value, float):
+        return f"{value:,.2f}" if math.isfinite(value) else "n/a"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return "n/a" if value is None else str(value)
 
 
 def truncate_metrics(path: Path, update: int) -> None:

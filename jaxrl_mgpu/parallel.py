@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import threading
 import time
 from typing import Any, Callable
 
@@ -148,6 +149,13 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         raise DistributedError(f"could not start the multi-process job: coordinator {where} not reachable "
                                f"or peers missing within --failure-timeout {timeout}s "
                                f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+
+
+def start_backend() -> None:
+    """Starts JAX's backend (the CUDA client: a second or two on a GPU) on a thread, so that it
+    overlaps with the imports that follow; the first device query waits for it. Call it after
+    `initialize`."""
+    threading.Thread(target=jax.devices, name="backend-start", daemon=True).start()
 
 
 def _wait_for(address: str, timeout: float) -> None:

@@ -1,34 +1,52 @@
-"""The outer loop every algorithm shares.
+"""The host loop every algorithm shares, and what surrounds it: the run directory, resume,
+signals, checkpoints, evaluation and the run's summary.
 
-An algorithm gives per-device functions `init(key)` and `update(state)`. The runner fuses
-`log_every` updates into one compiled chunk (`lax.scan`), maps it over all devices, and drives
-the chunks from the host. Between chunks it logs, evaluates, checkpoints, and honours stop
-requests (SIGTERM / SIGINT) — always at a chunk boundary, so a resumed run continues exactly.
-The next chunk is dispatched before the previous chunk's metrics are read, except where the
-state itself is needed on the host side (evaluation, checkpoint, stop), so the devices never
-wait on logging.
+An algorithm gives per-device functions `init(key)` and `update(state)`. The runner runs
+`n` updates in one compiled call (`lax.fori_loop` with `n` an argument, so ONE program serves
+every chunk length: the regular `--log-every` chunks, a shorter last one, a `--stop-at-update`
+in between), maps it over all devices, and drives the chunks from the host. Between chunks it
+logs, evaluates, checkpoints, and honours stop requests (SIGTERM / SIGINT), always at a chunk
+boundary, so a resumed run continues exactly. The next chunk is dispatched before the
+previous chunk's metrics are read, except where the state itself is needed on the host side
+(evaluation, checkpoint, stop), so the devices never wait on logging.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import dataclasses
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+import jaxrl_mgpu
+from jaxrl_mgpu import compile_cache
+from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs as envs_lib
+from jaxrl_mgpu import parallel
 from jaxrl_mgpu.algos import ALGOS
+from jaxrl_mgpu.checkpoint import CheckpointMismatch, Checkpoints
+from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.evaluate import make_episodes, summarize
+from jaxrl_mgpu.log import RunLog, truncate_metrics
 from jaxrl_mgpu.parallel import Parallel
 
 
 class Chunk(NamedTuple):
     """What the host reads after a chunk (already reduced over devices)."""
-    losses: dict        # means over the chunk's updates
-    episodes: Any       # vec.EpisodeStats summed over the chunk's updates
-    finite: jax.Array   # [length] bool: losses and params finite after each update
+    losses: dict          # means over the chunk's updates
+    episodes: Any         # vec.EpisodeStats summed over the chunk's updates
+    first_bad: jax.Array  # index in the chunk of the first update with a non-finite loss or parameter; -1: none
 
 
 class NonFinite(RuntimeError):
@@ -39,21 +57,47 @@ def all_finite(tree) -> jax.Array:
     return jnp.all(jnp.array([jnp.isfinite(x).all() for x in jax.tree.leaves(tree)]))
 
 
-def make_chunk(update: Callable, length: int) -> Callable:
-    """A per-device function running `length` updates in one `lax.scan`. `data` (optional) is
-    a read-only input every update sees, e.g. a dataset shard kept on the device."""
-    def chunk(state, *data):
-        def body(state, _):
-            state, (losses, episodes) = update(state, *data)
-            return state, (losses, episodes, all_finite(losses) & all_finite(state.params))
+def make_chunk(update: Callable) -> Callable:
+    """A per-device function `(state, n, *data)` running `n` updates in one loop; `n` is an
+    argument, not a shape, so one compiled program runs chunks of any length. `data`
+    (optional) is a read-only input every update sees, e.g. a dataset shard kept on the device."""
+    # Traced once: eval_shape below and every call in the loop hit jit's trace cache (the same
+    # function at the same abstract arguments), instead of tracing the update twice.
+    update = jax.jit(update)
 
-        state, (losses, episodes, finite) = jax.lax.scan(body, state, None, length=length)
-        return state, Chunk(jax.tree.map(jnp.mean, losses), jax.tree.map(jnp.sum, episodes), finite)
+    def chunk(state, n, *data):
+        # The accumulators' shapes, from the update's abstract trace (nothing is computed).
+        losses0, episodes0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                          jax.eval_shape(update, state, *data)[1])
+
+        def body(_, carry):
+            state, loss_sum, episode_sum, done, first_bad = carry
+            state, (losses, episodes) = update(state, *data)
+            finite = all_finite(losses) & all_finite(state.params)
+            first_bad = jnp.where((first_bad < 0) & ~finite, done, first_bad)
+            return (state, jax.tree.map(jnp.add, loss_sum, losses), jax.tree.map(jnp.add, episode_sum, episodes),
+                    done + 1, first_bad)
+
+        # Counters made from `n`: under shard_map they must vary by device as the loop does.
+        zero = jnp.zeros_like(n)
+        state, loss_sum, episodes, _, first_bad = jax.lax.fori_loop(
+            0, n, body, (state, losses0, episodes0, zero, zero - 1))
+        losses = jax.tree.map(lambda x: x / jnp.maximum(n, 1).astype(x.dtype), loss_sum)
+        return state, Chunk(losses, episodes, first_bad)
     return chunk
 
 
+def step_unit(cfg) -> str:
+    """What progress is counted in: environment steps, or what the algorithm consumes."""
+    return getattr(ALGOS[cfg.algo], "STEP_UNIT", "env_steps")
+
+
+def steps_per_update(cfg) -> int:
+    return getattr(ALGOS[cfg.algo], "steps_per_update", lambda c: c.batch_size)(cfg)
+
+
 class Trainer:
-    """Builds the algorithm for a config and device set, and the compiled pieces to run it."""
+    """Builds the algorithm for a config and device set, and the compiled chunk to run it."""
 
     def __init__(self, cfg, par: Parallel):
         self.cfg, self.par = cfg, par
@@ -61,37 +105,49 @@ class Trainer:
         self.algo_module = ALGOS[cfg.algo]
         self.algo = self.algo_module.make(cfg, self.env, self.env_params, par.num_devices)
         self.layout = self.algo_module.STATE_LAYOUT
-        # What progress is counted in: environment steps, or what the algorithm consumes.
-        self.step_unit = getattr(self.algo_module, "STEP_UNIT", "env_steps")
-        self.steps_per_update = getattr(self.algo_module, "steps_per_update", lambda c: c.batch_size)(cfg)
+        self.step_unit, self.steps_per_update = step_unit(cfg), steps_per_update(cfg)
         # Algorithms that learn from a dataset (AD) load this device's shard once, here; it is
         # passed to every update, and not part of the (checkpointed) state.
         load = getattr(self.algo_module, "load_data", None)
         self.data = () if load is None else (load(cfg, par),)
-        self._chunks: dict[int, Callable] = {}
+        self._compiled = None
         self._eval = None
 
     def init_state(self):
         return self.par.map(self.algo.init)(self.key(self.cfg.seed))
 
+    def abstract_state(self):
+        """The shapes, dtypes and layout of `init_state()`, without computing it."""
+        shapes = jax.eval_shape(self.par.map(self.algo.init), self.key(self.cfg.seed))
+        return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=self.par.sharding), shapes)
+
     def key(self, seed: int):
         return self.par.replicate(np.asarray(jax.random.PRNGKey(seed)))
 
-    def chunk_fn(self, length: int, state) -> Callable:
-        """The compiled chunk of `length` updates (compiled once per length, ahead of time)."""
-        if length not in self._chunks:
-            mapped = self.par.map(make_chunk(self.algo.update, length), donate=True)
-            compiled = self.par.compile(mapped, state, *self.data)
-            self._chunks[length] = lambda state: compiled(state, *self.data)
-        return self._chunks[length]
+    def compile(self, state) -> None:
+        """Compiles the chunk for `state`'s shapes, once (ahead of time where the backend can)."""
+        if self._compiled is None:
+            mapped = self.par.map(make_chunk(self.algo.update), donate=True)
+            self._compiled = self.par.compile(mapped, state, self._length(1), *self.data)
 
-    def chunk_lengths(self, start_update: int = 0) -> list[int]:
-        """Chunks end on multiples of `log_every` (and at the last update), so a run resumed
-        from any chunk boundary runs the same chunks as a run that never stopped."""
+    def _length(self, n: int):
+        return self.par.replicate(np.int32(n))
+
+    def chunk_fn(self, length: int, state) -> Callable:
+        """`state -> (state, Chunk)` running `length` updates (the one compiled program)."""
+        self.compile(state)
+        n = self._length(length)
+        return lambda state: self._compiled(state, n, *self.data)
+
+    def chunk_lengths(self, start_update: int = 0, stop_at: int | None = None) -> list[int]:
+        """Chunks end on multiples of `log_every`, at `stop_at` and at the last update; where
+        they end does not change the numbers (every update is the same computation), only
+        where the host logs, saves and may stop."""
+        end = self.cfg.total_updates if stop_at is None else min(stop_at, self.cfg.total_updates)
         every, ends = self.cfg.log_every, []
         update = start_update
-        while update < self.cfg.total_updates:
-            update = min((update // every + 1) * every, self.cfg.total_updates)
+        while update < end:
+            update = min((update // every + 1) * every, end)
             ends.append(update)
         return [int(n) for n in np.diff([start_update] + ends)]
 
@@ -107,10 +163,9 @@ class Trainer:
 
 def read_chunk(par: Parallel, chunk: Chunk, first_update: int) -> dict:
     """Device 0's copy of the (already all-reduced) chunk metrics, as plain numbers."""
-    losses, episodes, finite = par.first((chunk.losses, chunk.episodes, chunk.finite))
-    if not finite.all():
-        bad = first_update + int(np.argmin(finite))
-        raise NonFinite(f"non-finite loss or parameters at update {bad}")
+    losses, episodes, first_bad = par.first((chunk.losses, chunk.episodes, chunk.first_bad))
+    if first_bad >= 0:
+        raise NonFinite(f"non-finite loss or parameters at update {first_update + int(first_bad)}")
     count = float(episodes.count)
     row = {"episode_return": float(episodes.return_sum) / count if count else float("nan"),
            "episode_length": float(episodes.length_sum) / count if count else float("nan"),
@@ -131,21 +186,40 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
     """Runs chunks until the last update (or `stop_at`, or a stop request); returns the final
     state, the last log row and the number of updates done."""
     cfg = trainer.cfg
-    state = trainer.init_state() if state is None else state
-    lengths = trainer.chunk_lengths(start_update)
+    lengths = trainer.chunk_lengths(start_update, stop_at)
     t0 = time.perf_counter()
-    compiled = {n: trainer.chunk_fn(n, state) for n in set(lengths)}
-    log.print(f"  compiled {len(compiled)} chunk size(s) in {time.perf_counter() - t0:.1f}s")
+    aot = trainer.par.backend != "pmap" or jax.process_count() == 1
+    if state is None and aot:
+        # The initial state (its own small program) is built while the chunk compiles for its
+        # shapes: the two compiles overlap.
+        initial = _background(trainer.init_state)
+        with log.waiting("compiling the training chunk"), compile_cache.CacheUse() as cache:
+            trainer.compile(trainer.abstract_state())
+        state = initial.result()
+    else:
+        state = trainer.init_state() if state is None else state
+        with log.waiting("compiling the training chunk"), compile_cache.CacheUse() as cache:
+            trainer.compile(state)
+    log.timeline["compile_s"] = time.perf_counter() - t0
+    if aot:
+        source = ("loaded from the compilation cache" if cache.hits else
+                  "compiled; kept in the compilation cache for the next run" if cache.requests else "compiled")
+        log.print(f"  training chunk {source} in {time.perf_counter() - t0:.1f}s")
     unit, per_update = trainer.step_unit, trainer.steps_per_update
-    log.start(start_update * per_update)
+    log.start(cfg.steps_at(start_update, per_update))
     clock = {"start": time.perf_counter(), "prev": time.perf_counter()}
     last_row: dict = {}
 
     def emit(update: int, length: int, metrics: Chunk) -> None:
         nonlocal last_row
-        row = read_chunk(trainer.par, metrics, update - length + 1)  # blocks until that chunk is done
+        first = update - length + 1
+        what = f"updates {first}-{update}" + ("" if aot or first > start_update + 1 else
+                                              " (compiled on this first call: pmap over several processes)")
+        with log.waiting(what):
+            row = read_chunk(trainer.par, metrics, first)  # blocks until that chunk is done
         now = time.perf_counter()
-        last_row = {"update": update, unit: update * per_update, **row,
+        log.timeline.setdefault("first_chunk_s", now - clock["start"])
+        last_row = {"update": update, unit: cfg.steps_at(update, per_update), **row,
                     "sps": length * per_update / (now - clock["prev"]), "time": now - clock["start"]}
         clock["prev"] = now
 
@@ -154,7 +228,7 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
 
     update, pending = start_update, None
     for length in lengths:
-        state, metrics = compiled[length](state)  # dispatch; runs while the host logs below
+        state, metrics = trainer.chunk_fn(length, state)(state)  # dispatch; runs while the host logs below
         if pending is not None:
             emit(*pending)
             log.write(last_row)
@@ -178,3 +252,307 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
         emit(*pending)
         log.write(last_row)
     return state, last_row, update
+
+
+def _background(fn: Callable, *args) -> concurrent.futures.Future:
+    """`fn(*args)` on a thread of its own, to overlap with what the caller does next (JAX
+    releases the GIL while it compiles, runs or waits on a device)."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(fn, *args)
+    pool.shutdown(wait=False)
+    return future
+
+
+# -- signals -------------------------------------------------------------------------------
+
+class StopSignal:
+    """SIGTERM (cluster preemption) or SIGINT (Ctrl-C): finish the current chunk, save, exit 0.
+    A second signal, a second or more after the first, stops at once. Closer together they are
+    one request: `timeout` and some schedulers signal the process and then its whole process
+    group, so the same request arrives twice within microseconds.
+
+    SIGUSR1 is the launcher saying that another process of the job failed: nothing can be saved
+    (a checkpoint needs every process), and the main thread may be waiting in a collective for
+    the dead process, where no Python signal handler runs. So a watcher thread, woken through
+    the signal wakeup fd, leaves at once with exit code 1; the complete checkpoints stay."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+    REPEAT_S = 1.0  # a signal this soon after the first is the same request
+
+    def __init__(self, log):
+        self.requested, self.log, self.first_at = False, log, 0.0
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
+        self.previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._previous_wakeup = signal.set_wakeup_fd(self._wake_w)
+        threading.Thread(target=self._watch, name="peer-failure", daemon=True).start()
+
+    def _watch(self) -> None:
+        while True:
+            try:
+                got = os.read(self._wake_r, 64)
+            except OSError:
+                return
+            if not got:
+                return
+            if signal.SIGUSR1 in got:
+                print(f"error: process {jax.process_index()}: another process of this job failed; leaving without "
+                      f"a checkpoint (the run's complete checkpoints are kept)", file=sys.stderr, flush=True)
+                os._exit(1)
+            if 0 in got:  # restore(): done
+                return
+
+    def restore(self):
+        signal.set_wakeup_fd(self._previous_wakeup)
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        os.write(self._wake_w, b"\0")
+        os.close(self._wake_w)
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            if time.monotonic() - self.first_at < self.REPEAT_S:
+                return
+            raise KeyboardInterrupt
+        self.requested, self.first_at = True, time.monotonic()
+        self.log.print(f"{signal.Signals(signum).name}: stopping after the current chunk, with a checkpoint")
+
+    def __call__(self) -> bool:
+        # Every process must stop at the same chunk, even if the signal reached only some.
+        return parallel.any_process(self.requested)
+
+
+# -- the run directory and resume -----------------------------------------------------------
+
+def resolve(cfg, given: dict):
+    """The config this command runs: `cfg` for a new run; for `--resume` of an existing run, the
+    run's own config.json with the changes a resume may make (config.resumed). Returns the
+    config and the list of changes, which the run logs."""
+    if not cfg.resume or not cfg.run_dir:
+        return cfg, []
+    path = Path(cfg.run_dir)
+    if not (path / "config.json").exists() and (cfg.resume == "auto" or not path.exists()):
+        return cfg, []  # nothing to resume; plan_run_dir says what happens next
+    saved = config_lib.read_saved(path)
+    state_keys = config_lib.STATE_KEYS + ALGOS[saved["algo"]].STATE_KEYS
+    try:
+        return config_lib.resumed(saved, given, state_keys)
+    except TypeError as e:  # a config.json with options this version does not know
+        raise ConfigError(f"--resume: {path / 'config.json'} was written by another version ({e})") from None
+
+
+def check_writable(path: Path) -> None:
+    """A ConfigError unless `path` can be created as a directory (checked by creating and
+    removing a temporary one in its nearest existing parent: nothing is left behind)."""
+    parent = path.absolute()
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"--run-dir {path}: {parent} is a file, not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".jaxrl_mgpu-check-"))
+    except OSError as e:
+        raise ConfigError(f"--run-dir {path}: cannot create it in {parent} ({e.strerror})") from None
+
+
+def plan_run_dir(cfg) -> tuple[Path, int | None]:
+    """The run directory and the checkpoint step to resume from (None: a fresh start).
+    Checks only; creates nothing. A run directory is never clobbered."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(parallel.broadcast(int(time.time()))))
+    path = Path(cfg.run_dir or f"runs/{cfg.env}-{cfg.algo}-{stamp}")  # the same name on every process
+    occupied = path.exists() and (not path.is_dir() or any(path.iterdir()))
+    if not cfg.resume:
+        if occupied:
+            raise ConfigError(f"--run-dir {path} already exists and is not empty; choose a new directory "
+                              f"or continue it with --resume")
+        check_writable(path)
+        return path, None
+    if not occupied:
+        if cfg.resume == "auto":
+            check_writable(path)
+            return path, None
+        raise ConfigError(f"--resume: --run-dir {path} holds no run to resume")
+    config_lib.read_saved(path)
+    step = Checkpoints(path, read_only=True).latest_step() if (path / "checkpoints").is_dir() else None
+    if step is None and cfg.resume == "latest":
+        raise ConfigError(f"--resume: the run in {path} has no complete checkpoint (use --resume auto to start it over)")
+    return path, step
+
+
+def banner(cfg, par: Parallel, layout: dict, per_update: str) -> dict:
+    """The start-up summary of the distributed setup. `layout` is the algorithm's
+    {what: (global, per device)} split of the batch (its `check`)."""
+    device = par.devices[0]
+    rows = {
+        "jaxrl_mgpu": f"{cfg.algo} on {cfg.env}" + ("" if cfg.algo == "ad" else f", policy {cfg.policy}")
+                      + ("" if cfg.mode == "both" else f", --mode {cfg.mode}"),
+        "processes": f"{jax.process_count()} (this is process {jax.process_index()})",
+        "devices": f"{par.num_local_devices} local, {par.num_devices} global: "
+                   f"{getattr(device, 'device_kind', device.platform)} ({device.platform})",
+        "parallel": f"{par.backend} over axis '{parallel.AXIS}'",
+    }
+    rows.update({what: f"{total} global, {per_device} per device" for what, (total, per_device) in layout.items()})
+    rows.update({
+        "per update": per_update,
+        "updates": f"{cfg.total_updates}, {cfg.log_every} per compiled chunk",
+        "precision": f"{cfg.precision} compute, fp32 params" + (f", {cfg.grad_accum} micro-batches per step"
+                                                                if cfg.grad_accum > 1 else ""),
+        **({"kernels": f"attention {cfg.attention}, mlp {cfg.mlp}"
+                       + ("" if device.platform == "gpu" or "pallas" not in (cfg.attention, cfg.mlp)
+                          else f" (no GPU: the Pallas kernels run through the Pallas interpreter on "
+                               f"{device.platform}, correct but slow)")}
+           if (cfg.attention, cfg.mlp) != ("xla", "xla") else {}),
+        "compile cache": compile_cache.directory() or "off",
+        "run dir": cfg.run_dir,
+    })
+    return rows
+
+
+def saved_steps(ckpts: Checkpoints, step: int, unit: str, steps_per_update: int) -> int:
+    """The env steps (or the algorithm's unit) done at a checkpoint, as its metadata says."""
+    meta = ckpts.meta(step)
+    return int(meta.get(unit, step * steps_per_update))
+
+
+def run(cfg, par: Parallel, layout: dict, changes: list[str], asynchronous=None) -> int:
+    """Trains (`--mode both`, or a `--mode learn` learner from `asynchronous`) in the run
+    directory, from its latest checkpoint with `--resume`. Returns the exit code."""
+    entered = time.monotonic()
+    run_dir, resume_step = plan_run_dir(cfg)
+    cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
+    learner = cfg.mode == "learn"
+    if resume_step is not None:
+        if not learner:
+            reader = Checkpoints(run_dir, read_only=True)
+            try:
+                done = saved_steps(reader, resume_step, step_unit(cfg), steps_per_update(cfg))
+            finally:
+                reader.close()
+            cfg = dataclasses.replace(cfg, resumed_update=resume_step, resumed_steps=done)
+        if cfg.stop_at_update is not None and cfg.stop_at_update <= resume_step < cfg.total_updates:
+            raise ConfigError(f"--stop-at-update {cfg.stop_at_update}: the run is already at update {resume_step}")
+        if resume_step >= cfg.total_updates:
+            ended = "" if learner else f", {cfg.resumed_steps:,} {step_unit(cfg)}"
+            print(f"the run in {run_dir} is already complete (update {resume_step} of {cfg.total_updates}{ended}); "
+                  f"nothing to do. To train it further, resume with a larger "
+                  f"{'--num-updates' if cfg.num_updates is not None else '--total-timesteps'}")
+            return 0
+    parallel.barrier("run directory checked")  # every process checks it before process 0 writes in it
+    trainer = None if learner else Trainer(cfg, par)
+    state, state_layout = (None, None) if trainer is not None else asynchronous.initial_state(cfg, par)
+    recreated: list[str] = []
+    if resume_step is not None:
+        # Restored before process 0 rewrites config.json and metrics.jsonl, so that a checkpoint
+        # this version cannot read leaves the run directory as it was.
+        target, state_layout = (trainer.init_state(), trainer.layout) if trainer is not None else (state, state_layout)
+        reader = Checkpoints(run_dir, read_only=True)
+        try:
+            state, recreated = reader.restore(resume_step, target, state_layout, par)
+        except CheckpointMismatch as e:
+            raise ConfigError(f"--resume: {e}") from None
+        finally:
+            reader.close()
+    if parallel.is_main():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(config_lib.dump(cfg))
+        # Rows logged after the checkpoint we resume from are logged again by this run.
+        truncate_metrics(run_dir / "metrics.jsonl", resume_step or 0)
+    parallel.barrier("run directory ready")
+    if trainer is not None:
+        unit, per_update = trainer.step_unit, trainer.steps_per_update
+        log = RunLog(run_dir, cfg.steps_at(cfg.total_updates, per_update), unit=unit, episodic=cfg.algo != "ad")
+        log.banner(banner(cfg, par, layout, f"{per_update:,} {unit}"))
+    else:
+        unit = "env_steps"  # received from the collectors
+        log = RunLog(run_dir, cfg.total_updates, unit="update")
+        log.banner(banner(cfg, par, layout, asynchronous.per_update(cfg)))
+    for change in changes:
+        log.print(f"  --resume: {change}")
+    ckpts = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
+    start = 0
+    if resume_step is None:
+        if cfg.resume == "auto":
+            log.print("  --resume auto: no checkpoint yet, starting fresh")
+    elif trainer is not None:  # (a learner says where it resumed in elastic.start)
+        start = resume_step
+        log.print(f"  resumed from the checkpoint at update {start} ({cfg.resumed_steps:,} {unit})"
+                  + (f"; re-created {', '.join(recreated)} (the saved ones do not fit {par.num_devices} devices"
+                     f" x {cfg.num_envs} envs)" if recreated else ""))
+
+    log.timeline["imports_and_devices_s"] = entered - jaxrl_mgpu.STARTED
+    log.timeline["setup_s"] = time.monotonic() - entered  # algorithm, initial state, restore, log files
+    stop = StopSignal(log)
+    t_start = time.perf_counter()
+    try:
+        if learner:
+            last = asynchronous.learn(cfg, par, run_dir, log, ckpts, stop, resume_step, state)
+            done = cfg.total_updates  # the learner stops on env steps received, not on updates
+        else:
+            hooks = trainer_hooks(cfg, trainer, par, ckpts, stop)
+            _, last, done = train(trainer, log, state, start, hooks, stop_at=cfg.stop_at_update)
+    except NonFinite as e:
+        ckpts.wait()
+        last_good = ckpts.latest_step()
+        where = (f"the last good checkpoint is at update {last_good}; continue from it with --resume and a smaller "
+                 f"--lr" if last_good is not None else "no checkpoint was saved before it")
+        print(f"error: {e}; stopped, {where}", file=sys.stderr)
+        return 1
+    finally:
+        stop.restore()
+        log.close()
+        ckpts.close()  # waits for the asynchronous saves
+    if done < cfg.total_updates:
+        log.print(f"stopped at update {done} of {cfg.total_updates} with a checkpoint; continue with --resume")
+    steps = last.get(unit, cfg.steps_at(done, trainer.steps_per_update) if trainer is not None else None)
+    log.summary(summary(cfg, log, last, done, unit, steps, time.perf_counter() - t_start, run_dir))
+    return 0
+
+
+def summary(cfg, log: RunLog, last: dict, done: int, unit: str, steps: int | None, seconds: float,
+            run_dir: Path) -> dict:
+    """What a user wants to know at the end of a run (also written to summary.json)."""
+    best = log.best
+    values = {
+        "status": "complete" if done >= cfg.total_updates else f"stopped at update {done} (continue with --resume)",
+        "updates": done,
+        unit: steps,
+        "time_s": round(seconds, 1),
+    }
+    if log.episodic:
+        values["final_return"] = last.get("episode_return")
+        values["best_return"] = best.get("episode_return", (None,))[0]
+        if "eval/episode_return" in best:
+            values["best_eval_return"] = best["eval/episode_return"][0]
+    for key in ("loss/cross_entropy", "loss/accuracy"):
+        if last.get(key) is not None:
+            values[key.split("/")[1]] = last[key]
+    values["startup"] = {k: round(v, 2) for k, v in log.timeline.items()}
+    values["run_dir"] = str(run_dir)
+    values["files"] = "config.json, metrics.jsonl, summary.json, TensorBoard events, checkpoints/" + \
+        (", best/" if cfg.eval_every else "")
+    values["tensorboard"] = f"tensorboard --logdir {run_dir}  (pip install tensorboard)"
+    return values
+
+
+def trainer_hooks(cfg, trainer, par: Parallel, ckpts, stop):
+    """What `--mode both` does between chunks (Hooks): checkpoints, and evaluations that also
+    keep the best parameters so far (checkpoints/best)."""
+    unit, per_update = trainer.step_unit, trainer.steps_per_update
+    best = {"return": float("-inf")}
+
+    def meta(update):
+        return {"update": update, unit: cfg.steps_at(update, per_update), "num_envs": cfg.num_envs,
+                "config": cfg.to_dict()}
+
+    def checkpoint(update, state):
+        ckpts.save(update, state, trainer.layout, par, meta(update))
+
+    def evaluate(update, state):
+        result = trainer.evaluate(state.params, update)
+        if result["mean_return"] > best["return"]:
+            best["return"] = result["mean_return"]
+            ckpts.save_best(update, state.params, par, {**meta(update), "eval": result})
+        return {"eval/episode_return": result["mean_return"], "eval/episode_return_std": result["std_return"]}
+
+    return Hooks(checkpoint=checkpoint, evaluate=evaluate if cfg.eval_every else None, stop_requested=stop)

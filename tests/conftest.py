@@ -1,13 +1,29 @@
 """Tests run on CPU with 8 virtual devices; the flag must be set before jax is imported."""
 
+import atexit
 import gc
 import os
+import shutil
+import tempfile
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# One persistent compilation cache for this test session, fresh each time (so a CI run never
+# reads a stale one): the many small training runs the suite starts in processes of their own,
+# and the programs recompiled after each module's `jax.clear_caches()`, load from it instead of
+# compiling again. A cache directory given in the environment is used instead.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="jaxrl_mgpu-test-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
+
+from jaxrl_mgpu import compile_cache  # noqa: E402
+
+compile_cache.configure(os.environ["JAX_COMPILATION_CACHE_DIR"])
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import signal
+import time
 
 import jax
 import numpy as np
@@ -12,6 +13,7 @@ from helpers import spawn_train, wait_until
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import elastic, parallel
 from jaxrl_mgpu.data.store import Store, Transitions
+from jaxrl_mgpu.log import RunLog
 
 DQN = ["--config", "cartpole-dqn", "--num-envs", "8", "--num-steps", "1", "--updates-per-step", "4",
        "--replay-batch-size", "64", "--buffer-size", "4096", "--learning-starts", "512", "--hidden-size", "32",
@@ -194,3 +196,18 @@ def test_learner_replay_stores_minatar_observations_as_bytes():
     state, losses = learner.learn(state, replay)
     assert np.isfinite(float(par.first(losses)["loss/td"]))
 
+
+
+def test_a_collector_without_a_learner_says_what_it_waits_for(tmp_path, capsys, monkeypatch):
+    """No learner has published a checkpoint: the collector says so every WAITING_LOG_S (here
+    shortened), instead of waiting in silence."""
+    monkeypatch.setattr(elastic, "WAITING_LOG_S", 0.5)
+    cfg = config_lib.validate(dataclasses.replace(
+        config_lib.Config(), algo="dqn", mode="collect", env="CartPole-v1", num_envs=2, num_steps=2,
+        buffer_size=1024, learning_starts=0, run_dir=str(tmp_path / "run")))
+    deadline = time.monotonic() + 3.0
+    total = elastic.collect(cfg, parallel.setup("pmap", 2), RunLog(None, 0), lambda: time.monotonic() > deadline)
+    out = capsys.readouterr().out
+    assert total == 0
+    waiting = [line for line in out.splitlines() if "still waiting for the learner's first checkpoint" in line]
+    assert waiting and "--mode learn" in waiting[0]

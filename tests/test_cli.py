@@ -8,7 +8,7 @@ import sys
 import jax
 import pytest
 
-from jaxrl_mgpu import train
+from jaxrl_mgpu import runner, train
 
 
 def run_main(capsys, *argv):
@@ -97,7 +97,7 @@ def test_stop_signal_twice_at_once_is_one_request_later_it_forces():
         def print(self, text):
             pass
 
-    stop = train.StopSignal(Log())
+    stop = runner.StopSignal(Log())
     try:
         stop._handle(signal.SIGTERM, None)
         stop._handle(signal.SIGTERM, None)  # the process-group copy: no exception

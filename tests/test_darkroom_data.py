@@ -219,6 +219,16 @@ def test_error_flipped_byte(tmp_path, dataset):
         rlds.read(path)
 
 
+def test_error_garbled_metadata_is_a_dataset_error(tmp_path, dataset):
+    """A metadata.json that is not JSON: TFDS reads it lazily, so it must fail at open, as one
+    DatasetError, not as a JSONDecodeError later."""
+    path = rlds.write(tmp_path / "ds", dataset[0])
+    (path / "metadata.json").write_text("{garbled")
+    for read in (rlds.info, rlds.read):
+        with pytest.raises(rlds.DatasetError, match="cannot open the dataset"):
+            read(path)
+
+
 def test_error_unreadable_shard_despite_matching_checksums(tmp_path, dataset):
     """Even when the recorded checksums are rewritten to match, array_record's own read error
     becomes a DatasetError."""

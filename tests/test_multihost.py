@@ -84,3 +84,35 @@ def test_unreachable_coordinator_is_a_clear_error(tmp_path):
     assert out.returncode == 2
     assert "coordinator" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_the_launcher_stops_the_job_when_any_process_dies(tmp_path):
+    """Process 1 killed: the launcher names it at once, the survivor leaves within seconds (not
+    after the heartbeat timeout), and the launcher exits with the dead process's status."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "jaxrl_mgpu.launch", "--num-processes", "2",
+                             "--devices-per-process", "1", "--", "--num-envs", "4", "--num-steps", "8",
+                             "--num-minibatches", "1", "--hidden-size", "8", "--total-timesteps", str(10**9),
+                             "--log-every", "1", "--checkpoint-every", "0", "--run-dir", str(run_dir),
+                             "--failure-timeout", "120"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and not (run_dir / "metrics.jsonl").exists():
+            time.sleep(0.2)
+        time.sleep(1)
+        pids = subprocess.run(["pgrep", "-f", "--", f"--run-dir {run_dir} .*--process-id 1"], capture_output=True,
+                              text=True).stdout.split()
+        assert len(pids) == 1, pids
+        os.kill(int(pids[0]), signal.SIGKILL)
+        start = time.time()
+        out, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            subprocess.run(["pkill", "-9", "-f", "--", f"--run-dir {run_dir}"])
+    assert time.time() - start < 30, out[-3000:]  # well inside --failure-timeout 120
+    assert proc.returncode == 128 + signal.SIGKILL, out[-3000:]
+    assert "[launch] process 1 was killed by SIGKILL; stopping process(es) 0" in out
+    assert "another process of this job failed" in out
+    assert "[Gloo]" not in out and "Check failure stack trace" not in out

@@ -262,8 +262,10 @@ def _open(path: Path):
         missing = "dataset_info.json" if path.is_dir() else "directory"
         raise DatasetError(f"no dataset at {path} (missing {missing})")
     try:
-        return tfds.builder_from_directory(path)
-    except Exception as e:  # TFDS raises several kinds for a broken dataset_info/features file
+        builder = tfds.builder_from_directory(path)
+        builder.info.metadata  # read lazily by TFDS: a garbled metadata.json fails here, not later
+        return builder
+    except Exception as e:  # TFDS raises several kinds for a broken dataset_info/features/metadata file
         raise DatasetError(f"cannot open the dataset at {path}: {type(e).__name__}: {e}".splitlines()[0]) from e
 
 

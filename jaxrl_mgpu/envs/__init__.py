@@ -6,14 +6,38 @@ downstream (rollouts, evaluation, dataset writers) treats both kinds alike.
 
 from __future__ import annotations
 
+import importlib
+import sys
+import types
 from typing import Any, Callable
 
-import gymnax
+
+class _LoadedOnFirstUse(types.ModuleType):
+    """A stand-in in sys.modules that imports the real module when one of its attributes is
+    first read. (The standard library's LazyLoader loads as soon as an import statement touches
+    the module's __spec__, which `import x as y` does.)"""
+
+    def __getattr__(self, attr: str):
+        del sys.modules[self.__name__]
+        real = importlib.import_module(self.__name__)
+        self.__dict__.update(real.__dict__)  # later reads through this stand-in find it directly
+        return getattr(real, attr)
+
+
+# gymnax's Pong imports seaborn and pyplot at import time, for its renderer alone: seconds of
+# every run's start-up (most of `import gymnax`). They load when something first draws.
+for _name in ("seaborn", "matplotlib.pyplot"):
+    if _name not in sys.modules:
+        sys.modules[_name] = _LoadedOnFirstUse(_name)
+
+import gymnax  # noqa: E402
 
 from jaxrl_mgpu.config import ConfigError
 
 # Own environments register a factory here (name -> () -> (env, params)).
 _OWN: dict[str, Callable[[], tuple[Any, Any]]] = {}
+# gymnax environments this project does not offer, and why.
+_LEFT_OUT = {"MNISTBandit-bsuite": "it downloads MNIST when it is created (runs here need no network)"}
 
 
 class EnvError(ConfigError):
@@ -25,21 +49,20 @@ def register(name: str, factory: Callable[[], tuple[Any, Any]]) -> None:
 
 
 def names() -> list[str]:
-    return sorted(_OWN) + list(gymnax.registered_envs)
+    return sorted(_OWN) + [n for n in gymnax.registered_envs if n not in _LEFT_OUT]
 
 
 def make(name: str) -> tuple[Any, Any]:
-    if name in _OWN:
-        return _OWN[name]()
-    if name in gymnax.registered_envs:
-        return gymnax.make(name)
-    raise EnvError(f"--env {name!r} is not a known environment; choose from: {', '.join(names())}")
+    check(name)
+    return _OWN[name]() if name in _OWN else gymnax.make(name)
 
 
 def check(name: str) -> None:
-    """Raises EnvError for an unknown name without building anything."""
+    """Raises EnvError for a name this project does not offer, without building anything."""
+    if name in _LEFT_OUT:
+        raise EnvError(f"--env {name} is not supported: {_LEFT_OUT[name]}")
     if name not in _OWN and name not in gymnax.registered_envs:
-        make(name)
+        raise EnvError(f"--env {name!r} is not a known environment; choose from: {', '.join(names())}")
 
 
 # Own environments register themselves on import (after `register` exists).

@@ -1,0 +1,208 @@
+"""What a new user meets: resume keeps the run's settings, counts are honest, stops are exact,
+values are checked once, flags a run would ignore are refused, and the end of a run says what
+happened."""
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from jaxrl_mgpu import config as config_lib
+from jaxrl_mgpu import envs, evaluate, log as log_lib, train
+
+# 16 envs x 16 steps on 8 devices: an update is 256 env steps.
+TINY = ["--num-envs", "16", "--num-steps", "16", "--num-minibatches", "2", "--hidden-size", "16",
+        "--log-every", "2", "--checkpoint-every", "2"]
+
+
+def run(*argv):
+    try:
+        return train.main(list(argv))
+    except SystemExit as e:
+        return e.code
+
+
+def rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def test_resume_keeps_the_runs_own_settings(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert run(*TINY, "--total-timesteps", str(256 * 8), "--lr", "1e-3", "--run-dir", str(run_dir),
+               "--stop-at-update", "4") == 0
+    saved = json.loads((run_dir / "config.json").read_text())
+    # The README's plain resume line: nothing but --run-dir and --resume.
+    assert run("--run-dir", str(run_dir), "--resume") == 0
+    config = json.loads((run_dir / "config.json").read_text())
+    for key in ("total_timesteps", "lr", "num_envs", "num_steps", "hidden_size", "log_every"):
+        assert config[key] == saved[key], key
+    assert config["stop_at_update"] is None  # one invocation's stop does not stick to the run
+    assert rows(run_dir)[-1]["update"] == 8 and rows(run_dir)[-1]["env_steps"] == 256 * 8
+
+
+def test_resume_refuses_a_changed_setting_and_logs_an_allowed_one(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert run(*TINY, "--total-timesteps", str(256 * 8), "--run-dir", str(run_dir), "--stop-at-update", "4") == 0
+    before = (run_dir / "config.json").read_text()
+    capsys.readouterr()
+    assert run("--run-dir", str(run_dir), "--resume", "--gamma", "0.9") == 2
+    line = one_error_line(capsys)
+    assert "--gamma 0.9" in line and "0.99" in line and "--total-timesteps" in line
+    assert (run_dir / "config.json").read_text() == before
+    assert run("--run-dir", str(run_dir), "--resume", "--total-timesteps", str(256 * 6)) == 0
+    out = capsys.readouterr().out
+    assert f"--total-timesteps {256 * 8} -> {256 * 6}" in out
+    assert rows(run_dir)[-1]["update"] == 6
+
+
+def test_resume_with_other_num_envs_counts_the_env_steps_done(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    total = 256 * 10
+    assert run(*TINY, "--total-timesteps", str(total), "--run-dir", str(run_dir), "--stop-at-update", "4") == 0
+    capsys.readouterr()
+    assert run("--run-dir", str(run_dir), "--resume", "--num-envs", "32") == 0
+    out = capsys.readouterr().out
+    assert f"at update 4 ({256 * 4:,} env_steps)" in out
+    # 1,024 done with 16 envs; the other 1,536 in updates of 512 env steps: 3 more updates.
+    last = rows(run_dir)[-1]
+    assert last["update"] == 7 and last["env_steps"] == total
+    assert json.loads((run_dir / "summary.json").read_text())["env_steps"] == total
+
+
+def test_stop_at_update_inside_a_chunk_is_exact(tmp_path):
+    run_dir = tmp_path / "run"
+    assert run(*TINY, "--total-timesteps", str(256 * 10), "--log-every", "4", "--checkpoint-every", "4",
+               "--run-dir", str(run_dir), "--stop-at-update", "5") == 0
+    assert [r["update"] for r in rows(run_dir)] == [4, 5]
+    assert evaluate.load_params(str(run_dir))[0] == 5
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["updates"] == 5 and summary["status"].startswith("stopped at update 5")
+
+
+def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert run(*TINY, "--total-timesteps", str(256 * 2), "--run-dir", str(run_dir)) == 0
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    capsys.readouterr()
+    assert run("--run-dir", str(run_dir), "--resume") == 0
+    assert "already complete" in capsys.readouterr().out
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+
+
+def test_a_run_ends_with_a_summary_and_the_losses_on_the_console(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert run(*TINY, "--total-timesteps", str(256 * 4), "--run-dir", str(run_dir)) == 0
+    out = capsys.readouterr().out
+    progress = [line for line in out.splitlines() if line.startswith("update ")]
+    assert progress and all(w in progress[-1] for w in ("return", "policy", "value", "kl", "clip", "steps/s"))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "complete" and summary["updates"] == 4 and summary["env_steps"] == 256 * 4
+    assert summary["final_return"] == pytest.approx(rows(run_dir)[-1]["episode_return"])
+    assert summary["best_return"] >= summary["final_return"]
+    assert "summary:" in out and str(run_dir) in out
+
+
+def test_a_slow_wait_says_it_is_still_working(capsys, monkeypatch):
+    import time
+    monkeypatch.setattr(log_lib, "HEARTBEAT_S", 0.5)
+    log = log_lib.RunLog(None, 0)
+    with log.waiting("compiling the training chunk"):
+        time.sleep(2.6)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "compiling the training chunk" in line]
+    assert len(lines) >= 2 and lines[0].endswith("s so far")
+
+
+def test_a_non_finite_loss_without_a_checkpoint_says_there_is_none(tmp_path, capsys):
+    code = run(*TINY, "--total-timesteps", str(256 * 4), "--run-dir", str(tmp_path / "run"), "--lr", "1e30",
+               "--max-grad-norm", "1e30", "--checkpoint-every", "0")
+    err = capsys.readouterr().err
+    assert code == 1 and "non-finite" in err and "no checkpoint was saved" in err and "None" not in err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--lr=-1e-3"], ["--lr must be > 0", "-0.001"]),
+    (["--lr", "-1e-3"], ["--lr must be > 0", "-0.001"]),
+    (["--lr", "nan"], ["--lr must be a finite number"]),
+    (["--gamma", "1.5"], ["--gamma must be in [0, 1]"]),
+    (["--num-steps", "0"], ["--num-steps must be at least 1"]),
+    (["--ent-coef", "-1"], ["--ent-coef must be >= 0"]),
+    (["--eval-episodes", "0"], ["--eval-episodes must be at least 1"]),
+    (["--dataset", "data/x"], ["--dataset is only for --algo ad", "--algo ppo"]),
+    (["--num-updates", "5"], ["--num-updates is only for --algo ad"]),
+    (["--algo", "dqn", "--clip-eps", "0.1"], ["--clip-eps is only for --algo ppo", "--algo dqn"]),
+    (["--d-model", "64"], ["--d-model is only for a transformer"]),
+    (["--collector-id", "a"], ["--collector-id is only for --mode learn or collect"]),
+    (["--env", "MNISTBandit-bsuite"], ["MNISTBandit-bsuite is not supported", "downloads"]),
+])
+def test_bad_values_and_ignored_flags_are_one_line(tmp_path, capsys, argv, words):
+    run_dir = tmp_path / "run"
+    assert run(*argv, "--run-dir", str(run_dir)) == 2
+    line = one_error_line(capsys)
+    for w in words:
+        assert w in line, (w, line)
+    assert not run_dir.exists()
+
+
+def test_run_dirs_that_cannot_be_made_are_one_line(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for run_dir, words in [(afile / "run", "is a file"), (Path("/proc/jaxrl_mgpu_test"), "cannot create")]:
+        assert run("--run-dir", str(run_dir), "--total-timesteps", "4096") == 2
+        assert words in one_error_line(capsys)
+    assert afile.read_text() == "x"
+
+
+def test_mnist_bandit_is_not_offered():
+    assert "MNISTBandit-bsuite" not in envs.names() and "CartPole-v1" in envs.names()
+
+
+def test_evaluate_refuses_an_ad_run_without_in_context(tmp_path, capsys):
+    run_dir = tmp_path / "ad"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "config.json").write_text(config_lib.dump(config_lib.Config(algo="ad", env="DarkRoom",
+                                                                          num_updates=10)))
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--run-dir", str(run_dir)])
+    assert e.value.code == 2 and "--in-context" in one_error_line(capsys)
+    (run_dir / "config.json").write_text("{garbled")
+    with pytest.raises(SystemExit):
+        evaluate.main(["--run-dir", str(run_dir)])
+    assert "not readable JSON" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("module, argv, words", [
+    ("jaxrl_mgpu.bench", ["--num-envs", "0"], "--num-envs must be at least 1"),
+    ("jaxrl_mgpu.launch", ["--num-processes", "0"], "--num-processes must be at least 1"),
+])
+def test_other_front_ends_check_their_numbers(module, argv, words):
+    out = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [f"error: {words}, got 0"], out.stderr
+
+
+def test_help_lists_choices_presets_and_each_default_once():
+    out = subprocess.run([sys.executable, "-m", "jaxrl_mgpu.train", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    assert "one of ppo, dqn, ad (default: ppo)" in text and "one of pmap, shard_map" in text
+    assert "presets (--config NAME):" in text and "breakout-minatar-dqn" in text
+    assert text.count("(default: 3000000)") == 1 and "(default: None)" not in text
+
+
+def test_a_built_wheel_carries_the_presets(tmp_path):
+    """`pip install .` (not only -e) must keep `--config NAME` working."""
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
+                          "-w", str(tmp_path), str(root)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    names = zipfile.ZipFile(next(tmp_path.glob("*.whl"))).namelist()
+    presets = {Path(n).stem for n in names if n.startswith("jaxrl_mgpu/presets/") and n.endswith(".yaml")}
+    assert presets == set(config_lib.preset_names()) and "cartpole" in presets
