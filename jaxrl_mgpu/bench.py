@@ -26,17 +26,21 @@ import sys
 import time
 
 import jax
+import optax
 
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import parallel, runner
-from jaxrl_mgpu.algos import ALGOS
+from jaxrl_mgpu import parallel, reference_ppo, runner
+from jaxrl_mgpu.algos import ALGOS, learner
+from jaxrl_mgpu import cli
 from jaxrl_mgpu.cli import USER_ERRORS, fail
+from jaxrl_mgpu.nets import compute_dtype, kernels
+from jaxrl_mgpu.nets.transformer import TransformerActorCritic
 
 
 def bench_args(argv):
     # allow_abbrev=False: training flags pass through, and `--env` must not be taken for an
     # abbreviation of `--envs-per-device`.
-    p = config_lib.Parser(prog="python -m jaxrl_mgpu.bench", description=__doc__, allow_abbrev=False,
+    p = cli.Parser(prog="python -m jaxrl_mgpu.bench", description=__doc__, allow_abbrev=False,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", type=int, nargs="+", default=None, help="device counts to measure (default: all)")
     p.add_argument("--num-envs", type=int, nargs="+", default=None, help="GLOBAL environment counts")
@@ -112,7 +116,6 @@ def measure(cfg, devices: int, updates: int, repeats: int, profile: str | None =
 
 
 def measure_baseline(cfg, updates: int, repeats: int, profile: str | None = None) -> dict:
-    from jaxrl_mgpu import reference_ppo
     init, run = reference_ppo.make_update_loop(cfg, updates)
     carry = init(jax.random.PRNGKey(cfg.seed))
     t = time.perf_counter()
@@ -149,10 +152,6 @@ def measure_transformer_step(cfg, batch: int, repeats: int, profile: str | None 
                              per_timing: int = 1) -> dict:
     """One PPO-shaped training step of the transformer policy on full context windows, with the
     kernels of cfg.attention and cfg.mlp; `per_timing` steps dispatched back to back per timing."""
-    import optax
-    from jaxrl_mgpu.algos import learner
-    from jaxrl_mgpu.nets import compute_dtype, kernels
-    from jaxrl_mgpu.nets.transformer import TransformerActorCritic
     L, A, obs_dim = cfg.context_len, 8, 16
     net = TransformerActorCritic(num_actions=A, obs_ndim=1, d_model=cfg.d_model, n_layers=cfg.n_layers,
                                  n_heads=cfg.n_heads, context_len=L, context_across_episodes=True,

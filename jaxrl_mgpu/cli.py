@@ -1,18 +1,35 @@
-"""What the command-line front ends share: one-line user errors and their exit code.
+"""What the command-line front ends share: one-line user errors, their exit code, and the
+argument parser. It imports nothing else of the package, so every module can use it.
 
-Bad input never ends in a traceback: the front ends catch `USER_ERRORS` and call `fail`, which
-prints one line naming the problem and exits with code 2, before anything is written.
+Bad input never ends in a traceback: the front ends catch `UserError` (every error a user can
+cause is one) and call `fail`, which prints one line naming the problem and exits with code 2,
+before anything is written.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
-from jaxrl_mgpu.config import ConfigError, Parser  # noqa: F401  (envs.EnvError is a ConfigError too)
-from jaxrl_mgpu.parallel import DistributedError, ParallelError
-
-USER_ERRORS = (ConfigError, ParallelError, DistributedError)
 EXIT_USER_ERROR = 2
+
+
+class UserError(ValueError):
+    """Bad input (an option, a file, a device count): printed as one line, exit code 2."""
+
+
+class ConfigError(UserError):
+    """A bad option or option value."""
+
+
+USER_ERRORS = (UserError,)
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one ConfigError line (exit 2), not a usage dump."""
+
+    def error(self, message: str):
+        raise ConfigError(message)
 
 
 def fail(error: Exception | str) -> None:

@@ -19,15 +19,13 @@ from typing import Any
 
 import yaml
 
+from jaxrl_mgpu.cli import ConfigError, Parser
+
 ALGOS = ("ppo", "dqn", "ad")
 POLICIES = ("mlp", "transformer")
 PRECISIONS = ("fp32", "bf16", "fp16")
 SOURCE_ALGOS = ("ucb", "q")  # exploration of AD's tabular Q-learning source (histories.py)
 PRESET_DIRS = (Path(__file__).resolve().parent / "presets",)  # package data: installed with the package
-
-
-class ConfigError(ValueError):
-    """A bad option; the CLI prints it as one line and exits with code 2."""
 
 
 def option(default: Any, help: str, **kw) -> Any:
@@ -96,7 +94,7 @@ class Config:
                                      "ad-batch-size / devices)")
     ad_episode_stride: int = option(1, "AD: keep every k-th episode of each learning history, so a context of "
                                        "n episodes spans k x n episodes of the source's learning")
-    # (--algo ad with --mode collect|learn: the histories come from the run's store, elastic_ad.py)
+    # (--algo ad with --mode collect|learn: the histories come from the run's store, asynchronous/ad.py)
     ad_history_steps: int = option(4000, "AD --mode collect|learn: environment steps of each source learning "
                                          "history (a multiple of the episode length); the same for collectors "
                                          "and learner")
@@ -139,7 +137,7 @@ class Config:
     local_device_ids: str | None = option(None, "comma-separated local device ids this process uses (e.g. 0,1)")
     failure_timeout: int = option(60, "seconds after which the other processes give up on a dead or "
                                       "unreachable process (heartbeat and start-up timeout)")
-    # asynchronous collection and learning on one run directory (elastic.py)
+    # asynchronous collection and learning on one run directory (asynchronous/)
     mode: str = option("both", "both: act and learn in one process; learn: train from the run's trajectory store "
                                "and publish checkpoints; collect: follow the newest checkpoint and add episodes "
                                "to the store", choices=("both", "learn", "collect"))
@@ -297,13 +295,6 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         raise ConfigError(f"--{name.replace('_', '-')} {value!r} is not valid; choose from: {', '.join(meta['choices'])}")
     check_value(name, value)
     return value
-
-
-class Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are one ConfigError line (exit 2), not a usage dump."""
-
-    def error(self, message: str):
-        raise ConfigError(message)
 
 
 def parser() -> argparse.ArgumentParser:

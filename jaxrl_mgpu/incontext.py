@@ -1,6 +1,6 @@
 """In-context evaluation of Algorithm Distillation, and the AD input-pipeline throughput.
 
-    python -m jaxrl_mgpu.evaluate --run-dir DIR --in-context --episodes E [--goals test|train]
+    python -m jaxrl_mgpu.incontext --run-dir DIR --episodes E [--goals test|train]
                                   [--envs-per-goal N] [--step S] [--seed K] [--greedy]
 
 loads an `--algo ad` checkpoint (the latest by default) and lets the model play E consecutive
@@ -35,14 +35,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_mgpu import cli, histories, parallel, runner
+from jaxrl_mgpu.asynchronous import ad as async_ad
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs as envs_lib
-from jaxrl_mgpu import parallel
+from jaxrl_mgpu.algos import ad
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.data import rlds
 from jaxrl_mgpu.envs import darkroom, vec
 from jaxrl_mgpu.nets import actor_critic
 from jaxrl_mgpu.parallel import AXIS, global_indices
+from jaxrl_mgpu.runs import load_run, params_template, pick_step
 
 
 def make_incontext(policy, env, goals: np.ndarray, envs_per_goal: int, episodes: int, num_devices: int,
@@ -97,10 +100,8 @@ def source_curve(h: rlds.Histories) -> np.ndarray:
 def source_histories(cfg, run_dir: str) -> tuple[dict, rlds.Histories, str]:
     """The learning histories a run distilled, their metadata and where they are: `--dataset`,
     or for an asynchronous run (`--mode learn`) the histories now in its store."""
-    from jaxrl_mgpu.algos import ad
     if cfg.mode == "learn":
-        from jaxrl_mgpu import elastic_ad
-        meta, h = elastic_ad.store_histories(cfg, run_dir)
+        meta, h = async_ad.store_histories(cfg, run_dir)
         return meta, h, str(Path(run_dir) / "store")
     meta = ad.open_dataset(cfg)
     # The source's mean learning curve is well estimated from a few hundred tasks; reading all
@@ -114,7 +115,6 @@ def source_on_goals(env_name: str, meta: dict, goals: np.ndarray, envs_per_goal:
     """The source algorithm's mean learning curve [episodes] on `goals` (`envs_per_goal`
     learners each), with the config and length the dataset's metadata records. Tabular, so
     cheap: this is the same-goals baseline, which the dataset (other goals) cannot give."""
-    from jaxrl_mgpu import histories
     cfg = histories.LearnerConfig(**meta["algo_config"])
     h = histories.run(env_name, np.repeat(goals, envs_per_goal, axis=0), meta["steps"], seed, cfg, par)
     return histories.episode_returns(h, meta["episode_len"]).mean(0)
@@ -159,9 +159,9 @@ def plot(path: Path, result: dict) -> None:
 
 # -- command line ------------------------------------------------------------------------
 def _args(argv):
-    p = config_lib.Parser(prog="python -m jaxrl_mgpu.evaluate --in-context", description=__doc__,
+    p = cli.Parser(prog="python -m jaxrl_mgpu.incontext", description=__doc__,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--in-context", action="store_true", help="(this mode)")
+    p.add_argument("--in-context", action="store_true", help="ignored: for `python -m jaxrl_mgpu.evaluate --in-context`")
     p.add_argument("--run-dir", required=True, help="an --algo ad training run's directory")
     p.add_argument("--step", type=int, default=None, help="checkpoint step (update); default: the latest")
     p.add_argument("--episodes", type=int, default=20, help="consecutive episodes per environment (one context)")
@@ -177,9 +177,6 @@ def _args(argv):
 
 
 def evaluate(argv=None) -> int:
-    from jaxrl_mgpu.algos import ad
-    from jaxrl_mgpu.evaluate import load_run, params_template, pick_step
-    from jaxrl_mgpu.cli import USER_ERRORS, fail
     try:
         args = _args(argv)
         if args.episodes < 1 or args.envs_per_goal < 1:
@@ -191,8 +188,8 @@ def evaluate(argv=None) -> int:
         goals = darkroom.goals(cfg.env, args.goals, meta.get("seed", 0))
         step = pick_step(ckpts, args.run_dir, args.step)
         par = parallel.setup(args.parallel, args.devices)
-    except USER_ERRORS as e:
-        fail(e)
+    except cli.USER_ERRORS as e:
+        cli.fail(e)
 
     env, env_params = envs_lib.make(cfg.env)
     algo = ad.make(cfg, env, env_params, par.num_devices)
@@ -240,9 +237,6 @@ def evaluate(argv=None) -> int:
 def throughput(argv=None, repeats: int = 5) -> int:
     """Host reader (steps/s of `data.read`, and the windows/s that would make) against the
     compiled AD update (windows/s consumed); one JSON line."""
-    from jaxrl_mgpu import runner
-    from jaxrl_mgpu.algos import ad
-    from jaxrl_mgpu.cli import USER_ERRORS, fail
     try:
         cfg = config_lib.parse_args(argv)
         cfg = dataclasses.replace(cfg, algo="ad", num_updates=cfg.num_updates or cfg.log_every)
@@ -251,8 +245,8 @@ def throughput(argv=None, repeats: int = 5) -> int:
         cfg = config_lib.validate(cfg)
         par = parallel.setup(cfg.parallel, cfg.devices)
         ad.check(cfg, par.num_devices)
-    except USER_ERRORS as e:
-        fail(e)
+    except cli.USER_ERRORS as e:
+        cli.fail(e)
 
     # The reader: this process's tasks, as load_data reads them (checksums included).
     num_tasks = rlds.info(cfg.dataset)["num_tasks"]

@@ -25,11 +25,13 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from jaxrl_mgpu.cli import UserError
+
 AXIS = "devices"
 BACKENDS = ("pmap", "shard_map")
 
 
-class ParallelError(ValueError):
+class ParallelError(UserError):
     """A request for devices that cannot be met (the CLI turns it into a one-line error)."""
 
 
@@ -108,6 +110,12 @@ class Parallel:
         of indexing (`x[0]` would gather, and fails across hosts)."""
         return jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data)[0], tree)
 
+    def local_rows(self, tree: Any) -> Any:
+        """This process's device rows of host arrays laid out [num_devices, ...] (what `shard`
+        takes from each process)."""
+        index = [d.id for d in self.devices].index(self.local_devices[0].id)
+        return jax.tree.map(lambda x: x[index:index + self.num_local_devices], tree)
+
     def local(self, tree: Any) -> Any:
         """This host's slices of each leaf, stacked on the device axis, as numpy."""
         def gather(x):
@@ -116,7 +124,7 @@ class Parallel:
         return jax.tree.map(gather, tree)
 
 
-class DistributedError(RuntimeError):
+class DistributedError(UserError):
     """The processes of a multi-host job could not connect (the CLI prints one line)."""
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import json
 import os
 import signal
 import sys
@@ -37,7 +36,7 @@ from jaxrl_mgpu import parallel
 from jaxrl_mgpu.algos import ALGOS
 from jaxrl_mgpu.checkpoint import CheckpointMismatch, Checkpoints
 from jaxrl_mgpu.config import ConfigError
-from jaxrl_mgpu.evaluate import make_episodes, summarize
+from jaxrl_mgpu.episodes import make_episodes, summarize
 from jaxrl_mgpu.log import RunLog, truncate_metrics
 from jaxrl_mgpu.parallel import Parallel
 
@@ -474,7 +473,7 @@ def run(cfg, par: Parallel, layout: dict, changes: list[str], asynchronous=None)
     if resume_step is None:
         if cfg.resume == "auto":
             log.print("  --resume auto: no checkpoint yet, starting fresh")
-    elif trainer is not None:  # (a learner says where it resumed in elastic.start)
+    elif trainer is not None:  # (a learner says where it resumed: asynchronous/ledger.py)
         start = resume_step
         log.print(f"  resumed from the checkpoint at update {start} ({cfg.resumed_steps:,} {unit})"
                   + (f"; re-created {', '.join(recreated)} (the saved ones do not fit {par.num_devices} devices"

@@ -30,21 +30,21 @@ def main(argv: list[str] | None = None) -> int:
         parallel.initialize(cfg.coordinator_address, cfg.num_processes, cfg.process_id, cfg.local_device_ids,
                             cfg.failure_timeout)
         parallel.start_backend()  # on a thread, while the rest is imported
-        from jaxrl_mgpu import elastic, elastic_ad, runner  # after jax.distributed (see above)
+        from jaxrl_mgpu import asynchronous, runner  # after jax.distributed (see above)
         from jaxrl_mgpu.algos import ALGOS
         cfg, changes = runner.resolve(cfg, given)
         cfg = config_lib.validate(cfg)
         config_lib.check_applicable(cfg, given)
         # --mode learn|collect: DQN from episodes, or AD from learning histories, in the run's store
-        asynchronous = elastic_ad if cfg.algo == "ad" else elastic
         par = parallel.setup(cfg.parallel, cfg.devices)
         config_lib.check_platform(cfg, par.devices[0].platform)
-        layout = (ALGOS[cfg.algo].check if cfg.mode == "both" else asynchronous.check)(cfg, par.num_devices)
+        learner = asynchronous.for_algo(cfg.algo)
+        layout = (ALGOS[cfg.algo].check if cfg.mode == "both" else learner.check)(cfg, par.num_devices)
         if cfg.mode == "collect":
             if not cfg.run_dir:
                 raise ConfigError("--mode collect needs --run-dir: the run whose store it fills")
-            return collect(cfg, par, asynchronous, runner.StopSignal)
-        return runner.run(cfg, par, layout, changes, asynchronous)
+            return collect(cfg, par, learner, runner.StopSignal)
+        return runner.run(cfg, par, layout, changes, learner)
     except USER_ERRORS as e:
         fail(e)
 

@@ -11,8 +11,9 @@ import pytest
 
 from helpers import spawn_train, wait_until
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import elastic, parallel
-from jaxrl_mgpu.data.store import Store, Transitions
+from jaxrl_mgpu import parallel
+from jaxrl_mgpu.asynchronous import dqn as async_dqn
+from jaxrl_mgpu.asynchronous.store import Store, Transitions
 from jaxrl_mgpu.log import RunLog
 
 DQN = ["--config", "cartpole-dqn", "--num-envs", "8", "--num-steps", "1", "--updates-per-step", "4",
@@ -128,8 +129,8 @@ def test_shard_reader_order_refill_skips_and_errors(tmp_path):
     as not new after a restart, None skips a shard, and a read error reaches the learner."""
     import time
     from pathlib import Path
-    from jaxrl_mgpu.elastic import ShardReader
-    from jaxrl_mgpu.data.store import Shard
+    from jaxrl_mgpu.asynchronous.reader import ShardReader
+    from jaxrl_mgpu.asynchronous.store import Shard
 
     class FakeStore:
         def __init__(self):
@@ -178,18 +179,18 @@ def test_learner_replay_stores_minatar_observations_as_bytes():
     the store's float32 transitions unchanged, and learns from them."""
     cfg = config_lib.validate(dataclasses.replace(
         config_lib.Config(), algo="dqn", mode="learn", env="Breakout-MinAtar", num_envs=2, num_steps=2,
-        buffer_size=2 * elastic.BLOCK, replay_batch_size=8, hidden_size=8, updates_per_step=0.5,
+        buffer_size=2 * async_dqn.BLOCK, replay_batch_size=8, hidden_size=8, updates_per_step=0.5,
         replay_obs_dtype="uint8"))
     par = parallel.setup("pmap", 2)
-    learner = elastic.Learner(cfg, par)
+    learner = async_dqn.Learner(cfg, par)
     key = par.replicate(np.asarray(jax.random.PRNGKey(0)))
     replay, state = learner.init_replay(key), learner.init(key)
     rng = np.random.default_rng(0)
-    n = 2 * elastic.BLOCK
+    n = 2 * async_dqn.BLOCK
     frames = lambda: (rng.random((n,) + learner.obs_shape) < 0.2).astype(np.float32)  # noqa: E731
     block = Transitions(frames(), rng.integers(0, 3, n).astype(np.int32), rng.normal(size=n).astype(np.float32),
                         np.ones(n, np.float32), frames())
-    shaped = Transitions(*(x.reshape((2, elastic.BLOCK) + x.shape[1:]) for x in block))
+    shaped = Transitions(*(x.reshape((2, async_dqn.BLOCK) + x.shape[1:]) for x in block))
     replay = learner.insert(replay, par.shard(shaped))
     assert replay.obs.dtype == replay.next_obs.dtype == np.uint8
     np.testing.assert_array_equal(np.asarray(par.local(replay.obs), np.float32).reshape(block.obs.shape), block.obs)
@@ -201,12 +202,12 @@ def test_learner_replay_stores_minatar_observations_as_bytes():
 def test_a_collector_without_a_learner_says_what_it_waits_for(tmp_path, capsys, monkeypatch):
     """No learner has published a checkpoint: the collector says so every WAITING_LOG_S (here
     shortened), instead of waiting in silence."""
-    monkeypatch.setattr(elastic, "WAITING_LOG_S", 0.5)
+    monkeypatch.setattr(async_dqn, "WAITING_LOG_S", 0.5)
     cfg = config_lib.validate(dataclasses.replace(
         config_lib.Config(), algo="dqn", mode="collect", env="CartPole-v1", num_envs=2, num_steps=2,
         buffer_size=1024, learning_starts=0, run_dir=str(tmp_path / "run")))
     deadline = time.monotonic() + 3.0
-    total = elastic.collect(cfg, parallel.setup("pmap", 2), RunLog(None, 0), lambda: time.monotonic() > deadline)
+    total = async_dqn.collect(cfg, parallel.setup("pmap", 2), RunLog(None, 0), lambda: time.monotonic() > deadline)
     out = capsys.readouterr().out
     assert total == 0
     waiting = [line for line in out.splitlines() if "still waiting for the learner's first checkpoint" in line]

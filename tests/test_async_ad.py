@@ -11,9 +11,10 @@ import pytest
 
 from helpers import spawn_train, wait_until
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import elastic_ad, incontext, train
+from jaxrl_mgpu import incontext, train
+from jaxrl_mgpu.asynchronous import ad as async_ad
 from jaxrl_mgpu.algos import ad
-from jaxrl_mgpu.data.store import Store
+from jaxrl_mgpu.asynchronous.store import Store
 
 AD = ["--algo", "ad", "--env", "DarkRoom", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
       "--n-transit", "20", "--ad-batch-size", "8", "--num-updates", "40", "--log-every", "10",
@@ -29,18 +30,18 @@ def history(mark: int, length: int = 6) -> ad.Steps:
 
 
 def test_buffer_inserts_into_a_ring_and_samples_only_filled_slots():
-    buffer = elastic_ad.new_buffer(history(0), 3)
-    insert = jax.jit(elastic_ad.insert)
-    sample = jax.jit(lambda b, k: ad.sample(b.steps, k, 256, 4, elastic_ad.filled(b)))
+    buffer = async_ad.new_buffer(history(0), 3)
+    insert = jax.jit(async_ad.insert)
+    sample = jax.jit(lambda b, k: ad.sample(b.steps, k, 256, 4, async_ad.filled(b)))
     buffer = insert(buffer, history(1), jnp.bool_(True))
     buffer = insert(buffer, history(9), jnp.bool_(False))  # no history for this device: nothing changes
-    assert int(elastic_ad.filled(buffer)) == 1
+    assert int(async_ad.filled(buffer)) == 1
     assert set(np.unique(sample(buffer, jax.random.PRNGKey(0)).action)) == {1}  # never the empty slots' 0
     buffer = insert(buffer, history(2), jnp.bool_(True))
     assert set(np.unique(sample(buffer, jax.random.PRNGKey(1)).action)) == {1, 2}
     for mark in (3, 4):  # the ring is full after 3; 4 overwrites the oldest (1)
         buffer = insert(buffer, history(mark), jnp.bool_(True))
-    assert int(elastic_ad.filled(buffer)) == 3 and int(buffer.written) == 4
+    assert int(async_ad.filled(buffer)) == 3 and int(buffer.written) == 4
     np.testing.assert_array_equal(buffer.steps.action[:, 0], [4, 2, 3])
     assert set(np.unique(sample(buffer, jax.random.PRNGKey(2)).action)) == {2, 3, 4}
 
@@ -94,7 +95,7 @@ def test_ad_learner_with_history_collectors_one_killed_and_a_restart(tmp_path):
     for shard in store.shards():
         assert not shard.path.name.startswith(".") and shard.meta["algo"] == "tabular-q-ucb"
     cfg = config_lib.from_dict(json.loads((run_dir / "config.json").read_text()))
-    meta, h = elastic_ad.store_histories(cfg, run_dir)
+    meta, h = async_ad.store_histories(cfg, run_dir)
     assert h.num_steps == 60 and meta["split"] == "train"
     # The learner's checkpoints are what in-context evaluation reads.
     assert incontext.evaluate(["--run-dir", str(run_dir), "--in-context", "--episodes", "2",
@@ -104,7 +105,7 @@ def test_ad_learner_with_history_collectors_one_killed_and_a_restart(tmp_path):
 
 @pytest.mark.parametrize("argv, words", [
     (["--mode", "learn", "--env", "CartPole-v1"], "--env DarkRoom or DarkRoomHard"),
-    (["--mode", "learn", "--dataset", "/tmp/x-never"], "--dataset is for --mode both"),
+    (["--mode", "learn", "--dataset", "/tmp/x-never"], "--dataset is only for --algo ad with --mode both"),
     (["--mode", "collect", "--ad-history-steps", "30"], "multiple of the DarkRoom episode length 20"),
     (["--mode", "learn", "--store-max-episodes", "2"], "every device needs room for one"),
 ])

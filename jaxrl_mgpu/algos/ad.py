@@ -159,7 +159,7 @@ def load_data(cfg, par) -> Steps:
 
 def check_batch(cfg, num_devices: int) -> dict:
     """The checks of the model and its batch over `num_devices` (no dataset: `--mode learn`
-    fills its histories from the run's store, elastic_ad.py); the batch layout, or a ConfigError."""
+    fills its histories from the run's store, asynchronous/ad.py); the batch layout, or a ConfigError."""
     if cfg.num_updates is None:
         raise ConfigError("--algo ad trains for --num-updates gradient steps: give --num-updates")
     for name in ("n_transit", "ad_batch_size", "ad_episode_stride"):
@@ -204,7 +204,7 @@ def sample(data: Steps, key: jax.Array, windows: int, length: int, filled: jax.A
     start (a window may span several episodes, and starts at the history's beginning with the
     same chance as anywhere else). `filled` (traced; default: all rows): draw tasks only from
     the first `filled` rows, the filled slots of a fixed-capacity buffer that grows
-    (`--mode learn`, elastic_ad.py), so its shape, hence the compiled update, never changes."""
+    (`--mode learn`, asynchronous/ad.py), so its shape, hence the compiled update, never changes."""
     tasks, steps = data.action.shape
     task_key, start_key = jax.random.split(key)
     task = jax.random.randint(task_key, (windows,), 0, tasks if filled is None else filled)

@@ -132,6 +132,8 @@ class Algo(NamedTuple):
     init_params: Any  # key -> params (the same key gives the same params everywhere)
     policy: Any       # nets.actor_critic.Policy for evaluation: epsilon-greedy (eps-end) as logits
     learn: Any        # params, target_params, opt_state, loss_scale, Batch -> params, opt_state, loss_scale, stats
+    train_step: Any   # (params, target_params, opt_state, loss_scale, grad steps), Batch -> that carry, stats:
+                      # one gradient step and the target update, what --mode both and the async learner run
 
 
 # -- layout and checks -------------------------------------------------------------------
@@ -356,6 +358,45 @@ def epsilon(cfg, env_steps: jax.Array) -> jax.Array:
     return cfg.eps_start + frac * (cfg.eps_end - cfg.eps_start)
 
 
+def make_train_step(cfg, q_values, tx, sequence: bool = False):
+    """Double DQN's gradient step on a batch, and with the target network's update after it:
+    what --mode both runs on its replay and the asynchronous learner (asynchronous/dqn.py) on the
+    store's transitions. `q_values(params, x)`: Q-values [B, A] of a batch of inputs
+    (observations, or with `sequence` the windows of a SeqBatch). Returns `learn(params,
+    target_params, opt_state, loss_scale, batch) -> params, opt_state, loss_scale, stats` and
+    `train_step((params, target_params, opt_state, loss_scale, grad_steps), batch) -> carry, stats`."""
+
+    def loss_fn(params, target_params, batch):
+        now, after = (batch.online, batch.target) if sequence else (batch.obs, batch.next_obs)
+        both = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), now, after)  # one forward pass for s and s'
+        q, next_online = jnp.split(q_values(params, both), 2)
+        q_taken = jnp.take_along_axis(q, batch.action[:, None], -1)[:, 0]
+        best = jnp.argmax(next_online, axis=-1)  # double DQN: the online net picks the action ...
+        next_q = jnp.take_along_axis(q_values(target_params, after), best[:, None], -1)[:, 0]
+        target = jax.lax.stop_gradient(batch.reward + batch.discount * next_q)  # ... the target net values it
+        td = optax.huber_loss(q_taken, target, delta=1.0).mean()
+        return td, {"loss/td": td, "loss/q_mean": q_taken.mean(), "loss/target_mean": target.mean()}
+
+    def learn(params, target_params, opt_state, loss_scale, batch: Batch | SeqBatch):
+        """One gradient step on this device's share of the global batch; the all-reduce in
+        learner.step makes it the step of the whole global batch (every share has one size)."""
+        return learner.step(lambda p, b: loss_fn(p, target_params, b), tx, params, opt_state, loss_scale, batch,
+                            cfg.grad_accum, cfg.precision)
+
+    def update_target(params, target_params, step):
+        if cfg.tau < 1.0:
+            return optax.incremental_update(params, target_params, cfg.tau)
+        return optax.periodic_update(params, target_params, step, cfg.target_update_every)
+
+    def train_step(carry, batch: Batch | SeqBatch):
+        params, target_params, opt_state, loss_scale, step = carry
+        params, opt_state, loss_scale, stats = learn(params, target_params, opt_state, loss_scale, batch)
+        step = step + 1
+        return (params, update_target(params, target_params, step), opt_state, loss_scale, step), stats
+
+    return learn, train_step
+
+
 def make(cfg, env, env_params, num_devices: int) -> Algo:
     check(cfg, num_devices)
     net = make_network(cfg, env, env_params)
@@ -453,39 +494,16 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
                                                                      jnp.arange(cfg.num_steps))
         return envs, memory, replay, actions, eps, steps
 
-    def loss_fn(params, target_params, batch):
-        now, after = (batch.online, batch.target) if sequence else (batch.obs, batch.next_obs)
-        both = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), now, after)  # one forward pass for s and s'
-        q, next_online = jnp.split(learner_q(params, both), 2)
-        q_taken = jnp.take_along_axis(q, batch.action[:, None], -1)[:, 0]
-        best = jnp.argmax(next_online, axis=-1)  # double DQN: the online net picks the action ...
-        next_q = jnp.take_along_axis(learner_q(target_params, after), best[:, None], -1)[:, 0]
-        target = jax.lax.stop_gradient(batch.reward + batch.discount * next_q)  # ... the target net values it
-        td = optax.huber_loss(q_taken, target, delta=1.0).mean()
-        return td, {"loss/td": td, "loss/q_mean": q_taken.mean(), "loss/target_mean": target.mean()}
-
-    def learn(params, target_params, opt_state, loss_scale, batch: Batch | SeqBatch):
-        """One gradient step on this device's share of the global batch; the all-reduce in
-        learner.step makes it the step of the whole global batch (every share has one size)."""
-        return learner.step(lambda p, b: loss_fn(p, target_params, b), tx, params, opt_state, loss_scale, batch,
-                            cfg.grad_accum, cfg.precision)
-
-    def update_target(params, target_params, step):
-        if cfg.tau < 1.0:
-            return optax.incremental_update(params, target_params, cfg.tau)
-        return optax.periodic_update(params, target_params, step, cfg.target_update_every)
+    learn, train_step = make_train_step(cfg, learner_q, tx, sequence)
 
     def learn_many(carry, replay: Replay, written: jax.Array, key: jax.Array):
         """`grad_steps` gradient steps, each on a fresh sample; returns the carry and mean stats."""
         key = jax.random.fold_in(key, device_index())  # each device samples its own share
 
         def grad_step(carry, k):
-            params, target_params, opt_state, loss_scale, step = carry
             batch = replay_sample(replay, written, jax.random.fold_in(key, k), batch_per_device, cfg.n_step,
                                   cfg.gamma, cfg.context_len if sequence else 0)
-            params, opt_state, loss_scale, stats = learn(params, target_params, opt_state, loss_scale, batch)
-            step = step + 1
-            return (params, update_target(params, target_params, step), opt_state, loss_scale, step), stats
+            return train_step(carry, batch)
 
         carry, stats = jax.lax.scan(grad_step, carry, jnp.arange(grad_steps))
         return carry, jax.tree.map(jnp.mean, stats)
@@ -512,4 +530,4 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
         new = DQNState(params, target_params, opt_state, loss_scale, envs, memory, replay, key, state.update + 1, n)
         return new, (losses, vec.EpisodeStats.of(steps.done_return, steps.done_length))
 
-    return Algo(init, update, rollout, init_params, policy, learn)
+    return Algo(init, update, rollout, init_params, policy, learn, train_step)

@@ -44,11 +44,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
+
 import tensorflow_datasets as tfds
 # The numpy parser of TFDS's tf.Example records: it parses a whole episode into stacked arrays.
 # The public decode path (`as_data_source()[i]["steps"]`) decodes step by step in Python, about
 # 15x slower; tests check both agree.
 from tensorflow_datasets.core import example_parser
+
+from jaxrl_mgpu.cli import UserError
 
 SPLIT = "train"
 CHECKSUMS = "shards.json"
@@ -56,7 +59,7 @@ STEP_FIELDS = ("observation", "action", "reward", "discount", "is_first", "is_la
 LAYOUT_KEYS = ("num_tasks", "steps_per_task", "episodes_per_task")
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError):
     """A dataset that cannot be written or read as asked (the CLI prints it as one line)."""
 
 

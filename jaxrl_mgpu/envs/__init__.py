@@ -32,7 +32,7 @@ for _name in ("seaborn", "matplotlib.pyplot"):
 
 import gymnax  # noqa: E402
 
-from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.cli import ConfigError
 
 # Own environments register a factory here (name -> () -> (env, params)).
 _OWN: dict[str, Callable[[], tuple[Any, Any]]] = {}

@@ -1,13 +1,11 @@
-"""Asynchronous, elastic collection and learning on one run directory (`--mode learn|collect`):
-DQN here, with the bookkeeping every asynchronous learner shares; Algorithm Distillation on a
-growing store of learning histories in `elastic_ad.py`.
+"""Asynchronous DQN: episodes collected by any number of collectors, learned by one learner.
 
     python -m jaxrl_mgpu.train --config cartpole-dqn --mode learn   --run-dir R                 # one learner
     CUDA_VISIBLE_DEVICES=1 python -m jaxrl_mgpu.train --config cartpole-dqn --mode collect --run-dir R   # any number,
     CUDA_VISIBLE_DEVICES=2 python -m jaxrl_mgpu.train --config cartpole-dqn --mode collect --run-dir R   # any time
 
 The learner (any number of devices, one or many hosts) trains DQN from the run's trajectory
-store (`data/store.py`, `<run-dir>/store/`) and publishes its params through the run's Orbax
+store (`store.py`, `<run-dir>/store/`) and publishes its params through the run's Orbax
 checkpoints. Collectors follow the newest checkpoint, roll out on their own devices, and
 append whole episodes to the store as atomically written shards. They can be started, killed
 and restarted at any time; nothing else notices but the learner's data rate.
@@ -27,30 +25,26 @@ The replay is not checkpointed: a restarted learner refills it from the store's 
 
 from __future__ import annotations
 
-import json
-import os
-import queue
-import threading
 import time
-import zlib
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import dqn, learner
+from jaxrl_mgpu.asynchronous.ledger import COLLECTOR_LOG_S, DONE_MARKER, Publisher, collector_name, collector_seed
+from jaxrl_mgpu.asynchronous.reader import ShardReader
+from jaxrl_mgpu.asynchronous.store import Store, Transitions
 from jaxrl_mgpu.checkpoint import REPLICATED, Checkpoints
 from jaxrl_mgpu.config import ConfigError
-from jaxrl_mgpu.data.store import Shard, Store, Transitions
 from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.parallel import Parallel, device_index, global_indices
+from jaxrl_mgpu.runs import params_template
 
-DONE_MARKER = "learner_done"  # written by the learner at the end: collectors then stop
-COLLECTOR_LOG_S = 30.0        # a collector's progress line, at most this often
+COUNTS = ("env_steps", "episodes")  # what the learner counts of each shard it receives
 WAITING_LOG_S = 60.0          # a collector waiting for the learner says so this often
 BLOCK = 256                   # transitions per device per replay insert (one compiled shape)
 
@@ -127,14 +121,8 @@ class Learner:
             put = lambda buf, x: buf.at[rows].set(x.astype(buf.dtype))
             return Replay(*(put(b, x) for b, x in zip(replay[:5], block)), replay.written + BLOCK)
 
-        def loss_fn(params, target_params, b: dqn.Batch):
-            q, next_online = jnp.split(net.apply(params, jnp.concatenate([b.obs, b.next_obs])), 2)
-            q_taken = jnp.take_along_axis(q, b.action[:, None], -1)[:, 0]
-            best = jnp.argmax(next_online, -1)
-            next_q = jnp.take_along_axis(net.apply(target_params, b.next_obs), best[:, None], -1)[:, 0]
-            target = jax.lax.stop_gradient(b.reward + b.discount * next_q)
-            td = optax.huber_loss(q_taken, target, delta=1.0).mean()
-            return td, {"loss/td": td, "loss/q_mean": q_taken.mean()}
+        # The gradient step (double-DQN loss, target update) is --mode both's.
+        _, train_step = dqn.make_train_step(cfg, net.apply, tx)
 
         def learn(state: LearnerState, replay: Replay):
             key, sample_key = jax.random.split(state.key)
@@ -142,17 +130,10 @@ class Learner:
             filled = jnp.minimum(replay.written, capacity)
 
             def step(carry, k):
-                params, target, opt_state, loss_scale, n = carry
                 idx = jax.random.randint(k, (batch,), 0, filled)
                 b = dqn.Batch(dqn.as_input(replay.obs[idx]), replay.action[idx], replay.reward[idx],
                               cfg.gamma * replay.discount[idx], dqn.as_input(replay.next_obs[idx]))
-                params, opt_state, loss_scale, stats = learner.step(
-                    lambda p, x: loss_fn(p, target, x), tx, params, opt_state, loss_scale, b, cfg.grad_accum,
-                    cfg.precision)
-                n = n + 1
-                target = (optax.incremental_update(params, target, cfg.tau) if cfg.tau < 1 else
-                          optax.periodic_update(params, target, n, cfg.target_update_every))
-                return (params, target, opt_state, loss_scale, n), stats
+                return train_step(carry, b)
 
             carry = (state.params, state.target_params, state.opt_state, state.loss_scale, state.grad_steps)
             carry, stats = jax.lax.scan(step, carry, jax.random.split(sample_key, grad_steps))
@@ -192,15 +173,16 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
     directory. Returns the last log row."""
     store, lrn = Store(run_dir), Learner(cfg, par)
     replay = lrn.init_replay(par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed))))
-    meta, consumed = start(ckpts, state, STATE_LAYOUT, par, cfg, resume_step, log, "replay")
+    publisher = Publisher(cfg, par, ckpts, STATE_LAYOUT, store)
+    ledger = publisher.start(state, resume_step, COUNTS, log, "replay")
     pending: list[Transitions] = []  # read, not yet in the replay
     # What arrived since the last log point.
     window = {"episodes": 0, "return_sum": 0.0, "length_sum": 0, "lag_sum": 0.0, "shards": 0}
     per_block = BLOCK * par.num_devices
     inserted = 0
-    iteration = meta["iteration"]
+    iteration = ledger.iteration
     t_start = t_prev = time.perf_counter()
-    steps_prev = meta["env_steps_received"]
+    steps_prev = ledger.env_steps
     losses: dict = {}
     last_row: dict = {}
     # Counted on the host (every learn call does the same number), so the loop never waits
@@ -208,7 +190,7 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
     grads = int(par.first(state.grad_steps))
     per_learn, grads_prev = dqn.grad_steps_per_update(cfg), grads
 
-    reader = ShardReader(store, consumed, refill=resume_step is not None, read=store.read)
+    reader = ShardReader(store, ledger.consumed, refill=resume_step is not None, read=store.read)
     # The learner does as many iterations (of num_steps x updates_per_step gradient steps) as
     # `--mode both` would: total_updates. How much data that takes depends on the collectors.
     while iteration < cfg.total_updates and not stop():
@@ -216,11 +198,11 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
         #    refill the replay
         for shard, new, transitions in reader.ready():
             pending.append(transitions)
-            consumed.add(shard.path.name)
+            ledger.consumed.add(shard.path.name)
             if not new:
                 continue
             episodes = shard.meta
-            receive(meta, episodes, COUNTS)
+            ledger.receive(episodes)
             window["episodes"] += episodes["episodes"]
             window["return_sum"] += episodes.get("return_sum", 0.0)
             window["length_sum"] += episodes["env_steps"]
@@ -230,11 +212,11 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
         blocks, pending = _host_blocks(pending, per_block)
         for block in blocks:
             shaped = Transitions(*(x.reshape((par.num_devices, BLOCK) + x.shape[1:]) for x in block))
-            replay = lrn.insert(replay, par.shard(local_rows(shaped, par)))
+            replay = lrn.insert(replay, par.shard(par.local_rows(shaped)))
             inserted += per_block
         # 3. learn, unless there is too little data or the replay ratio is at its cap
         capped = cfg.max_replay_ratio is not None and \
-            grads >= cfg.max_replay_ratio * max(meta["env_steps_received"], 1)
+            grads >= cfg.max_replay_ratio * max(ledger.env_steps, 1)
         if inserted < max(cfg.learning_starts, cfg.replay_batch_size) or capped:
             time.sleep(0.02)
             continue
@@ -246,170 +228,28 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
             row_losses = {k: float(v) for k, v in par.first(losses).items()}  # waits for the devices
             now = time.perf_counter()
             last_row = {
-                "update": iteration, "env_steps": meta["env_steps_received"],
+                "update": iteration, "env_steps": ledger.env_steps,
                 "episode_return": window["return_sum"] / window["episodes"] if window["episodes"] else None,
                 "episode_length": window["length_sum"] / window["episodes"] if window["episodes"] else None,
                 "episodes": window["episodes"], "grad_steps": grads,
                 **row_losses,
-                "sps": (meta["env_steps_received"] - steps_prev) / (now - t_prev),
+                "sps": (ledger.env_steps - steps_prev) / (now - t_prev),
                 "grad_steps_per_s": (grads - grads_prev) / (now - t_prev), "time": now - t_start,
                 "async/policy_lag": window["lag_sum"] / window["shards"] if window["shards"] else None,
-                **async_metrics(meta, grads, COUNTS),
+                **ledger.metrics(grads),
             }
             log.write(last_row)
             window = dict.fromkeys(window, 0)
-            t_prev, steps_prev, grads_prev = now, meta["env_steps_received"], grads
+            t_prev, steps_prev, grads_prev = now, ledger.env_steps, grads
         if cfg.checkpoint_every and iteration % cfg.checkpoint_every == 0:
-            consumed = publish_and_evict(ckpts, iteration, state, STATE_LAYOUT, par, meta, consumed, cfg, store)
+            publisher.publish_and_evict(iteration, state, ledger)
     reader.close()
-    finish(ckpts, iteration, state, STATE_LAYOUT, par, meta, consumed, cfg, stop)
-    return last_row or {"update": iteration, "env_steps": meta["env_steps_received"],
+    publisher.finish(iteration, state, ledger, stopped=stop())
+    return last_row or {"update": iteration, "env_steps": ledger.env_steps,
                         "time": time.perf_counter() - t_start}
 
 
-# -- what every asynchronous learner shares --------------------------------------------------
-
-COUNTS = ("env_steps", "episodes")  # what a learner counts of each shard it receives
-
-
-def start(ckpts, state, layout, par, cfg, resume_step, log, memory: str, counts=COUNTS):
-    """The learner's bookkeeping (`meta`, saved in every checkpoint it publishes, and the set of
-    shards consumed): read from the checkpoint at `resume_step`, whose state the caller has
-    restored into `state`; or fresh, with `state` published at iteration 0 so that waiting
-    collectors can start."""
-    meta = {"iteration": 0, **{f"{k}_received": 0 for k in counts}, "per_collector": {}, "consumed": []}
-    if resume_step is not None:
-        meta.update(ckpts.meta(resume_step)["async"])
-        log.print(f"  resumed the learner at iteration {resume_step}; refilling the {memory} from the store")
-    else:
-        publish(ckpts, 0, state, layout, par, meta, set(), cfg)
-    (Path(cfg.run_dir) / DONE_MARKER).unlink(missing_ok=True)
-    return meta, set(meta["consumed"])
-
-
-class ShardReader:
-    """Reads the store's shards in a background thread, oldest first, so the learner keeps
-    learning while it reads. Read on the learner's own thread, a 65k-step MinAtar shard took
-    ~2 s of host time; two collectors wrote faster than that, and the learner then did nothing
-    but read (seen on 4 H100s). `read(shard)` turns a shard into what the learner inserts (None
-    skips it); at most `max_ready` read shards wait, so a slow learner holds back the reader,
-    not its memory. After a restart (`refill`), the shards in `consumed` are read once more, to
-    refill the learner's on-device memory, and are flagged as not new (not counted again)."""
-
-    def __init__(self, store: Store, consumed: set, refill: bool, read, max_ready: int = 4):
-        self._store, self._read, self._refill = store, read, refill
-        self._seen = set() if refill else set(consumed)
-        self._consumed_at_start = set(consumed)
-        self._ready: queue.Queue = queue.Queue(max_ready)
-        self._stop, self._error = threading.Event(), None
-        self._thread = threading.Thread(target=self._run, name="shard-reader", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                todo = [s for s in self._store.shards() if s.path.name not in self._seen]
-                for shard in todo:
-                    if self._stop.is_set():
-                        return
-                    self._seen.add(shard.path.name)
-                    if not shard.path.exists():  # evicted by the learner since the listing
-                        continue
-                    try:
-                        data = self._read(shard)
-                    except Exception:
-                        if shard.path.exists():
-                            raise
-                        continue  # evicted while being read
-                    new = shard.path.name not in self._consumed_at_start
-                    while not self._stop.is_set():  # a bounded wait, so close() is never stuck
-                        try:
-                            self._ready.put((shard, new, data), timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                if not todo:
-                    time.sleep(0.05)
-        except BaseException as e:  # handed to the learner's thread by ready()
-            self._error = e
-
-    def ready(self) -> list[tuple[Shard, bool, Any]]:
-        """The shards read since the last call (oldest first): (shard, is it new, read(shard))."""
-        out = []
-        while True:
-            try:
-                item = self._ready.get_nowait()
-            except queue.Empty:
-                break
-            if item[2] is not None:
-                out.append(item)
-        if self._error is not None and not out:
-            raise self._error
-        return out
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-
-def receive(meta: dict, shard_meta: dict, counts=COUNTS) -> None:
-    """Adds a new shard's counts to the learner's totals and to its collector's."""
-    who = meta["per_collector"].setdefault(shard_meta["collector"], {})
-    for k in counts:
-        meta[f"{k}_received"] += shard_meta[k]
-        who[k] = who.get(k, 0) + shard_meta[k]
-
-
-def async_metrics(meta: dict, grads: int, counts=COUNTS) -> dict:
-    """The `async/*` log keys: totals received, also per collector, and the replay ratio
-    (gradient steps per env step received)."""
-    return {**{f"async/{k}_received": meta[f"{k}_received"] for k in counts},
-            "async/replay_ratio": grads / max(meta["env_steps_received"], 1),
-            **{f"async/{k}_received/{c}": v.get(k, 0) for k in counts for c, v in meta["per_collector"].items()}}
-
-
-def publish(ckpts, iteration, state, layout, par, meta, consumed, cfg) -> None:
-    """A checkpoint collectors (and `evaluate`) can read, with the bookkeeping a restarted
-    learner resumes from."""
-    meta = {**meta, "iteration": iteration, "consumed": sorted(consumed)}
-    ckpts.save(iteration, state, layout, par, {"update": iteration, "async": meta, "config": cfg.to_dict()})
-
-
-def publish_and_evict(ckpts, iteration, state, layout, par, meta, consumed, cfg, store: Store) -> set:
-    """Publishes, then deletes the oldest shards beyond `--store-max-episodes` (only the learner
-    deletes); returns the consumed shards still in the store."""
-    publish(ckpts, iteration, state, layout, par, meta, consumed, cfg)
-    kept = store.evict(store.shards(), cfg.store_max_episodes)
-    store.clean_staging()
-    return consumed & {s.path.name for s in kept}
-
-
-def finish(ckpts, iteration, state, layout, par, meta, consumed, cfg, stop) -> None:
-    """The last checkpoint; then, unless stopped by a signal (a restart will follow), the marker
-    that tells collectors the learner is done."""
-    if ckpts.latest_step() != iteration:
-        publish(ckpts, iteration, state, layout, par, meta, consumed, cfg)
-    ckpts.wait()
-    if not stop():
-        (Path(cfg.run_dir) / DONE_MARKER).write_text(json.dumps({"iteration": iteration}))
-
-
-def local_rows(tree, par: Parallel):
-    """This process's device rows of a host array laid out [num_devices, ...]."""
-    first = par.local_devices[0].id
-    index = [d.id for d in par.devices].index(first)
-    return jax.tree.map(lambda x: x[index:index + par.num_local_devices], tree)
-
-
 # -- the collector -------------------------------------------------------------------------
-
-def collector_name(cfg) -> str:
-    return cfg.collector_id or f"{os.uname().nodename}-{os.getpid()}"
-
-
-def collector_seed(name: str) -> int:
-    return zlib.crc32(name.encode())
-
 
 def collect(cfg, par: Parallel, log, stop) -> int:
     """A collector's loop: follow the newest checkpoint, roll out, append episodes to the
@@ -483,7 +323,6 @@ def _follow(cfg, run_dir, par, params, policy_step, eps, log, stop):
     """The newest published params (or the ones held, if none is newer). Before the first
     checkpoint: wait, or act randomly (`--collect-before-checkpoint random`). The learner
     deletes old checkpoints at any time, so a failed read is retried with a fresh listing."""
-    from jaxrl_mgpu.evaluate import params_template
     for attempt in range(50):
         ckpts = None
         try:
@@ -516,7 +355,6 @@ def _random_params(cfg, params):
     """Acting uniformly at random before any checkpoint: any params with epsilon 1."""
     if params is not None:
         return params
-    from jaxrl_mgpu.evaluate import params_template
     return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), params_template(cfg))
 
 

@@ -7,14 +7,14 @@
 A history collector runs the tabular source learner of `histories.py` on `--ad-history-tasks`
 new training tasks at once (goals of the train split, drawn from the collector's own stream),
 for `--ad-history-steps` steps each, and appends their whole learning histories to the run's
-store (`data/store.py`) as one atomically written shard; then the next batch, until the learner
+store (`store.py`) as one atomically written shard; then the next batch, until the learner
 is done. It does not follow the learner's checkpoints: the source learns every task from
 scratch, whatever AD has learned.
 
 The learner keeps a FIXED-capacity buffer of learning histories on every device (as many as
 `--store-max-episodes` holds, split over the devices), so shapes never change and nothing is
 recompiled as data arrives. Its loop, on the host between compiled calls:
-  1. take the shards a background thread (`elastic.ShardReader`) has read since, oldest
+  1. take the shards a background thread (`reader.ShardReader`) has read since, oldest
      first, as AD's inputs (`ad.prepare`);
   2. insert them, at most one history per device per compiled insert, round robin over the
      devices so they fill evenly; a full buffer overwrites its oldest history (FIFO, like the
@@ -42,12 +42,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import elastic, histories, runner
+from jaxrl_mgpu import histories, runner
 from jaxrl_mgpu.algos import ad
+from jaxrl_mgpu.asynchronous.ledger import COLLECTOR_LOG_S, DONE_MARKER, Publisher, collector_name, collector_seed
+from jaxrl_mgpu.asynchronous.reader import ShardReader
+from jaxrl_mgpu.asynchronous.store import Store
 from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.data import rlds
-from jaxrl_mgpu.data.store import Store
 from jaxrl_mgpu.envs import darkroom
 from jaxrl_mgpu.parallel import Parallel
 
@@ -169,18 +171,18 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
         capacity(cfg, par.num_devices), par.num_devices
     key = par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed)))
     buffer = par.map(lambda _: new_buffer(slot, per_device))(key)
-    meta, consumed = elastic.start(ckpts, state, ad.STATE_LAYOUT, par, cfg, resume_step, log, "buffer",
-                                          COUNTS)
+    store = Store(run_dir)
+    publisher = Publisher(cfg, par, ckpts, ad.STATE_LAYOUT, store)
+    ledger = publisher.start(state, resume_step, COUNTS, log, "buffer")
     insert_fn = par.map(insert, donate=True)
     # The buffer is an input of every update, not part of the (checkpointed) state.
     # n updates of AD on the buffer's filled slots, one compiled program for every n
     chunk_fn = par.map(runner.make_chunk(lambda state, buf: algo.update(state, buf.steps, filled(buf))), donate=True)
-    store = Store(run_dir)
     pending: list[ad.Steps] = []  # histories read, waiting for a slot, oldest first
     inserted, waiting_said = 0, False  # history i went to device i % devices
-    iteration = meta["iteration"]
+    iteration = ledger.iteration
     t_start = t_prev = time.perf_counter()
-    steps_prev, last_row = meta["env_steps_received"], {}
+    steps_prev, last_row = ledger.env_steps, {}
 
     def read(shard):
         """A shard's histories as AD's inputs, one per task (None: not this run's kind)."""
@@ -191,7 +193,7 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
         h = rlds.read(shard.path, env=cfg.env)  # checksums verified first
         return [ad.Steps(*task) for task in zip(*ad.prepare(h, cfg.ad_episode_stride))]
 
-    reader = elastic.ShardReader(store, consumed, refill=resume_step is not None, read=read)
+    reader = ShardReader(store, ledger.consumed, refill=resume_step is not None, read=read)
     # As many updates as `--mode both` would do (--num-updates); how much data that sees
     # depends on the collectors.
     while iteration < cfg.total_updates and not stop():
@@ -199,9 +201,9 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
         #    refill the buffer
         for shard, new, tasks in reader.ready():
             pending.extend(tasks)
-            consumed.add(shard.path.name)
+            ledger.consumed.add(shard.path.name)
             if new:
-                elastic.receive(meta, shard.meta, COUNTS)
+                ledger.receive(shard.meta)
         # 2. into the buffers; histories beyond their capacity would be overwritten unused
         pending = pending[-per_device * devices:]
         while pending:
@@ -213,8 +215,7 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
                 for rows, x in zip(block, history):
                     rows[d] = x
                 valid[d] = True
-            buffer = insert_fn(buffer, par.shard(elastic.local_rows(block, par)),
-                               par.shard(elastic.local_rows(valid, par)))
+            buffer = insert_fn(buffer, par.shard(par.local_rows(block)), par.shard(par.local_rows(valid)))
             inserted += len(take)
         # 3. learn, once every device has a history to sample from, and under the replay ratio cap
         if inserted < devices:
@@ -224,7 +225,7 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
                 waiting_said = True
             time.sleep(0.1)
             continue
-        if cfg.max_replay_ratio is not None and iteration >= cfg.max_replay_ratio * max(meta["env_steps_received"], 1):
+        if cfg.max_replay_ratio is not None and iteration >= cfg.max_replay_ratio * max(ledger.env_steps, 1):
             time.sleep(0.02)
             continue
         n = min(cfg.log_every, cfg.total_updates - iteration)
@@ -235,21 +236,20 @@ def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resu
         now = time.perf_counter()
         last_row = {
             "update": iteration, ad.STEP_UNIT: iteration * ad.steps_per_update(cfg),
-            "env_steps": meta["env_steps_received"], "grad_steps": iteration,
+            "env_steps": ledger.env_steps, "grad_steps": iteration,
             **{k: v for k, v in losses.items() if k.startswith("loss/")},
-            "sps": (meta["env_steps_received"] - steps_prev) / (now - t_prev),
+            "sps": (ledger.env_steps - steps_prev) / (now - t_prev),
             "grad_steps_per_s": n / (now - t_prev), "time": now - t_start,
             "async/buffer_histories": min(inserted, per_device * devices),
-            **elastic.async_metrics(meta, iteration, COUNTS),
+            **ledger.metrics(iteration),
         }
         log.write(last_row)
-        t_prev, steps_prev = now, meta["env_steps_received"]
+        t_prev, steps_prev = now, ledger.env_steps
         if cfg.checkpoint_every and iteration % cfg.checkpoint_every == 0:
-            consumed = elastic.publish_and_evict(ckpts, iteration, state, ad.STATE_LAYOUT, par, meta, consumed, cfg,
-                                                 store)
+            publisher.publish_and_evict(iteration, state, ledger)
     reader.close()
-    elastic.finish(ckpts, iteration, state, ad.STATE_LAYOUT, par, meta, consumed, cfg, stop)
-    return last_row or {"update": iteration, "env_steps": meta["env_steps_received"],
+    publisher.finish(iteration, state, ledger, stopped=stop())
+    return last_row or {"update": iteration, "env_steps": ledger.env_steps,
                         "time": time.perf_counter() - t_start}
 
 
@@ -259,7 +259,7 @@ def collect(cfg, par: Parallel, log, stop) -> int:
     """A history collector's loop: batches of source learning histories into the store, until
     the learner is done or a stop signal. Returns the env steps collected."""
     run_dir = Path(cfg.run_dir)
-    name = elastic.collector_name(cfg)
+    name = collector_name(cfg)
     env, _ = histories.darkroom_env(cfg.env)
     source = histories.LearnerConfig(algo=cfg.ad_source)
     pool = darkroom.goals(cfg.env, "train", cfg.seed)  # the split in-context evaluation holds out
@@ -269,13 +269,13 @@ def collect(cfg, par: Parallel, log, stop) -> int:
     log.print(f"collector {name}: tabular-q-{cfg.ad_source} source learners on {cfg.ad_history_tasks} {cfg.env} "
               f"train goals x {cfg.ad_history_steps} steps per shard, into {store.root}")
     total, shards, since = 0, 0, 0
-    while not stop() and not (run_dir / elastic.DONE_MARKER).exists():
+    while not stop() and not (run_dir / DONE_MARKER).exists():
         if store.episodes() > 2 * cfg.store_max_episodes:
             time.sleep(0.5)  # back-pressure: the learner is not consuming (and evicting) the store
             continue
         # Each (collector, batch) draws its own goals and learner keys: collectors with other
         # ids, and later batches, learn new tasks rather than repeating one another.
-        stream = np.random.default_rng([cfg.seed, elastic.collector_seed(name), batch])
+        stream = np.random.default_rng([cfg.seed, collector_seed(name), batch])
         goals = pool[stream.integers(len(pool), size=cfg.ad_history_tasks)]
         key_seed = int(stream.integers(2 ** 31))
         h = histories.run(cfg.env, goals, cfg.ad_history_steps, key_seed, source, par)
@@ -284,7 +284,7 @@ def collect(cfg, par: Parallel, log, stop) -> int:
                 "batch": batch, "key_seed": key_seed}
         store.write_histories(dataclasses.replace(h, metadata=meta), name)
         total, shards, since = total + h.reward.size, shards + 1, since + 1
-        if log.due("shards", elastic.COLLECTOR_LOG_S):
+        if log.due("shards", COLLECTOR_LOG_S):
             returns = histories.episode_returns(h, env.episode_len).mean(0)
             log.print(f"collector {name}: {shards} shard(s) so far ({since} since the last line), {total:,} env steps "
                       f"in all; latest source return first episode {returns[0]:.2f}, last {returns[-1]:.2f}")
