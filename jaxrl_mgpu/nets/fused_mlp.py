@@ -14,8 +14,8 @@ and writes one H-wide array, dh (the pre-activation gradient), which the rows ke
 dx without recomputing anything; HBM sees dy, dr and d attn ([N, D]) besides, and small fp32
 partial sums.
 
-Timings against XLA running the flax modules, alone and inside the transformer's training
-step: experiments/RESULTS.md ("Fused kernels").
+What they give inside the transformer's training step, against XLA running the flax modules:
+experiments/RESULTS.md ("Fused kernels").
 
     finish_block(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, *, block_rows=64,
                  block_hidden=64, num_warps=4, num_stages=2, weights_block_rows=128,
@@ -51,9 +51,8 @@ runs the same bodies through XLA, which is how the CPU tests run them):
    `rows_block_hidden`, pipelined), then the LayerNorm backward gives dr = dy + LN'(dxn), which
    is also dx; per-program partial sums of d ln_scale, d ln_bias, db2 and dbo = sum(dr), one
    [programs, 4, D] fp32 array.
-   Until session 12 this kernel recomputed h and da itself (three matmuls and the GELU per
-   chunk instead of one matmul); writing dh from kernel 2 and reading it here made the AD-size
-   training step 0.10-0.13 ms faster on an H100 (experiments/RESULTS.md).
+   It reads dh from kernel 2 rather than recomputing h and da (three matmuls and the GELU per
+   chunk instead of one matmul): the AD-size training step is 0.10-0.13 ms faster on an H100.
    The projection's matmul gradients d attn = dr @ wo^T and dwo = attn^T @ dr are left to XLA.
 
 Triton needs every loaded or computed array to have a power-of-2 number of elements and dot
@@ -224,8 +223,7 @@ def _backward_rows_kernel(r_ref, scale_ref, w1_ref, dh_ref, dy_ref, dr_ref, sums
     plgpu.store(dr_ref, dr.astype(dr_ref.dtype), mask=rows)
     # Partial sums [d ln_scale, d ln_bias, db2, dbo] in one output, so XLA adds them up in one
     # pass; dbo here rather than in XLA, which would read dr once more for it: the AD-size step
-    # 0.5% faster on an H100 (session 14; in session 7, when this kernel still recomputed h and
-    # wrote each partial sum as its own array, it cost 0.2 ms).
+    # 0.5% faster on an H100 (a separate array per partial sum cost up to 0.2 ms).
     sums_ref[0, :] = jnp.sum(dxn * xhat, axis=0)
     sums_ref[1, :] = jnp.sum(dxn, axis=0)
     sums_ref[2, :] = jnp.sum(dy, axis=0)
@@ -339,8 +337,7 @@ def _finish_block_bwd(cfg, residuals, dy):
     dw1, db1, dw2, dh = _backward_weights(cfg, xn, w1_cd, b1_cd, w2_cd, dy)
     dr, (dscale, dbias, db2, dbo) = _backward_rows(cfg, r, ln_scale, w1_cd, dh, dy)
     # The projection's matmul gradients stay with XLA (cuBLAS): d attn = dr @ wo^T inside the
-    # rows kernel made it ~1.2 ms a step slower (H100, AD size, session 7, when that kernel
-    # still recomputed h); reading dh, as now, d attn there still cost 0.14 ms a step (session 13).
+    # rows kernel cost 0.14 ms a step (H100, AD size).
     dattn = jnp.dot(dr, wo_cd.T)
     dwo = dot(attn, dr, trans_a=True)
     # r = x + attn wo + bo: the residual stream's gradient dx is dr itself.
