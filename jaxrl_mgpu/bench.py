@@ -30,11 +30,10 @@ import optax
 
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel, reference_ppo, runner
-from jaxrl_mgpu.algos import ALGOS, learner
+from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu import cli
 from jaxrl_mgpu.cli import USER_ERRORS, fail
-from jaxrl_mgpu.nets import compute_dtype, kernels
-from jaxrl_mgpu.nets.transformer import TransformerActorCritic
+from jaxrl_mgpu.nets import factory
 
 
 def bench_args(argv):
@@ -104,8 +103,7 @@ def trace_dir(profile: str | None, name: str) -> str | None:
 
 def measure(cfg, devices: int, updates: int, repeats: int, profile: str | None = None) -> dict:
     par = parallel.setup(cfg.parallel, devices)
-    ALGOS[cfg.algo].check(cfg, par.num_devices)
-    trainer = runner.Trainer(cfg, par)
+    trainer = runner.Trainer(cfg, par)  # checks the batch split over the devices
     state = trainer.init_state()
     t = time.perf_counter()
     chunk = trainer.chunk_fn(updates, state)
@@ -153,9 +151,7 @@ def measure_transformer_step(cfg, batch: int, repeats: int, profile: str | None 
     """One PPO-shaped training step of the transformer policy on full context windows, with the
     kernels of cfg.attention and cfg.mlp; `per_timing` steps dispatched back to back per timing."""
     L, A, obs_dim = cfg.context_len, 8, 16
-    net = TransformerActorCritic(num_actions=A, obs_ndim=1, d_model=cfg.d_model, n_layers=cfg.n_layers,
-                                 n_heads=cfg.n_heads, context_len=L, context_across_episodes=True,
-                                 dtype=compute_dtype(cfg.precision), **kernels(cfg))
+    net = factory.transformer(cfg, A, 1, context_len=L, across_episodes=True)
     keys = jax.random.split(jax.random.PRNGKey(0), 4)
     obs = jax.random.normal(keys[0], (batch, L, obs_dim))
     actions = jax.random.randint(keys[1], (batch, L), 0, A)

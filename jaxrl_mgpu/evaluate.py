@@ -65,7 +65,8 @@ def main(argv=None) -> int:
         cli.fail(e)
 
     env, env_params = envs_lib.make(cfg.env)
-    algo = ALGOS[cfg.algo].make(cfg, env, env_params, par.num_devices)
+    module = ALGOS[cfg.algo]
+    algo = module.make(cfg, env, env_params, module.check(cfg, par.num_devices))
     params = ckpts.restore_params(step, params_template(cfg), best=args.best)
     run = par.map(make_episodes(algo.policy, env, env_params, args.episodes, par.num_devices, args.greedy))
     totals = run(par.replicate(params), par.replicate(np.asarray(jax.random.PRNGKey(args.seed))))

@@ -192,7 +192,7 @@ def evaluate(argv=None) -> int:
         cli.fail(e)
 
     env, env_params = envs_lib.make(cfg.env)
-    algo = ad.make(cfg, env, env_params, par.num_devices)
+    algo = ad.make(cfg, env, env_params, ad.check_batch(cfg, par.num_devices))
     params = par.replicate(ckpts.restore_params(step, params_template(cfg)))
     ckpts.close()
     key = par.replicate(np.asarray(jax.random.PRNGKey(args.seed)))
@@ -244,7 +244,7 @@ def throughput(argv=None, repeats: int = 5) -> int:
                             cfg.failure_timeout)
         cfg = config_lib.validate(cfg)
         par = parallel.setup(cfg.parallel, cfg.devices)
-        ad.check(cfg, par.num_devices)
+        split = ad.check(cfg, par.num_devices)
     except cli.USER_ERRORS as e:
         cli.fail(e)
 
@@ -257,7 +257,7 @@ def throughput(argv=None, repeats: int = 5) -> int:
     read_s = time.perf_counter() - t0
     steps_read = h.num_tasks * h.num_steps
 
-    trainer = runner.Trainer(cfg, par)  # loads the data onto the devices
+    trainer = runner.Trainer(cfg, par, split=split)  # loads the data onto the devices
     state = trainer.init_state()
     chunk = trainer.chunk_fn(cfg.log_every, state)
     state, out = chunk(state)  # warm-up

@@ -1,14 +1,17 @@
-"""The host loop every algorithm shares, and what surrounds it: the run directory, resume,
-signals, checkpoints, evaluation and the run's summary.
+"""The one host loop, for every algorithm and mode, and what surrounds it: the run directory,
+resume, signals, checkpoints, evaluation and the run's summary.
 
-An algorithm gives per-device functions `init(key)` and `update(state)`. The runner runs
+An algorithm (algos/base.Algorithm) gives per-device functions `init(key)` and
+`update(state, *data)`. The runner runs
 `n` updates in one compiled call (`lax.fori_loop` with `n` an argument, so ONE program serves
 every chunk length: the regular `--log-every` chunks, a shorter last one, a `--stop-at-update`
 in between), maps it over all devices, and drives the chunks from the host. Between chunks it
 logs, evaluates, checkpoints, and honours stop requests (SIGTERM / SIGINT), always at a chunk
 boundary, so a resumed run continues exactly. The next chunk is dispatched before the
 previous chunk's metrics are read, except where the state itself is needed on the host side
-(evaluation, checkpoint, stop), so the devices never wait on logging.
+(evaluation, checkpoint, stop), so the devices never wait on logging. An asynchronous learner
+(--mode learn) is the same loop with a `Feed` polled between chunks: it takes in the data the
+collectors sent and says how many updates may run now.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +37,7 @@ from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.algos import ALGOS
+from jaxrl_mgpu.algos.base import Algorithm, Split
 from jaxrl_mgpu.checkpoint import CheckpointMismatch, Checkpoints
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.episodes import make_episodes, summarize
@@ -88,55 +92,59 @@ def make_chunk(update: Callable) -> Callable:
 
 def step_unit(cfg) -> str:
     """What progress is counted in: environment steps, or what the algorithm consumes."""
-    return getattr(ALGOS[cfg.algo], "STEP_UNIT", "env_steps")
+    return ALGOS[cfg.algo].STEP_UNIT
 
 
 def steps_per_update(cfg) -> int:
-    return getattr(ALGOS[cfg.algo], "steps_per_update", lambda c: c.batch_size)(cfg)
+    return ALGOS[cfg.algo].steps_per_update(cfg)
 
 
 class Trainer:
-    """Builds the algorithm for a config and device set, and the compiled chunk to run it."""
+    """An algorithm (algos/base.Algorithm: by default `--algo`'s) on a config and device set,
+    and the one compiled chunk that runs it."""
 
-    def __init__(self, cfg, par: Parallel):
+    def __init__(self, cfg, par: Parallel, algorithm: Algorithm | None = None, split: Split | None = None):
         self.cfg, self.par = cfg, par
-        self.env, self.env_params = envs_lib.make(cfg.env)
-        self.algo_module = ALGOS[cfg.algo]
-        self.algo = self.algo_module.make(cfg, self.env, self.env_params, par.num_devices)
-        self.layout = self.algo_module.STATE_LAYOUT
-        self.step_unit, self.steps_per_update = step_unit(cfg), steps_per_update(cfg)
-        # Algorithms that learn from a dataset (AD) load this device's shard once, here; it is
-        # passed to every update, and not part of the (checkpointed) state.
-        load = getattr(self.algo_module, "load_data", None)
-        self.data = () if load is None else (load(cfg, par),)
+        if algorithm is None:
+            module = ALGOS[cfg.algo]
+            split = module.check(cfg, par.num_devices) if split is None else split
+            self.env, self.env_params = envs_lib.make(cfg.env)
+            algorithm = module.algorithm(cfg, self.env, self.env_params, split, par)
+        self.algorithm = algorithm
+        self.algo = algorithm.parts  # the algorithm's own functions (rollout, learn, ...)
+        self.layout, self.data = algorithm.layout, algorithm.data
+        self.step_unit, self.steps_per_update = algorithm.step_unit, algorithm.steps_per_update
         self._compiled = None
         self._eval = None
 
     def init_state(self):
-        return self.par.map(self.algo.init)(self.key(self.cfg.seed))
+        return self.par.map(self.algorithm.init)(self.key(self.cfg.seed))
 
     def abstract_state(self):
         """The shapes, dtypes and layout of `init_state()`, without computing it."""
-        shapes = jax.eval_shape(self.par.map(self.algo.init), self.key(self.cfg.seed))
+        shapes = jax.eval_shape(self.par.map(self.algorithm.init), self.key(self.cfg.seed))
         return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=self.par.sharding), shapes)
 
     def key(self, seed: int):
         return self.par.replicate(np.asarray(jax.random.PRNGKey(seed)))
 
-    def compile(self, state) -> None:
-        """Compiles the chunk for `state`'s shapes, once (ahead of time where the backend can)."""
+    def compile(self, state, data: tuple | None = None) -> None:
+        """Compiles the chunk for `state`'s (and `data`'s) shapes, once (ahead of time where the
+        backend can)."""
         if self._compiled is None:
-            mapped = self.par.map(make_chunk(self.algo.update), donate=True)
-            self._compiled = self.par.compile(mapped, state, self._length(1), *self.data)
+            mapped = self.par.map(make_chunk(self.algorithm.update), donate=True)
+            self._compiled = self.par.compile(mapped, state, self._length(1), *(self.data if data is None else data))
 
     def _length(self, n: int):
         return self.par.replicate(np.int32(n))
 
-    def chunk_fn(self, length: int, state) -> Callable:
-        """`state -> (state, Chunk)` running `length` updates (the one compiled program)."""
-        self.compile(state)
+    def chunk_fn(self, length: int, state, data: tuple | None = None) -> Callable:
+        """`state -> (state, Chunk)` running `length` updates (the one compiled program) on
+        `data` (default: the algorithm's)."""
+        self.compile(state, data)
         n = self._length(length)
-        return lambda state: self._compiled(state, n, *self.data)
+        data = self.data if data is None else data
+        return lambda state: self._compiled(state, n, *data)
 
     def chunk_lengths(self, start_update: int = 0, stop_at: int | None = None) -> list[int]:
         """Chunks end on multiples of `log_every`, at `stop_at` and at the last update; where
@@ -153,7 +161,7 @@ class Trainer:
     def evaluate(self, params, update: int) -> dict:
         """`eval_episodes` episodes with the current params, spread over all devices."""
         if self._eval is None:
-            self._eval = self.par.map(make_episodes(self.algo.policy, self.env, self.env_params,
+            self._eval = self.par.map(make_episodes(self.algorithm.policy, self.env, self.env_params,
                                                     self.cfg.eval_episodes, self.par.num_devices, greedy=False))
         # A fixed key per evaluation point: a resumed run evaluates like an uninterrupted one.
         key = self.key(self.cfg.seed + 1_000_003 * (update + 1))
@@ -180,12 +188,36 @@ class Hooks(NamedTuple):
     stop_requested: Callable | None = None  # () -> bool
 
 
+class Feed(Protocol):
+    """Data that arrives while a learner trains (--mode learn: asynchronous/). Between chunks
+    the loop asks the feed how many updates may run now; the chunk's updates read its device
+    memory (a replay of transitions, a buffer of learning histories)."""
+
+    data: tuple         # the device memory every update reads
+    waiting_for: str    # what the loop waits for while `poll` allows no update
+
+    def poll(self, update: int) -> int:
+        """Takes in what arrived since the last call; how many updates may run now (0: none)."""
+
+    def ran(self, updates: int) -> None:
+        """The chunk just dispatched runs `updates` updates."""
+
+    def log_row(self, row: dict, updates: int) -> dict:
+        """The log row of the chunks since the last one (`updates` updates) with what the feed
+        counts: data received, its rates, its age."""
+
+
+POLL_S = 0.02  # a learner with nothing to learn from looks for new data this often
+
+
 def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks = Hooks(),
-          stop_at: int | None = None) -> tuple[Any, dict, int]:
+          stop_at: int | None = None, feed: Feed | None = None) -> tuple[Any, dict, int]:
     """Runs chunks until the last update (or `stop_at`, or a stop request); returns the final
-    state, the last log row and the number of updates done."""
+    state, the last log row and the number of updates done. With a `feed` (a learner), each
+    chunk runs as many updates as the feed allows, on its data."""
     cfg = trainer.cfg
-    lengths = trainer.chunk_lengths(start_update, stop_at)
+    end = cfg.total_updates if stop_at is None else min(stop_at, cfg.total_updates)
+    data = None if feed is None else feed.data
     t0 = time.perf_counter()
     aot = trainer.par.backend != "pmap" or jax.process_count() == 1
     if state is None and aot:
@@ -193,12 +225,12 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
         # shapes: the two compiles overlap.
         initial = _background(trainer.init_state)
         with log.waiting("compiling the training chunk"), compile_cache.CacheUse() as cache:
-            trainer.compile(trainer.abstract_state())
+            trainer.compile(trainer.abstract_state(), data)
         state = initial.result()
     else:
         state = trainer.init_state() if state is None else state
         with log.waiting("compiling the training chunk"), compile_cache.CacheUse() as cache:
-            trainer.compile(state)
+            trainer.compile(state, data)
     log.timeline["compile_s"] = time.perf_counter() - t0
     if aot:
         source = ("loaded from the compilation cache" if cache.hits else
@@ -222,34 +254,61 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
                     "sps": length * per_update / (now - clock["prev"]), "time": now - clock["start"]}
         clock["prev"] = now
 
+    def write(update: int) -> None:
+        nonlocal last_row
+        if feed is not None:
+            last_row = feed.log_row(last_row, update - written["update"])
+        log.write(last_row)
+        written["update"] = update
+
+    def stop_requested() -> bool:
+        return hooks.stop_requested is not None and hooks.stop_requested()
+
     def due(every: int | None, update: int) -> bool:
         return bool(every) and update % every == 0
 
-    update, pending = start_update, None
-    for length in lengths:
-        state, metrics = trainer.chunk_fn(length, state)(state)  # dispatch; runs while the host logs below
+    update, pending, written = start_update, None, {"update": start_update}
+    while update < end:
+        # Chunks end on multiples of --log-every, at stop_at and at the last update (see
+        # chunk_lengths); a feed may allow fewer updates, never more.
+        length = min((update // cfg.log_every + 1) * cfg.log_every, end) - update
+        if feed is not None:
+            allowed = feed.poll(update)
+            if not allowed:
+                with log.waiting(feed.waiting_for):
+                    while not (allowed := feed.poll(update)) and not stop_requested():
+                        time.sleep(POLL_S)
+            if not allowed:  # stopped while waiting (the learner's last checkpoint follows)
+                break
+            length = min(length, allowed)
+        # Dispatch; it runs while the host logs below. (A feed's data is new after each poll.)
+        state, metrics = trainer.chunk_fn(length, state, None if feed is None else feed.data)(state)
+        if feed is not None:
+            feed.ran(length)
         if pending is not None:
             emit(*pending)
-            log.write(last_row)
+            write(pending[0])
         update += length
         pending = (update, length, metrics)
         final = update == cfg.total_updates or update == stop_at
-        stop = hooks.stop_requested is not None and hooks.stop_requested()
+        stop = stop_requested()
+        boundary = update % cfg.log_every == 0 or final or stop
         evaluate = hooks.evaluate is not None and (due(cfg.eval_every, update) or final)
         checkpoint = hooks.checkpoint is not None and (due(cfg.checkpoint_every, update) or final or stop)
-        if evaluate or checkpoint or final or stop:
-            emit(*pending)  # the state is needed as it is now: read this chunk before the next
+        if feed is not None or evaluate or checkpoint or final or stop:
+            emit(*pending)  # the state (or the feed's count) is needed as it is now: read this chunk
             pending = None
             if evaluate:
                 last_row.update(hooks.evaluate(update, state))
-            log.write(last_row)
+            if boundary:
+                write(update)
             if checkpoint:
                 hooks.checkpoint(update, state)
         if final or stop:
             break
     if pending is not None:
         emit(*pending)
-        log.write(last_row)
+        write(pending[0])
     return state, last_row, update
 
 
@@ -379,7 +438,7 @@ def plan_run_dir(cfg) -> tuple[Path, int | None]:
     return path, step
 
 
-def banner(cfg, par: Parallel, layout: dict, per_update: str) -> dict:
+def banner(cfg, par: Parallel, layout: Split, per_update: str) -> dict:
     """The start-up summary of the distributed setup. `layout` is the algorithm's
     {what: (global, per device)} split of the batch (its `check`)."""
     device = par.devices[0]
@@ -414,9 +473,10 @@ def saved_steps(ckpts: Checkpoints, step: int, unit: str, steps_per_update: int)
     return int(meta.get(unit, step * steps_per_update))
 
 
-def run(cfg, par: Parallel, layout: dict, changes: list[str], asynchronous=None) -> int:
-    """Trains (`--mode both`, or a `--mode learn` learner from `asynchronous`) in the run
-    directory, from its latest checkpoint with `--resume`. Returns the exit code."""
+def run(cfg, par: Parallel, layout: Split, changes: list[str], asynchronous=None) -> int:
+    """Trains in the run directory, from its latest checkpoint with `--resume`: `--mode both`,
+    or a `--mode learn` learner fed by `asynchronous` (asynchronous/dqn.py or ad.py), in the
+    same loop. Returns the exit code."""
     entered = time.monotonic()
     run_dir, resume_step = plan_run_dir(cfg)
     cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
@@ -438,16 +498,17 @@ def run(cfg, par: Parallel, layout: dict, changes: list[str], asynchronous=None)
                   f"{'--num-updates' if cfg.num_updates is not None else '--total-timesteps'}")
             return 0
     parallel.barrier("run directory checked")  # every process checks it before process 0 writes in it
-    trainer = None if learner else Trainer(cfg, par)
-    state, state_layout = (None, None) if trainer is not None else asynchronous.initial_state(cfg, par)
+    trainer = Trainer(cfg, par, asynchronous.algorithm(cfg, par, layout) if learner else None, layout)
+    # A learner publishes its initial state for the collectors before it compiles.
+    state = trainer.init_state() if learner else None
     recreated: list[str] = []
     if resume_step is not None:
         # Restored before process 0 rewrites config.json and metrics.jsonl, so that a checkpoint
         # this version cannot read leaves the run directory as it was.
-        target, state_layout = (trainer.init_state(), trainer.layout) if trainer is not None else (state, state_layout)
+        target = state if learner else trainer.init_state()
         reader = Checkpoints(run_dir, read_only=True)
         try:
-            state, recreated = reader.restore(resume_step, target, state_layout, par)
+            state, recreated = reader.restore(resume_step, target, trainer.layout, par)
         except CheckpointMismatch as e:
             raise ConfigError(f"--resume: {e}") from None
         finally:
@@ -458,14 +519,9 @@ def run(cfg, par: Parallel, layout: dict, changes: list[str], asynchronous=None)
         # Rows logged after the checkpoint we resume from are logged again by this run.
         truncate_metrics(run_dir / "metrics.jsonl", resume_step or 0)
     parallel.barrier("run directory ready")
-    if trainer is not None:
-        unit, per_update = trainer.step_unit, trainer.steps_per_update
-        log = RunLog(run_dir, cfg.steps_at(cfg.total_updates, per_update), unit=unit, episodic=cfg.algo != "ad")
-        log.banner(banner(cfg, par, layout, f"{per_update:,} {unit}"))
-    else:
-        unit = "env_steps"  # received from the collectors
-        log = RunLog(run_dir, cfg.total_updates, unit="update")
-        log.banner(banner(cfg, par, layout, asynchronous.per_update(cfg)))
+    unit, per_update = trainer.step_unit, trainer.steps_per_update
+    log = RunLog(run_dir, cfg.steps_at(cfg.total_updates, per_update), unit=unit, episodic=cfg.algo != "ad")
+    log.banner(banner(cfg, par, layout, asynchronous.per_update(cfg) if learner else f"{per_update:,} {unit}"))
     for change in changes:
         log.print(f"  --resume: {change}")
     ckpts = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
@@ -473,8 +529,9 @@ def run(cfg, par: Parallel, layout: dict, changes: list[str], asynchronous=None)
     if resume_step is None:
         if cfg.resume == "auto":
             log.print("  --resume auto: no checkpoint yet, starting fresh")
-    elif trainer is not None:  # (a learner says where it resumed: asynchronous/ledger.py)
+    else:
         start = resume_step
+    if resume_step is not None and not learner:  # (a learner says where it resumed: asynchronous/ledger.py)
         log.print(f"  resumed from the checkpoint at update {start} ({cfg.resumed_steps:,} {unit})"
                   + (f"; re-created {', '.join(recreated)} (the saved ones do not fit {par.num_devices} devices"
                      f" x {cfg.num_envs} envs)" if recreated else ""))
@@ -483,13 +540,16 @@ def run(cfg, par: Parallel, layout: dict, changes: list[str], asynchronous=None)
     log.timeline["setup_s"] = time.monotonic() - entered  # algorithm, initial state, restore, log files
     stop = StopSignal(log)
     t_start = time.perf_counter()
+    feed = None
     try:
         if learner:
-            last = asynchronous.learn(cfg, par, run_dir, log, ckpts, stop, resume_step, state)
-            done = cfg.total_updates  # the learner stops on env steps received, not on updates
+            feed = asynchronous.Feed(cfg, par, layout, trainer.algo, ckpts, log, resume_step, state)
+            hooks = Hooks(checkpoint=feed.checkpoint, stop_requested=stop)
         else:
             hooks = trainer_hooks(cfg, trainer, par, ckpts, stop)
-            _, last, done = train(trainer, log, state, start, hooks, stop_at=cfg.stop_at_update)
+        state, last, done = train(trainer, log, state, start, hooks, stop_at=cfg.stop_at_update, feed=feed)
+        if feed is not None:  # the last checkpoint, and unless stopped the marker that ends the collectors
+            feed.finish(done, state, stopped=done < cfg.total_updates)
     except NonFinite as e:
         ckpts.wait()
         last_good = ckpts.latest_step()
@@ -498,12 +558,17 @@ def run(cfg, par: Parallel, layout: dict, changes: list[str], asynchronous=None)
         print(f"error: {e}; stopped, {where}", file=sys.stderr)
         return 1
     finally:
+        if feed is not None:
+            feed.close()
         stop.restore()
         log.close()
         ckpts.close()  # waits for the asynchronous saves
     if done < cfg.total_updates:
         log.print(f"stopped at update {done} of {cfg.total_updates} with a checkpoint; continue with --resume")
-    steps = last.get(unit, cfg.steps_at(done, trainer.steps_per_update) if trainer is not None else None)
+    if learner:  # what it learned from: the env steps the collectors sent
+        unit, steps = "env_steps", last.get("env_steps", feed.ledger.env_steps)
+    else:
+        steps = last.get(unit, cfg.steps_at(done, trainer.steps_per_update))
     log.summary(summary(cfg, log, last, done, unit, steps, time.perf_counter() - t_start, run_dir))
     return 0
 

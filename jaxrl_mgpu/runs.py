@@ -39,7 +39,8 @@ def pick_step(ckpts, run_dir: str, step: int | None) -> int:
 def params_template(cfg):
     """Shapes and dtypes of the run's params (no device axis), from its config."""
     env, env_params = envs_lib.make(cfg.env)
-    algo = ALGOS[cfg.algo].make(cfg, env, env_params, 1)
+    module = ALGOS[cfg.algo]
+    algo = module.make(cfg, env, env_params, module.check(cfg, 1))
     return jax.eval_shape(algo.init_params, jax.random.PRNGKey(0))
 
 

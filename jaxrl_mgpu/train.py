@@ -43,13 +43,13 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.mode == "collect":
             if not cfg.run_dir:
                 raise ConfigError("--mode collect needs --run-dir: the run whose store it fills")
-            return collect(cfg, par, learner, runner.StopSignal)
+            return collect(cfg, par, layout, learner, runner.StopSignal)
         return runner.run(cfg, par, layout, changes, learner)
     except USER_ERRORS as e:
         fail(e)
 
 
-def collect(cfg, par, asynchronous, stop_signal) -> int:
+def collect(cfg, par, layout, asynchronous, stop_signal) -> int:
     """`--mode collect`: no run directory of its own; it adds episodes (or, for --algo ad,
     learning histories) to `--run-dir`'s store."""
     log = RunLog(None, 0)
@@ -58,7 +58,7 @@ def collect(cfg, par, asynchronous, stop_signal) -> int:
               + f", store {cfg.run_dir}/store")
     stop = stop_signal(log)
     try:
-        total = asynchronous.collect(cfg, par, log, stop)
+        total = asynchronous.collect(cfg, par, layout, log, stop)
     finally:
         stop.restore()
     log.print(f"collector done: {total:,} env steps written")

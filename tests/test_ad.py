@@ -46,7 +46,7 @@ def one_step(cfg, devices, batch):
     over them; returns device 0's params and stats."""
     env, env_params = envs.make(cfg.env)
     par = parallel.setup("pmap", devices)
-    algo = ad.make(cfg, env, env_params, devices)
+    algo = ad.make(cfg, env, env_params, ad.check_batch(cfg, devices))
     state = par.map(algo.init)(par.replicate(np.asarray(jax.random.PRNGKey(0))))
     split = jax.tree.map(lambda x: np.asarray(x).reshape((devices, -1) + x.shape[1:]), batch)
     learn = par.map(lambda s, b: algo.learn(s.params, s.opt_state, s.loss_scale, b))

@@ -182,7 +182,7 @@ def test_learner_replay_stores_minatar_observations_as_bytes():
         buffer_size=2 * async_dqn.BLOCK, replay_batch_size=8, hidden_size=8, updates_per_step=0.5,
         replay_obs_dtype="uint8"))
     par = parallel.setup("pmap", 2)
-    learner = async_dqn.Learner(cfg, par)
+    learner = async_dqn.Learner(cfg, par, async_dqn.check(cfg, par.num_devices))
     key = par.replicate(np.asarray(jax.random.PRNGKey(0)))
     replay, state = learner.init_replay(key), learner.init(key)
     rng = np.random.default_rng(0)
@@ -207,7 +207,9 @@ def test_a_collector_without_a_learner_says_what_it_waits_for(tmp_path, capsys, 
         config_lib.Config(), algo="dqn", mode="collect", env="CartPole-v1", num_envs=2, num_steps=2,
         buffer_size=1024, learning_starts=0, run_dir=str(tmp_path / "run")))
     deadline = time.monotonic() + 3.0
-    total = async_dqn.collect(cfg, parallel.setup("pmap", 2), RunLog(None, 0), lambda: time.monotonic() > deadline)
+    par = parallel.setup("pmap", 2)
+    total = async_dqn.collect(cfg, par, async_dqn.check(cfg, par.num_devices), RunLog(None, 0),
+                              lambda: time.monotonic() > deadline)
     out = capsys.readouterr().out
     assert total == 0
     waiting = [line for line in out.splitlines() if "still waiting for the learner's first checkpoint" in line]

@@ -61,7 +61,7 @@ def test_gaussian_log_prob_and_entropy_match_a_hand_computation():
 def test_the_env_gets_clipped_actions_and_the_log_prob_is_of_the_raw_sample():
     cfg = small_config(num_envs=32)
     env, env_params = RecordingPendulum(), Pendulum().default_params
-    algo = ppo.make(cfg, env, env_params, 1)
+    algo = ppo.make(cfg, env, env_params, ppo.check(cfg, 1))
     dist = actor_critic.distribution(env, env_params)
     assert dist == actor_critic.DiagGaussian(low=(-2.0,), high=(2.0,))
     params = algo.init_params(jax.random.PRNGKey(0))

@@ -1,5 +1,9 @@
-"""Algorithms. Each module has `make(cfg, env, env_params, num_devices) -> Algo(init, update, ...)`
-with per-device functions, and `check(cfg, num_devices)` for the batch-layout checks."""
+"""Algorithms. Each module has `check(cfg, num_devices) -> base.Split` (the batch over the
+devices, checked once, or a one-line ConfigError), `algorithm(cfg, env, env_params, split, par)
+-> base.Algorithm` (what the runner runs), `make(cfg, env, env_params, split)` (its per-device
+functions),
+STEP_UNIT and `steps_per_update(cfg)` (how progress is counted), and STATE_KEYS (the options
+that shape its checkpointed state)."""
 
 from jaxrl_mgpu.algos import ad, dqn, ppo
 

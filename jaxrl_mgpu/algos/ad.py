@@ -37,11 +37,12 @@ import numpy as np
 
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import learner
+from jaxrl_mgpu.algos.base import Algorithm, Split
 from jaxrl_mgpu.checkpoint import REPLICATED
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.data import rlds
 from jaxrl_mgpu.envs import vec
-from jaxrl_mgpu.nets import actor_critic, compute_dtype, kernels
+from jaxrl_mgpu.nets import actor_critic, factory
 from jaxrl_mgpu.nets.transformer import KVCache, TransformerActorCritic
 from jaxrl_mgpu.parallel import device_index
 
@@ -157,7 +158,7 @@ def load_data(cfg, par) -> Steps:
 
 # -- checks --------------------------------------------------------------------------------
 
-def check_batch(cfg, num_devices: int) -> dict:
+def check_batch(cfg, num_devices: int) -> Split:
     """The checks of the model and its batch over `num_devices` (no dataset: `--mode learn`
     fills its histories from the run's store, asynchronous/ad.py); the batch layout, or a ConfigError."""
     if cfg.num_updates is None:
@@ -180,12 +181,15 @@ def check_batch(cfg, num_devices: int) -> dict:
     per_device = cfg.ad_batch_size // num_devices
     if per_device % cfg.grad_accum:
         raise ConfigError(f"--grad-accum {cfg.grad_accum} does not divide the {per_device} windows per device")
-    return {"windows": (cfg.ad_batch_size, per_device)}
+    return Split(num_devices, {"windows": (cfg.ad_batch_size, per_device)})
 
 
-def check(cfg, num_devices: int) -> dict:
-    """The batch layout over `num_devices` and a checked dataset, or a ConfigError."""
+def check(cfg, num_devices: int) -> Split:
+    """The batch layout over `num_devices` and, for --mode both, a checked dataset; or a
+    ConfigError. (A --mode learn run's histories are its store's: asynchronous/ad.py.)"""
     layout = check_batch(cfg, num_devices)
+    if cfg.mode != "both":
+        return layout
     meta = open_dataset(cfg)
     tasks, steps = meta["num_tasks"], meta["steps_per_task"]
     if tasks < num_devices:
@@ -194,7 +198,7 @@ def check(cfg, num_devices: int) -> dict:
     if cfg.n_transit > steps // cfg.ad_episode_stride:
         raise ConfigError(f"--n-transit {cfg.n_transit} is longer than the learning histories ({steps} steps, "
                           f"every {cfg.ad_episode_stride}-th episode kept: --ad-episode-stride)")
-    return {**layout, "tasks": (tasks // num_devices * num_devices, tasks // num_devices)}
+    return layout.with_(tasks=(tasks // num_devices * num_devices, tasks // num_devices))
 
 
 # -- the algorithm ---------------------------------------------------------------------------
@@ -217,10 +221,7 @@ def sample(data: Steps, key: jax.Array, windows: int, length: int, filled: jax.A
 
 
 def make_net(cfg, env, env_params) -> TransformerActorCritic:
-    return TransformerActorCritic(num_actions=env.num_actions, obs_ndim=1, d_model=cfg.d_model,
-                                  n_layers=cfg.n_layers, n_heads=cfg.n_heads, context_len=cfg.n_transit,
-                                  context_across_episodes=True, dtype=compute_dtype(cfg.precision),
-                                  **kernels(cfg))
+    return factory.transformer(cfg, env.num_actions, 1, context_len=cfg.n_transit, across_episodes=True)
 
 
 def make_policy(net: TransformerActorCritic, obs_size: int) -> actor_critic.Policy:
@@ -256,11 +257,11 @@ def make_policy(net: TransformerActorCritic, obs_size: int) -> actor_critic.Poli
     return actor_critic.Policy(init_params, init_memory, act, remember, inputs, evaluate, sequences=True)
 
 
-def make(cfg, env, env_params, num_devices: int) -> Algo:
+def make(cfg, env, env_params, split: Split) -> Algo:
     net = make_net(cfg, env, env_params)
     policy = make_policy(net, int(np.prod(env.observation_space(env_params).shape)))
     tx = learner.adam(cfg, cfg.total_updates)  # one optimizer step per update
-    windows = cfg.ad_batch_size // num_devices
+    windows = split.per_device("windows")
 
     def init(key: jax.Array) -> ADState:
         params_key, key = jax.random.split(key)
@@ -291,3 +292,11 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
 
     return Algo(init, update, policy.init_params, policy,
                 lambda data, key, n: sample(data, key, n, cfg.n_transit), learn)
+
+
+def algorithm(cfg, env, env_params, split: Split, par) -> Algorithm:
+    """AD trains from a dataset of learning histories, loaded once onto the devices (this
+    device's share of the tasks) and read by every update."""
+    algo = make(cfg, env, env_params, split)
+    return Algorithm(algo.init, algo.update, STATE_LAYOUT, STEP_UNIT, steps_per_update(cfg), algo.policy,
+                     data=(load_data(cfg, par),), parts=algo)

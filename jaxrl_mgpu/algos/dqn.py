@@ -71,13 +71,12 @@ import optax
 
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import learner
+from jaxrl_mgpu.algos.base import Algorithm, Split
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.envs import vec
-from jaxrl_mgpu.nets import actor_critic, compute_dtype, kernels
+from jaxrl_mgpu.nets import actor_critic, factory
 from jaxrl_mgpu.nets.actor_critic import Memory, Policy
-from jaxrl_mgpu.nets.transformer import TransformerActorCritic
-from jaxrl_mgpu.nets.qnet import QNetwork
 from jaxrl_mgpu.parallel import ParallelError, device_index, global_indices, split_evenly
 
 
@@ -119,6 +118,13 @@ class DQNState(NamedTuple):
 STATE_KEYS = ("buffer_size", "num_envs", "num_steps", "d_model", "n_layers", "n_heads", "context_len",
               "replay_obs_dtype")
 
+STEP_UNIT = "env_steps"
+
+
+def steps_per_update(cfg) -> int:
+    return cfg.batch_size  # num_envs x num_steps
+
+
 # How each state field is laid out over devices (see checkpoint.py).
 STATE_LAYOUT = {"params": REPLICATED, "target_params": REPLICATED, "opt_state": REPLICATED,
                 "loss_scale": REPLICATED, "envs": PER_ENV, "memory": PER_ENV, "replay": PER_ENV, "key": REPLICATED,
@@ -149,7 +155,7 @@ def grad_steps_per_update(cfg) -> int:
     return int(round(cfg.num_steps * cfg.updates_per_step))
 
 
-def check(cfg, num_devices: int) -> dict:
+def check(cfg, num_devices: int) -> Split:
     """The batch layout over `num_devices`, or a ConfigError naming the option that breaks it."""
     if not isinstance(actor_critic.distribution(*envs_lib.make(cfg.env)), actor_critic.Categorical):
         raise ConfigError(f"--algo dqn takes discrete actions (one Q-value each); --env {cfg.env} has continuous "
@@ -178,7 +184,7 @@ def check(cfg, num_devices: int) -> dict:
     if cfg.buffer_size % cfg.num_envs:
         raise ConfigError(f"--buffer-size {cfg.buffer_size} is not a multiple of --num-envs {cfg.num_envs} "
                           f"(the buffer holds buffer-size / num-envs steps of every environment)")
-    if cfg.policy == "transformer" and cfg.buffer_size // cfg.num_envs < cfg.context_len + cfg.n_step:
+    if factory.is_sequence_policy(cfg) and cfg.buffer_size // cfg.num_envs < cfg.context_len + cfg.n_step:
         raise ConfigError(f"--buffer-size {cfg.buffer_size} holds fewer than --context-len {cfg.context_len} + "
                           f"--n-step {cfg.n_step} steps of each of the {cfg.num_envs} environments")
     if cfg.buffer_size // cfg.num_envs < cfg.n_step:
@@ -190,9 +196,9 @@ def check(cfg, num_devices: int) -> dict:
     if cfg.learning_starts >= cfg.total_timesteps:
         raise ConfigError(f"--learning-starts {cfg.learning_starts} is not below --total-timesteps "
                           f"{cfg.total_timesteps}: no gradient step would run")
-    return {"environments": (cfg.num_envs, envs_per_device),
-            "minibatch": (cfg.replay_batch_size, batch_per_device),
-            "replay buffer": (cfg.buffer_size, cfg.buffer_size // num_devices)}
+    return Split(num_devices, {"environments": (cfg.num_envs, envs_per_device),
+                               "minibatch": (cfg.replay_batch_size, batch_per_device),
+                               "replay buffer": (cfg.buffer_size, cfg.buffer_size // num_devices)})
 
 
 # -- replay ------------------------------------------------------------------------------
@@ -333,13 +339,9 @@ def make_network(cfg, env, env_params):
     """Q-values from an MLP (conv torso for images), or from the actor head of the transformer
     of nets/transformer.py (`--policy transformer`), which sees the recent history."""
     obs_shape = env.observation_space(env_params).shape
-    if cfg.policy == "transformer":
-        return TransformerActorCritic(num_actions=env.num_actions, obs_ndim=len(obs_shape), d_model=cfg.d_model,
-                                      n_layers=cfg.n_layers, n_heads=cfg.n_heads, context_len=cfg.context_len,
-                                      context_across_episodes=cfg.context_across_episodes,
-                                      dtype=compute_dtype(cfg.precision), **kernels(cfg))
-    return QNetwork(num_actions=env.num_actions, obs_ndim=len(obs_shape), hidden_size=cfg.hidden_size,
-                    num_layers=cfg.num_layers, activation=cfg.activation, dtype=compute_dtype(cfg.precision))
+    if factory.is_sequence_policy(cfg):
+        return factory.transformer(cfg, env.num_actions, len(obs_shape))
+    return factory.q_network(cfg, env.num_actions, len(obs_shape))
 
 
 def first_learning_update(cfg) -> int:
@@ -397,19 +399,21 @@ def make_train_step(cfg, q_values, tx, sequence: bool = False):
     return learn, train_step
 
 
-def make(cfg, env, env_params, num_devices: int) -> Algo:
-    check(cfg, num_devices)
-    net = make_network(cfg, env, env_params)
-    tx = learner.adam(cfg, gradient_steps(cfg))
-    envs_per_device = cfg.num_envs // num_devices
-    rows = cfg.buffer_size // cfg.num_envs
-    batch_per_device = cfg.replay_batch_size // num_devices
-    grad_steps = grad_steps_per_update(cfg)
-    learn_from = first_learning_update(cfg)
-    obs_shape = env.observation_space(env_params).shape
-    obs_dtype = stored_obs_dtype(cfg)
+class QFunctions(NamedTuple):
+    """The Q-network's views: params and memory to start from; acting one step (a transformer
+    also advances its cache); the learner's Q of a batch (observations, or windows); and the
+    epsilon-greedy (eps-end) policy for evaluation."""
+    sequence: bool
+    init_params: Any
+    init_memory: Any
+    act: Any
+    remember: Any
+    learner: Any
+    policy: Policy
 
-    sequence = cfg.policy == "transformer"  # Q from the recent history, not one observation
+
+def q_functions(cfg, net, env, obs_shape: tuple) -> QFunctions:
+    sequence = factory.is_sequence_policy(cfg)  # Q from the recent history, not one observation
 
     def init_params(key: jax.Array):
         if not sequence:
@@ -439,22 +443,6 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
         logits, _, _ = net.apply(params, None, x.obs, x.prev_action, x.prev_reward, x.is_first, valid=x.valid)
         return logits[:, -1]
 
-    def init(key: jax.Array) -> DQNState:
-        params_key, env_key, key = jax.random.split(key, 3)
-        params = init_params(params_key)
-        envs = vec.reset(env, env_params, env_key, global_indices(envs_per_device))
-        zero = jnp.zeros((), jnp.int32)
-        replay = replay_init(envs_per_device, rows, obs_shape, obs_dtype)
-        return DQNState(params, params, tx.init(params), learner.LossScale.init(cfg.precision), envs,
-                        init_memory(envs_per_device), replay, key, zero, zero)
-
-    def epsilon_greedy(q, keys, eps):
-        """One key per environment: whether to explore, and the random action if so."""
-        keys = jax.vmap(jax.random.split)(keys)
-        explore = jax.vmap(jax.random.uniform)(keys[:, 0]) < eps
-        random = jax.vmap(lambda k: jax.random.randint(k, (), 0, env.num_actions))(keys[:, 1])
-        return jnp.where(explore, random, jnp.argmax(q, axis=-1))
-
     def policy_logits(q):
         """log of the epsilon-greedy (eps-end) action probabilities, and max Q as the value."""
         greedy = jax.nn.one_hot(jnp.argmax(q, -1), env.num_actions)
@@ -474,6 +462,39 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
     policy = Policy(init_params=init_params, init_memory=init_memory, act=policy_act, remember=remember,
                     inputs=lambda memory, obs: (obs, memory.prev_action, memory.prev_reward, memory.is_first)
                     if sequence else obs, evaluate=policy_evaluate, sequences=sequence)
+
+    return QFunctions(sequence, init_params, init_memory, act_q, remember, learner_q, policy)
+
+
+def make(cfg, env, env_params, split: Split) -> Algo:
+    net = make_network(cfg, env, env_params)
+    tx = learner.adam(cfg, gradient_steps(cfg))
+    envs_per_device = split.per_device("environments")
+    rows = cfg.buffer_size // cfg.num_envs  # steps of each environment the replay holds
+    batch_per_device = split.per_device("minibatch")
+    grad_steps = grad_steps_per_update(cfg)
+    learn_from = first_learning_update(cfg)
+    obs_shape = env.observation_space(env_params).shape
+    obs_dtype = stored_obs_dtype(cfg)
+
+    qf = q_functions(cfg, net, env, obs_shape)
+    sequence, init_params, init_memory, act_q, remember, learner_q, policy = qf
+
+    def init(key: jax.Array) -> DQNState:
+        params_key, env_key, key = jax.random.split(key, 3)
+        params = init_params(params_key)
+        envs = vec.reset(env, env_params, env_key, global_indices(envs_per_device))
+        zero = jnp.zeros((), jnp.int32)
+        replay = replay_init(envs_per_device, rows, obs_shape, obs_dtype)
+        return DQNState(params, params, tx.init(params), learner.LossScale.init(cfg.precision), envs,
+                        init_memory(envs_per_device), replay, key, zero, zero)
+
+    def epsilon_greedy(q, keys, eps):
+        """One key per environment: whether to explore, and the random action if so."""
+        keys = jax.vmap(jax.random.split)(keys)
+        explore = jax.vmap(jax.random.uniform)(keys[:, 0]) < eps
+        random = jax.vmap(lambda k: jax.random.randint(k, (), 0, env.num_actions))(keys[:, 1])
+        return jnp.where(explore, random, jnp.argmax(q, axis=-1))
 
     def rollout(params, envs: vec.EnvBatch, memory, replay: Replay, key: jax.Array, written: jax.Array):
         """`num_steps` epsilon-greedy vector steps, from the `written`-th vector step of training."""
@@ -531,3 +552,8 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
         return new, (losses, vec.EpisodeStats.of(steps.done_return, steps.done_length))
 
     return Algo(init, update, rollout, init_params, policy, learn, train_step)
+
+
+def algorithm(cfg, env, env_params, split: Split, par) -> Algorithm:
+    algo = make(cfg, env, env_params, split)
+    return Algorithm(algo.init, algo.update, STATE_LAYOUT, STEP_UNIT, steps_per_update(cfg), algo.policy, parts=algo)

@@ -26,11 +26,12 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_mgpu.algos import learner
+from jaxrl_mgpu.algos.base import Algorithm, Split
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.envs import vec
-from jaxrl_mgpu.nets import actor_critic
+from jaxrl_mgpu.nets import actor_critic, factory
 from jaxrl_mgpu.parallel import all_mean, all_sum, device_index, global_indices, split_evenly
 
 
@@ -70,6 +71,13 @@ STATE_KEYS = ("anneal_lr", "d_model", "n_layers", "n_heads", "context_len", "nor
 # of 8 and compiles 2.3 s faster. Elsewhere 1: on CPUs a loop costs no round trip.
 GPU_ROLLOUT_UNROLL = 4
 
+STEP_UNIT = "env_steps"
+
+
+def steps_per_update(cfg) -> int:
+    return cfg.batch_size  # num_envs x num_steps
+
+
 # How each state field is laid out over devices (see checkpoint.py).
 STATE_LAYOUT = {"params": REPLICATED, "opt_state": REPLICATED, "loss_scale": REPLICATED, "envs": PER_ENV,
                 "memory": PER_ENV, "key": REPLICATED, "update": REPLICATED, "return_stats": REPLICATED,
@@ -106,14 +114,14 @@ class Algo(NamedTuple):
     policy: Any       # nets.actor_critic.Policy
 
 
-def check(cfg, num_devices: int) -> dict:
+def check(cfg, num_devices: int) -> Split:
     """The batch layout over `num_devices`, or a ConfigError naming the option that breaks it."""
     dist = actor_critic.distribution(*envs_lib.make(cfg.env))  # a ConfigError for an unsupported action space
-    if cfg.policy == "transformer" and not isinstance(dist, actor_critic.Categorical):
+    if factory.is_sequence_policy(cfg) and not isinstance(dist, actor_critic.Categorical):
         raise ConfigError(actor_critic.transformer_refusal(cfg.env))
     envs_per_device = split_evenly(cfg.num_envs, num_devices, "--num-envs")
     per_device_batch = envs_per_device * cfg.num_steps
-    if cfg.policy == "transformer" and envs_per_device % cfg.num_minibatches:
+    if factory.is_sequence_policy(cfg) and envs_per_device % cfg.num_minibatches:
         raise ConfigError(
             f"--num-minibatches {cfg.num_minibatches} must divide the {envs_per_device} environments per device "
             f"(--num-envs {cfg.num_envs} / {num_devices} devices): transformer minibatches are whole sequences")
@@ -122,12 +130,12 @@ def check(cfg, num_devices: int) -> dict:
             f"--num-minibatches {cfg.num_minibatches} does not divide the per-device batch of {per_device_batch} "
             f"transitions (--num-envs {cfg.num_envs} / {num_devices} devices x --num-steps {cfg.num_steps})")
     minibatch = per_device_batch // cfg.num_minibatches
-    if minibatch % cfg.grad_accum or (cfg.policy == "transformer" and
+    if minibatch % cfg.grad_accum or (factory.is_sequence_policy(cfg) and
                                       (envs_per_device // cfg.num_minibatches) % cfg.grad_accum):
         raise ConfigError(f"--grad-accum {cfg.grad_accum} does not divide the per-device minibatch "
                           f"({minibatch} transitions, {envs_per_device // cfg.num_minibatches} environments)")
-    return {"environments": (cfg.num_envs, envs_per_device),
-            "minibatch": (cfg.batch_size // cfg.num_minibatches, minibatch)}
+    return Split(num_devices, {"environments": (cfg.num_envs, envs_per_device),
+                               "minibatch": (cfg.batch_size // cfg.num_minibatches, minibatch)})
 
 
 def gae(cfg, traj: Rollout, last_value: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -192,11 +200,11 @@ def normalize_per_minibatch(adv: jax.Array) -> jax.Array:
     return (adv - mean.reshape(shape)) / (jnp.sqrt(var).reshape(shape) + 1e-8)
 
 
-def make(cfg, env, env_params, num_devices: int) -> Algo:
+def make(cfg, env, env_params, split: Split) -> Algo:
     policy = actor_critic.make(cfg, env, env_params)
     dist = actor_critic.distribution(env, env_params)
     tx = learner.adam(cfg, cfg.total_updates * cfg.update_epochs * cfg.num_minibatches)
-    envs_per_device = cfg.num_envs // num_devices
+    envs_per_device = split.per_device("environments")
     unroll = GPU_ROLLOUT_UNROLL if jax.default_backend() == "gpu" else 1
 
     def init(key: jax.Array) -> PPOState:
@@ -312,3 +320,8 @@ def make(cfg, env, env_params, num_devices: int) -> Algo:
         return new, (losses, episodes)
 
     return Algo(init, update, rollout, policy.init_params, policy)
+
+
+def algorithm(cfg, env, env_params, split: Split, par) -> Algorithm:
+    algo = make(cfg, env, env_params, split)
+    return Algorithm(algo.init, algo.update, STATE_LAYOUT, STEP_UNIT, steps_per_update(cfg), algo.policy, parts=algo)

@@ -13,16 +13,18 @@ scratch, whatever AD has learned.
 
 The learner keeps a FIXED-capacity buffer of learning histories on every device (as many as
 `--store-max-episodes` holds, split over the devices), so shapes never change and nothing is
-recompiled as data arrives. Its loop, on the host between compiled calls:
+recompiled as data arrives. The learner is the runner's loop (runner.train) with this module's
+`Feed` polled between compiled chunks:
   1. take the shards a background thread (`reader.ShardReader`) has read since, oldest
      first, as AD's inputs (`ad.prepare`);
   2. insert them, at most one history per device per compiled insert, round robin over the
      devices so they fill evenly; a full buffer overwrites its oldest history (FIFO, like the
      store's eviction);
-  3. once every device holds a history (and under `--max-replay-ratio`): one compiled chunk of
-     `--log-every` AD updates (`ad.update`, windows sampled from the filled slots only);
-  4. log, publish a checkpoint every `--checkpoint-every` updates (what `evaluate --in-context`
-     reads), evict the oldest shards beyond `--store-max-episodes` (only the learner deletes).
+  3. once every device holds a history, allow the updates the replay ratio cap leaves room
+     for; the runner runs them (up to `--log-every` at a time) in one compiled chunk (`ad.update`,
+     windows sampled from the filled slots only);
+  4. the runner logs, publishes a checkpoint every `--checkpoint-every` updates (what
+     in-context evaluation reads) and evicts the oldest shards beyond `--store-max-episodes`.
 The buffer is not checkpointed: a restarted learner refills it from the store.
 
 There is no `async/policy_lag`: the source learners never act with the learner's params, so
@@ -42,10 +44,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import histories, runner
+from jaxrl_mgpu import histories
 from jaxrl_mgpu.algos import ad
-from jaxrl_mgpu.asynchronous.ledger import COLLECTOR_LOG_S, DONE_MARKER, Publisher, collector_name, collector_seed
-from jaxrl_mgpu.asynchronous.reader import ShardReader
+from jaxrl_mgpu.algos.base import Algorithm, Split
+from jaxrl_mgpu.asynchronous.ledger import COLLECTOR_LOG_S, DONE_MARKER, StoreFeed, collector_name, collector_seed
 from jaxrl_mgpu.asynchronous.store import Store
 from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.config import ConfigError
@@ -58,7 +60,7 @@ COUNTS = ("env_steps", "episodes", "tasks")  # what the learner counts of each s
 SHARED_WITH_LEARNER = ("algo", "env", "ad_history_steps")
 
 
-def check(cfg, num_devices: int) -> dict:
+def check(cfg, num_devices: int) -> Split:
     if cfg.env not in darkroom.ROOMS:
         raise ConfigError(f"--mode {cfg.mode} --algo ad runs the tabular source learner of the Dark Rooms: use "
                           f"--env {' or '.join(darkroom.ROOMS)} (not {cfg.env})")
@@ -82,7 +84,7 @@ def check(cfg, num_devices: int) -> dict:
             if differ:
                 raise ConfigError(f"--run-dir {cfg.run_dir}: its learner has a different {', '.join(differ)} and "
                                   f"could not use these histories")
-        return {"tasks per shard": (cfg.ad_history_tasks, -(-cfg.ad_history_tasks // num_devices))}
+        return Split(num_devices, {"tasks per shard": (cfg.ad_history_tasks, -(-cfg.ad_history_tasks // num_devices))})
     layout = ad.check_batch(cfg, num_devices)
     length = _slot(cfg).action.shape[0]
     if cfg.n_transit > length:
@@ -94,7 +96,7 @@ def check(cfg, num_devices: int) -> dict:
         raise ConfigError(f"--store-max-episodes {cfg.store_max_episodes} holds {cfg.store_max_episodes // per_history} "
                           f"learning histories of {per_history} episodes, fewer than the {num_devices} devices: "
                           f"every device needs room for one")
-    return {**layout, "buffer (histories)": (per_device * num_devices, per_device)}
+    return layout.with_(**{"buffer (histories)": (per_device * num_devices, per_device)})
 
 
 def per_update(cfg) -> str:
@@ -153,109 +155,101 @@ def filled(buffer: Buffer) -> jax.Array:
 
 # -- the learner -----------------------------------------------------------------------------
 
-def initial_state(cfg, par: Parallel):
-    """A fresh learner state and its checkpoint layout: where a learner starts, or what a
-    resumed one restores into."""
+def algorithm(cfg, par: Parallel, split: Split) -> Algorithm:
+    """What the runner trains in --mode learn: AD's update on the windows of the feed's buffer
+    (its filled slots only); one optimizer step per update."""
     env, env_params = histories.darkroom_env(cfg.env)
-    key = par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed)))
-    return par.map(ad.make(cfg, env, env_params, par.num_devices).init)(key), ad.STATE_LAYOUT
+    algo = ad.make(cfg, env, env_params, split)
+    return Algorithm(algo.init, lambda state, buf: algo.update(state, buf.steps, filled(buf)), ad.STATE_LAYOUT,
+                     "update", 1, parts=algo)
 
 
-def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resume_step: int | None,
-          state) -> dict:
-    """The learner's loop (see the module docstring) from `state`: `initial_state`, or with
-    resume_step what train.py restored from that checkpoint before it touched the run
-    directory. Returns the last log row."""
-    env, env_params = histories.darkroom_env(cfg.env)
-    algo, slot, per_device, devices = ad.make(cfg, env, env_params, par.num_devices), _slot(cfg), \
-        capacity(cfg, par.num_devices), par.num_devices
-    key = par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed)))
-    buffer = par.map(lambda _: new_buffer(slot, per_device))(key)
-    store = Store(run_dir)
-    publisher = Publisher(cfg, par, ckpts, ad.STATE_LAYOUT, store)
-    ledger = publisher.start(state, resume_step, COUNTS, log, "buffer")
-    insert_fn = par.map(insert, donate=True)
-    # The buffer is an input of every update, not part of the (checkpointed) state.
-    # n updates of AD on the buffer's filled slots, one compiled program for every n
-    chunk_fn = par.map(runner.make_chunk(lambda state, buf: algo.update(state, buf.steps, filled(buf))), donate=True)
-    pending: list[ad.Steps] = []  # histories read, waiting for a slot, oldest first
-    inserted, waiting_said = 0, False  # history i went to device i % devices
-    iteration = ledger.iteration
-    t_start = t_prev = time.perf_counter()
-    steps_prev, last_row = ledger.env_steps, {}
+class Feed(StoreFeed):
+    """The learner's data (runner.Feed): learning histories from the store, read by a
+    background thread, inserted into the fixed-capacity on-device buffer round robin over the
+    devices; how many updates may run (every device needs a history; --max-replay-ratio); the
+    log's data counts; and the checkpoints in-context evaluation reads."""
 
-    def read(shard):
+    memory, counts = "buffer", COUNTS
+
+    def __init__(self, cfg, par: Parallel, split: Split, learner, ckpts: Checkpoints, log, resume_step: int | None,
+                 state):
+        self.slot, self.per_device, self.devices = _slot(cfg), split.per_device("buffer (histories)"), par.num_devices
+        key = par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed)))
+        self.buffer = par.map(lambda _: new_buffer(self.slot, self.per_device))(key)
+        self.insert = par.map(insert, donate=True)
+        super().__init__(cfg, par, ckpts, ad.STATE_LAYOUT, log, resume_step, state)
+        self.pending: list[ad.Steps] = []  # histories read, waiting for a slot, oldest first
+        self.inserted = 0  # history i went to device i % devices
+        self.steps_logged, self.logged_at = self.ledger.env_steps, time.perf_counter()
+        self.waiting_for = (f"waiting for learning histories in {self.store.root}: each of the {self.devices} device(s) needs one "
+                            f"(start a collector: --mode collect --algo ad --run-dir {cfg.run_dir})")
+        # Said once, at the start or when the first poll finds none (the chunk compiles between).
+        self._said_waiting = not any(_fits(cfg, shard.meta) for shard in self.store.shards())
+        if self._said_waiting:
+            log.print(f"  {self.waiting_for}")
+
+    def read(self, shard):
         """A shard's histories as AD's inputs, one per task (None: not this run's kind)."""
-        if not _fits(cfg, shard.meta):
-            log.print(f"  skipping store shard {shard.path.name}: not {cfg.env} histories of "
-                      f"--ad-history-steps {cfg.ad_history_steps}")
+        if not _fits(self.cfg, shard.meta):
+            self.log.print(f"  skipping store shard {shard.path.name}: not {self.cfg.env} histories of "
+                           f"--ad-history-steps {self.cfg.ad_history_steps}")
             return None
-        h = rlds.read(shard.path, env=cfg.env)  # checksums verified first
-        return [ad.Steps(*task) for task in zip(*ad.prepare(h, cfg.ad_episode_stride))]
+        h = rlds.read(shard.path, env=self.cfg.env)  # checksums verified first
+        return [ad.Steps(*task) for task in zip(*ad.prepare(h, self.cfg.ad_episode_stride))]
 
-    reader = ShardReader(store, ledger.consumed, refill=resume_step is not None, read=read)
-    # As many updates as `--mode both` would do (--num-updates); how much data that sees
-    # depends on the collectors.
-    while iteration < cfg.total_updates and not stop():
-        # 1. shards the reader has read, oldest first; after a restart, consumed ones only
-        #    refill the buffer
-        for shard, new, tasks in reader.ready():
-            pending.extend(tasks)
-            ledger.consumed.add(shard.path.name)
-            if new:
-                ledger.receive(shard.meta)
+    @property
+    def data(self) -> tuple:
+        return (self.buffer,)
+
+    def poll(self, update: int) -> int:
+        # 1. shards the reader has read, oldest first; after a restart, consumed ones only refill
+        for _, _, tasks in self.arrived():
+            self.pending.extend(tasks)
         # 2. into the buffers; histories beyond their capacity would be overwritten unused
-        pending = pending[-per_device * devices:]
-        while pending:
-            take, pending = pending[:devices], pending[devices:]
-            block = jax.tree.map(lambda x: np.zeros((devices,) + x.shape, x.dtype), slot)
-            valid = np.zeros(devices, bool)
+        self.pending = self.pending[-self.per_device * self.devices:]
+        while self.pending:
+            take, self.pending = self.pending[:self.devices], self.pending[self.devices:]
+            block = jax.tree.map(lambda x: np.zeros((self.devices,) + x.shape, x.dtype), self.slot)
+            valid = np.zeros(self.devices, bool)
             for j, history in enumerate(take):
-                d = (inserted + j) % devices
+                d = (self.inserted + j) % self.devices
                 for rows, x in zip(block, history):
                     rows[d] = x
                 valid[d] = True
-            buffer = insert_fn(buffer, par.shard(par.local_rows(block)), par.shard(par.local_rows(valid)))
-            inserted += len(take)
-        # 3. learn, once every device has a history to sample from, and under the replay ratio cap
-        if inserted < devices:
-            if not waiting_said:
-                log.print(f"  waiting for learning histories in {store.root}: each of the {devices} device(s) "
-                          f"needs one (start a collector: --mode collect --algo ad --run-dir {run_dir})")
-                waiting_said = True
-            time.sleep(0.1)
-            continue
-        if cfg.max_replay_ratio is not None and iteration >= cfg.max_replay_ratio * max(ledger.env_steps, 1):
-            time.sleep(0.02)
-            continue
-        n = min(cfg.log_every, cfg.total_updates - iteration)
-        state, chunk = chunk_fn(state, par.replicate(np.int32(n)), buffer)
-        losses = runner.read_chunk(par, chunk, iteration + 1)  # waits for the devices; raises NonFinite
-        iteration += n
-        # 4. log, publish, evict (one optimizer step per update: gradient steps = updates)
-        now = time.perf_counter()
-        last_row = {
-            "update": iteration, ad.STEP_UNIT: iteration * ad.steps_per_update(cfg),
-            "env_steps": ledger.env_steps, "grad_steps": iteration,
-            **{k: v for k, v in losses.items() if k.startswith("loss/")},
-            "sps": (ledger.env_steps - steps_prev) / (now - t_prev),
-            "grad_steps_per_s": n / (now - t_prev), "time": now - t_start,
-            "async/buffer_histories": min(inserted, per_device * devices),
-            **ledger.metrics(iteration),
-        }
-        log.write(last_row)
-        t_prev, steps_prev = now, ledger.env_steps
-        if cfg.checkpoint_every and iteration % cfg.checkpoint_every == 0:
-            publisher.publish_and_evict(iteration, state, ledger)
-    reader.close()
-    publisher.finish(iteration, state, ledger, stopped=stop())
-    return last_row or {"update": iteration, "env_steps": ledger.env_steps,
-                        "time": time.perf_counter() - t_start}
+            self.buffer = self.insert(self.buffer, self.par.shard(self.par.local_rows(block)),
+                                      self.par.shard(self.par.local_rows(valid)))
+            self.inserted += len(take)
+        # 3. updates allowed: once every device has a history, and under the replay ratio cap
+        if self.inserted < self.devices:
+            if not self._said_waiting:
+                self.log.print(f"  {self.waiting_for}")
+                self._said_waiting = True
+            return 0
+        if self.cfg.max_replay_ratio is None:
+            return self.cfg.total_updates
+        room = self.cfg.max_replay_ratio * max(self.ledger.env_steps, 1) - update
+        return max(int(room), 1) if room > 0 else 0
+
+    def ran(self, updates: int) -> None:
+        pass  # one gradient step per update: the update count is the gradient step count
+
+    def log_row(self, row: dict, updates: int) -> dict:
+        now, update = time.perf_counter(), row["update"]
+        out = {"update": update, ad.STEP_UNIT: update * ad.steps_per_update(self.cfg),
+               "env_steps": self.ledger.env_steps, "grad_steps": update,
+               **{k: v for k, v in row.items() if k.startswith("loss/")},
+               "sps": (self.ledger.env_steps - self.steps_logged) / (now - self.logged_at),
+               "grad_steps_per_s": updates / (now - self.logged_at), "time": row["time"],
+               "async/buffer_histories": min(self.inserted, self.per_device * self.devices),
+               **self.ledger.metrics(update)}
+        self.steps_logged, self.logged_at = self.ledger.env_steps, now
+        return out
 
 
 # -- the history collector -----------------------------------------------------------------
 
-def collect(cfg, par: Parallel, log, stop) -> int:
+def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     """A history collector's loop: batches of source learning histories into the store, until
     the learner is done or a stop signal. Returns the env steps collected."""
     run_dir = Path(cfg.run_dir)

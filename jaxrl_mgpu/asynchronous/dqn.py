@@ -10,16 +10,19 @@ checkpoints. Collectors follow the newest checkpoint, roll out on their own devi
 append whole episodes to the store as atomically written shards. They can be started, killed
 and restarted at any time; nothing else notices but the learner's data rate.
 
-The learner's loop, on the host between compiled calls:
-  1. take the shards a background thread (`ShardReader`) has read since, oldest first, and
-     queue their transitions;
+The learner is the runner's loop (runner.train, as for --mode both) with this module's `Feed`
+polled between compiled chunks:
+  1. take the shards a background thread (`reader.ShardReader`) has read since, oldest
+     first, and queue their transitions;
   2. move queued transitions into the on-device replay in fixed-size blocks (one compiled
      insert, each device taking its share);
-  3. if the replay holds `--learning-starts` transitions and the replay ratio is under
-     `--max-replay-ratio`: one compiled chunk of `num_steps x updates_per_step` gradient
-     steps (the same double-DQN step as `--mode both`, gradients `pmean`-ed over devices);
-  4. log, publish a checkpoint every `--checkpoint-every` iterations, evict the oldest shards
-     beyond `--store-max-episodes` (the learner is the only one who deletes).
+  3. allow as many iterations as the replay ratio cap leaves room for, once the replay holds
+     `--learning-starts` transitions; the runner runs them in one compiled chunk, each
+     iteration `num_steps x updates_per_step` gradient steps (the double-DQN step of
+     `--mode both`, gradients `pmean`-ed over devices);
+  4. the runner logs (with the feed's data counts), publishes a checkpoint every
+     `--checkpoint-every` iterations and evicts the oldest shards beyond
+     `--store-max-episodes` (the learner is the only one who deletes).
 The replay is not checkpointed: a restarted learner refills it from the store's shards.
 """
 
@@ -35,8 +38,8 @@ import numpy as np
 
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import dqn, learner
-from jaxrl_mgpu.asynchronous.ledger import COLLECTOR_LOG_S, DONE_MARKER, Publisher, collector_name, collector_seed
-from jaxrl_mgpu.asynchronous.reader import ShardReader
+from jaxrl_mgpu.algos.base import Algorithm, Split
+from jaxrl_mgpu.asynchronous.ledger import COLLECTOR_LOG_S, DONE_MARKER, StoreFeed, collector_name, collector_seed
 from jaxrl_mgpu.asynchronous.store import Store, Transitions
 from jaxrl_mgpu.checkpoint import REPLICATED, Checkpoints
 from jaxrl_mgpu.config import ConfigError
@@ -49,7 +52,7 @@ WAITING_LOG_S = 60.0          # a collector waiting for the learner says so this
 BLOCK = 256                   # transitions per device per replay insert (one compiled shape)
 
 
-def check(cfg, num_devices: int) -> dict:
+def check(cfg, num_devices: int) -> Split:
     if cfg.algo != "dqn":
         raise ConfigError(f"--mode {cfg.mode} needs an off-policy learner: use --algo dqn, or --algo ad on a "
                           f"Dark Room (not {cfg.algo})")
@@ -95,15 +98,15 @@ STATE_LAYOUT = {name: REPLICATED for name in LearnerState._fields}
 class Learner:
     """The compiled pieces of the learner over `par`'s devices."""
 
-    def __init__(self, cfg, par: Parallel):
+    def __init__(self, cfg, par: Parallel, split: Split):
         self.cfg, self.par = cfg, par
         env, env_params = envs_lib.make(cfg.env)
         self.obs_shape = env.observation_space(env_params).shape
         obs_dtype = dqn.stored_obs_dtype(cfg)
         net = dqn.make_network(cfg, env, env_params)
         tx = learner.adam(cfg, max(cfg.total_updates * dqn.grad_steps_per_update(cfg), 1))
-        capacity = cfg.buffer_size // par.num_devices
-        batch = cfg.replay_batch_size // par.num_devices
+        capacity = split.per_device("replay buffer")
+        batch = split.per_device("minibatch")
         grad_steps = dqn.grad_steps_per_update(cfg)
 
         def init(key):
@@ -139,6 +142,14 @@ class Learner:
             carry, stats = jax.lax.scan(step, carry, jax.random.split(sample_key, grad_steps))
             return LearnerState(*carry[:4], key, carry[4]), jax.tree.map(jnp.mean, stats)
 
+        def update(state: LearnerState, replay: Replay):
+            """One learner iteration as the runner's chunk runs it (no episodes: those are
+            counted as they arrive in the store)."""
+            state, losses = learn(state, replay)
+            none = jnp.zeros((), jnp.float32)
+            return state, (losses, vec.EpisodeStats(none, none, none))
+
+        self.algorithm = Algorithm(init, update, STATE_LAYOUT, "update", 1, parts=self)
         self.init = par.map(init)
         self.init_replay = par.map(init_replay)
         self.insert = par.map(insert, donate=True)
@@ -159,106 +170,98 @@ def _host_blocks(pending: list[Transitions], size: int) -> tuple[list[Transition
     return blocks, ([rest] if total > whole else [])
 
 
-def initial_state(cfg, par: Parallel) -> tuple[LearnerState, dict]:
-    """A fresh learner state and its checkpoint layout: where a learner starts, or what a
-    resumed one restores into."""
-    key = par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed)))
-    return Learner(cfg, par).init(key), STATE_LAYOUT
+def algorithm(cfg, par: Parallel, split: Split) -> Algorithm:
+    """What the runner trains in --mode learn: one update is one learner iteration of
+    num_steps x updates_per_step gradient steps on the replay (the feed's data)."""
+    return Learner(cfg, par, split).algorithm
 
 
-def learn(cfg, par: Parallel, run_dir: Path, log, ckpts: Checkpoints, stop, resume_step: int | None,
-          state: LearnerState) -> dict:
-    """The learner's loop (see the module docstring) from `state`: `initial_state`, or with
-    resume_step what train.py restored from that checkpoint before it touched the run
-    directory. Returns the last log row."""
-    store, lrn = Store(run_dir), Learner(cfg, par)
-    replay = lrn.init_replay(par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed))))
-    publisher = Publisher(cfg, par, ckpts, STATE_LAYOUT, store)
-    ledger = publisher.start(state, resume_step, COUNTS, log, "replay")
-    pending: list[Transitions] = []  # read, not yet in the replay
-    # What arrived since the last log point.
-    window = {"episodes": 0, "return_sum": 0.0, "length_sum": 0, "lag_sum": 0.0, "shards": 0}
-    per_block = BLOCK * par.num_devices
-    inserted = 0
-    iteration = ledger.iteration
-    t_start = t_prev = time.perf_counter()
-    steps_prev = ledger.env_steps
-    losses: dict = {}
-    last_row: dict = {}
-    # Counted on the host (every learn call does the same number), so the loop never waits
-    # on the devices to decide what to do next.
-    grads = int(par.first(state.grad_steps))
-    per_learn, grads_prev = dqn.grad_steps_per_update(cfg), grads
+class Feed(StoreFeed):
+    """The learner's data (runner.Feed): episodes from the store's shards, inserted into the
+    on-device replay; how many iterations may run, by --learning-starts and
+    --max-replay-ratio; the log's data counts; and the checkpoints collectors follow."""
 
-    reader = ShardReader(store, ledger.consumed, refill=resume_step is not None, read=store.read)
-    # The learner does as many iterations (of num_steps x updates_per_step gradient steps) as
-    # `--mode both` would: total_updates. How much data that takes depends on the collectors.
-    while iteration < cfg.total_updates and not stop():
-        # 1. shards the reader has read, oldest first; after a restart, consumed ones only
-        #    refill the replay
-        for shard, new, transitions in reader.ready():
-            pending.append(transitions)
-            ledger.consumed.add(shard.path.name)
-            if not new:
-                continue
-            episodes = shard.meta
-            ledger.receive(episodes)
-            window["episodes"] += episodes["episodes"]
-            window["return_sum"] += episodes.get("return_sum", 0.0)
-            window["length_sum"] += episodes["env_steps"]
-            window["lag_sum"] += iteration - episodes["policy_step"]
-            window["shards"] += 1
+    memory, counts = "replay", COUNTS
+
+    def __init__(self, cfg, par: Parallel, split: Split, learner: Learner, ckpts: Checkpoints, log,
+                 resume_step: int | None, state):
+        self.lrn = learner
+        self.replay = learner.init_replay(par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed))))
+        super().__init__(cfg, par, ckpts, STATE_LAYOUT, log, resume_step, state)
+        self.pending: list[Transitions] = []  # read, not yet in the replay
+        self.inserted = 0
+        # What arrived since the last log point.
+        self.window = {"episodes": 0, "return_sum": 0.0, "length_sum": 0, "lag_sum": 0.0, "shards": 0}
+        # Counted on the host (every iteration does the same number), so the loop never waits
+        # on the devices to decide what to do next.
+        self.per_learn = dqn.grad_steps_per_update(cfg)
+        self.grads = self.grads_logged = int(par.first(state.grad_steps))
+        self.steps_logged, self.logged_at = self.ledger.env_steps, time.perf_counter()
+        self.waiting_for = (f"waiting for data from the collectors (--learning-starts {cfg.learning_starts} "
+                            f"transitions, then --max-replay-ratio {cfg.max_replay_ratio})")
+
+    def read(self, shard) -> Transitions:
+        return self.store.read(shard)
+
+    @property
+    def data(self) -> tuple:
+        return (self.replay,)
+
+    def poll(self, update: int) -> int:
+        # 1. shards the reader has read, oldest first; after a restart, consumed ones only refill
+        for shard, new, transitions in self.arrived():
+            self.pending.append(transitions)
+            if new:
+                episodes = shard.meta
+                self.window["episodes"] += episodes["episodes"]
+                self.window["return_sum"] += episodes.get("return_sum", 0.0)
+                self.window["length_sum"] += episodes["env_steps"]
+                self.window["lag_sum"] += update - episodes["policy_step"]
+                self.window["shards"] += 1
         # 2. into the replay, in fixed-size blocks
-        blocks, pending = _host_blocks(pending, per_block)
+        blocks, self.pending = _host_blocks(self.pending, BLOCK * self.par.num_devices)
         for block in blocks:
-            shaped = Transitions(*(x.reshape((par.num_devices, BLOCK) + x.shape[1:]) for x in block))
-            replay = lrn.insert(replay, par.shard(par.local_rows(shaped)))
-            inserted += per_block
-        # 3. learn, unless there is too little data or the replay ratio is at its cap
-        capped = cfg.max_replay_ratio is not None and \
-            grads >= cfg.max_replay_ratio * max(ledger.env_steps, 1)
-        if inserted < max(cfg.learning_starts, cfg.replay_batch_size) or capped:
-            time.sleep(0.02)
-            continue
-        state, losses = lrn.learn(state, replay)
-        iteration += 1
-        grads += per_learn
-        # 4. log, publish, evict
-        if iteration % cfg.log_every == 0:
-            row_losses = {k: float(v) for k, v in par.first(losses).items()}  # waits for the devices
-            now = time.perf_counter()
-            last_row = {
-                "update": iteration, "env_steps": ledger.env_steps,
-                "episode_return": window["return_sum"] / window["episodes"] if window["episodes"] else None,
-                "episode_length": window["length_sum"] / window["episodes"] if window["episodes"] else None,
-                "episodes": window["episodes"], "grad_steps": grads,
-                **row_losses,
-                "sps": (ledger.env_steps - steps_prev) / (now - t_prev),
-                "grad_steps_per_s": (grads - grads_prev) / (now - t_prev), "time": now - t_start,
-                "async/policy_lag": window["lag_sum"] / window["shards"] if window["shards"] else None,
-                **ledger.metrics(grads),
-            }
-            log.write(last_row)
-            window = dict.fromkeys(window, 0)
-            t_prev, steps_prev, grads_prev = now, ledger.env_steps, grads
-        if cfg.checkpoint_every and iteration % cfg.checkpoint_every == 0:
-            publisher.publish_and_evict(iteration, state, ledger)
-    reader.close()
-    publisher.finish(iteration, state, ledger, stopped=stop())
-    return last_row or {"update": iteration, "env_steps": ledger.env_steps,
-                        "time": time.perf_counter() - t_start}
+            shaped = Transitions(*(x.reshape((self.par.num_devices, BLOCK) + x.shape[1:]) for x in block))
+            self.replay = self.lrn.insert(self.replay, self.par.shard(self.par.local_rows(shaped)))
+            self.inserted += len(block.reward)
+        # 3. iterations allowed: none before learning starts; under the replay ratio cap
+        if self.inserted < max(self.cfg.learning_starts, self.cfg.replay_batch_size):
+            return 0
+        if self.cfg.max_replay_ratio is None:
+            return self.cfg.total_updates
+        room = self.cfg.max_replay_ratio * max(self.ledger.env_steps, 1) - self.grads
+        # While under the cap at least one iteration (the last may end a little above it).
+        return max(int(room // self.per_learn), 1) if room > 0 else 0
+
+    def ran(self, updates: int) -> None:
+        self.grads += updates * self.per_learn
+
+    def log_row(self, row: dict, updates: int) -> dict:
+        now, w = time.perf_counter(), self.window
+        out = {**{k: v for k, v in row.items() if not k.startswith("episode")},
+               "env_steps": self.ledger.env_steps,
+               "episode_return": w["return_sum"] / w["episodes"] if w["episodes"] else None,
+               "episode_length": w["length_sum"] / w["episodes"] if w["episodes"] else None,
+               "episodes": w["episodes"], "grad_steps": self.grads,
+               "sps": (self.ledger.env_steps - self.steps_logged) / (now - self.logged_at),
+               "grad_steps_per_s": (self.grads - self.grads_logged) / (now - self.logged_at),
+               "async/policy_lag": w["lag_sum"] / w["shards"] if w["shards"] else None,
+               **self.ledger.metrics(self.grads)}
+        self.window = dict.fromkeys(w, 0)
+        self.steps_logged, self.grads_logged, self.logged_at = self.ledger.env_steps, self.grads, now
+        return out
 
 
 # -- the collector -------------------------------------------------------------------------
 
-def collect(cfg, par: Parallel, log, stop) -> int:
+def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     """A collector's loop: follow the newest checkpoint, roll out, append episodes to the
     store, until the learner is done or a stop signal. Returns the env steps collected."""
     run_dir = Path(cfg.run_dir)
     name = collector_name(cfg)
     env, env_params = envs_lib.make(cfg.env)
     net = dqn.make_network(cfg, env, env_params)
-    envs_per_device = cfg.num_envs // par.num_devices
+    envs_per_device = split.per_device("environments")
     store = Store(run_dir)
 
     def reset(key):

@@ -11,6 +11,7 @@ import os
 import zlib
 from pathlib import Path
 
+from jaxrl_mgpu.asynchronous.reader import ShardReader
 from jaxrl_mgpu.asynchronous.store import Store
 
 DONE_MARKER = "learner_done"  # written by the learner at the end: collectors then stop
@@ -101,6 +102,44 @@ class Publisher:
         self.ckpts.wait()
         if not stopped:
             (Path(self.cfg.run_dir) / DONE_MARKER).write_text(json.dumps({"iteration": iteration}))
+
+
+class StoreFeed:
+    """What the learners' feeds (runner.Feed) share: the store, read on a background thread;
+    the ledger; the checkpoints. A subclass gives `memory` (what it refills on a restart),
+    `counts` and `read(shard)` (a shard as what it inserts; None skips it)."""
+
+    memory: str
+    counts: tuple[str, ...]
+
+    def __init__(self, cfg, par, ckpts, layout: dict, log, resume_step: int | None, state):
+        self.cfg, self.par, self.log = cfg, par, log
+        self.store = Store(cfg.run_dir)
+        self.publisher = Publisher(cfg, par, ckpts, layout, self.store)
+        self.ledger = self.publisher.start(state, resume_step, self.counts, log, self.memory)
+        self.reader = ShardReader(self.store, self.ledger.consumed, refill=resume_step is not None, read=self.read)
+
+    def read(self, shard):
+        raise NotImplementedError
+
+    def arrived(self):
+        """(shard, is it new, read(shard)) of the shards read since the last call, oldest
+        first; each is counted in the ledger (a new one) and marked consumed."""
+        for shard, new, data in self.reader.ready():
+            self.ledger.consumed.add(shard.path.name)
+            if new:
+                self.ledger.receive(shard.meta)
+            yield shard, new, data
+
+    def checkpoint(self, update: int, state) -> None:
+        self.publisher.publish_and_evict(update, state, self.ledger)
+
+    def finish(self, update: int, state, stopped: bool) -> None:
+        self.reader.close()
+        self.publisher.finish(update, state, self.ledger, stopped)
+
+    def close(self) -> None:
+        self.reader.close()
 
 
 def collector_name(cfg) -> str:

@@ -41,9 +41,8 @@ import numpy as np
 from gymnax.environments import spaces
 
 from jaxrl_mgpu.config import ConfigError
-from jaxrl_mgpu.nets import compute_dtype, kernels
-from jaxrl_mgpu.nets.mlp import ActorCritic
-from jaxrl_mgpu.nets.transformer import KVCache, TransformerActorCritic
+from jaxrl_mgpu.nets import factory
+from jaxrl_mgpu.nets.transformer import KVCache
 
 
 class Policy(NamedTuple):
@@ -144,13 +143,12 @@ def distribution(env, env_params) -> Categorical | DiagGaussian:
 
 def make(cfg, env, env_params) -> Policy:
     obs_shape = env.observation_space(env_params).shape
-    dtype = compute_dtype(cfg.precision)
     dist = distribution(env, env_params)
-    if cfg.policy == "transformer":
+    if factory.is_sequence_policy(cfg):
         if not isinstance(dist, Categorical):
             raise ConfigError(transformer_refusal(cfg.env))
-        return _transformer(cfg, dist.num_actions, obs_shape, dtype)
-    return _mlp(cfg, dist, obs_shape, dtype)
+        return _transformer(cfg, dist.num_actions, obs_shape)
+    return _mlp(cfg, dist, obs_shape)
 
 
 def transformer_refusal(env_name: str) -> str:
@@ -159,11 +157,9 @@ def transformer_refusal(env_name: str) -> str:
             f"continuous (Box) actions: use --policy mlp")
 
 
-def _mlp(cfg, dist, obs_shape: tuple, dtype) -> Policy:
+def _mlp(cfg, dist, obs_shape: tuple) -> Policy:
     continuous = isinstance(dist, DiagGaussian)
-    net = ActorCritic(num_actions=dist.num_dims if continuous else dist.num_actions, obs_ndim=len(obs_shape),
-                      hidden_size=cfg.hidden_size, num_layers=cfg.num_layers, activation=cfg.activation,
-                      continuous=continuous, dtype=dtype)
+    net = factory.actor_critic_mlp(cfg, dist.num_dims if continuous else dist.num_actions, len(obs_shape), continuous)
 
     def act(params, memory, obs, final_obs):
         return (*net.apply(params, obs, final_obs, method=net.act), memory)
@@ -178,11 +174,8 @@ def _mlp(cfg, dist, obs_shape: tuple, dtype) -> Policy:
         sequences=False)
 
 
-def _transformer(cfg, num_actions: int, obs_shape: tuple, dtype) -> Policy:
-    net = TransformerActorCritic(num_actions=num_actions, obs_ndim=len(obs_shape), d_model=cfg.d_model,
-                                 n_layers=cfg.n_layers, n_heads=cfg.n_heads, context_len=cfg.context_len,
-                                 context_across_episodes=cfg.context_across_episodes, dtype=dtype,
-                                 **kernels(cfg))
+def _transformer(cfg, num_actions: int, obs_shape: tuple) -> Policy:
+    net = factory.transformer(cfg, num_actions, len(obs_shape))
 
     def init_params(key):
         one = lambda shape, dt: jnp.zeros((1, 1) + shape, dt)

@@ -1,0 +1,40 @@
+"""The interface between an algorithm and the runner.
+
+Every algorithm module (algos/ppo.py, dqn.py, ad.py, and the asynchronous learners) builds an
+`Algorithm` for a config and a set of devices; the runner knows nothing else of it. The
+functions are per device: the runner maps them over the devices (parallel.py), and their only
+parallel code is the collectives on parallel.AXIS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    init: Callable          # key -> state (the same key on every device: identical parameters)
+    update: Callable        # state, *data -> state, (losses: dict, vec.EpisodeStats of the update)
+    layout: dict            # the state's checkpoint layout: each field checkpoint.REPLICATED or PER_ENV
+    step_unit: str          # what progress is counted in: env_steps, tokens, update
+    steps_per_update: int   # of step_unit, over all devices
+    policy: Any = None      # nets.actor_critic.Policy for evaluation episodes (None: not evaluated)
+    data: tuple = ()        # device inputs every update reads and none changes (a dataset shard)
+    parts: Any = None       # the algorithm's own functions (rollout, learn, ...), for tests and tools
+
+
+class Split(dict):
+    """How a config's batch splits over the devices, {what: (global, per device)}: checked once,
+    by the algorithm's `check(cfg, num_devices)` (a ConfigError naming the option when it does
+    not split), then read by the algorithm's `make`, the start-up banner and bench."""
+
+    def __init__(self, num_devices: int, sizes: dict[str, tuple[int, int]]):
+        super().__init__(sizes)
+        self.num_devices = num_devices
+
+    def per_device(self, what: str) -> int:
+        return self[what][1]
+
+    def with_(self, **more: tuple[int, int]) -> "Split":
+        return Split(self.num_devices, {**self, **{k.replace("_", " "): v for k, v in more.items()}})

@@ -1,0 +1,37 @@
+"""The one place networks are built from a config: the transformer (PPO's and DQN's
+`--policy transformer`, AD's model, the bench's training step) and the feedforward ones."""
+
+from __future__ import annotations
+
+from jaxrl_mgpu.nets import compute_dtype, kernels
+from jaxrl_mgpu.nets.mlp import ActorCritic
+from jaxrl_mgpu.nets.qnet import QNetwork
+from jaxrl_mgpu.nets.transformer import TransformerActorCritic
+
+
+def is_sequence_policy(cfg) -> bool:
+    """Whether the policy reads a history of steps (a transformer) rather than one observation."""
+    return cfg.policy == "transformer"
+
+
+def transformer(cfg, num_actions: int, obs_ndim: int, context_len: int | None = None,
+                across_episodes: bool | None = None) -> TransformerActorCritic:
+    """--d-model, --n-layers, --n-heads, --precision and the --attention / --mlp kernels;
+    the context is --context-len (--context-across-episodes) unless given."""
+    return TransformerActorCritic(
+        num_actions=num_actions, obs_ndim=obs_ndim, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+        context_len=cfg.context_len if context_len is None else context_len,
+        context_across_episodes=cfg.context_across_episodes if across_episodes is None else across_episodes,
+        dtype=compute_dtype(cfg.precision), **kernels(cfg))
+
+
+def actor_critic_mlp(cfg, num_outputs: int, obs_ndim: int, continuous: bool) -> ActorCritic:
+    """--hidden-size, --num-layers, --activation, --precision (a conv torso for images)."""
+    return ActorCritic(num_actions=num_outputs, obs_ndim=obs_ndim, hidden_size=cfg.hidden_size,
+                       num_layers=cfg.num_layers, activation=cfg.activation, continuous=continuous,
+                       dtype=compute_dtype(cfg.precision))
+
+
+def q_network(cfg, num_actions: int, obs_ndim: int) -> QNetwork:
+    return QNetwork(num_actions=num_actions, obs_ndim=obs_ndim, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
+                    activation=cfg.activation, dtype=compute_dtype(cfg.precision))
