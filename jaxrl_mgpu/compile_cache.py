@@ -23,6 +23,7 @@ from pathlib import Path
 
 import jax
 import jax.monitoring
+from jax._src import compilation_cache as jax_cache
 
 MAX_BYTES = 4 * 2 ** 30
 OFF = "off"
@@ -75,8 +76,7 @@ def directory() -> str | None:
 def _use(directory: str | None) -> None:
     if directory is not None and jax.config.jax_compilation_cache_dir not in (None, directory):
         # JAX sets its cache up once per process; a new directory (tests, notebooks) needs a reset.
-        from jax._src import compilation_cache
-        compilation_cache.reset_cache()
+        jax_cache.reset_cache()
     jax.config.update("jax_enable_compilation_cache", directory is not None)
     if directory is not None:
         jax.config.update("jax_compilation_cache_dir", directory)
@@ -85,6 +85,14 @@ def _use(directory: str | None) -> None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
         jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
+
+
+def settle() -> None:
+    """Makes JAX decide now whether this process uses the cache. It decides on the first
+    compile, and when two threads compile first at once (the chunk, and the initial state
+    built beside it) the one that loses the race is told no: its program is neither looked up
+    nor kept (jax 0.11, compilation_cache.is_cache_used)."""
+    jax_cache.is_cache_used(jax.devices()[0].client)
 
 
 class CacheUse:
