@@ -146,17 +146,21 @@ class Trainer:
         data = self.data if data is None else data
         return lambda state: self._compiled(state, n, *data)
 
+    def end(self, stop_at: int | None = None) -> int:
+        return self.cfg.total_updates if stop_at is None else min(stop_at, self.cfg.total_updates)
+
+    def next_length(self, update: int, end: int) -> int:
+        """Chunks end on multiples of `log_every` and at `end` (the last update, or
+        `stop_at`); where they end does not change the numbers (every update is the same
+        computation), only where the host logs, saves and may stop."""
+        return min((update // self.cfg.log_every + 1) * self.cfg.log_every, end) - update
+
     def chunk_lengths(self, start_update: int = 0, stop_at: int | None = None) -> list[int]:
-        """Chunks end on multiples of `log_every`, at `stop_at` and at the last update; where
-        they end does not change the numbers (every update is the same computation), only
-        where the host logs, saves and may stop."""
-        end = self.cfg.total_updates if stop_at is None else min(stop_at, self.cfg.total_updates)
-        every, ends = self.cfg.log_every, []
-        update = start_update
+        end, update, lengths = self.end(stop_at), start_update, []
         while update < end:
-            update = min((update // every + 1) * every, end)
-            ends.append(update)
-        return [int(n) for n in np.diff([start_update] + ends)]
+            lengths.append(self.next_length(update, end))
+            update += lengths[-1]
+        return lengths
 
     def evaluate(self, params, update: int) -> dict:
         """`eval_episodes` episodes with the current params, spread over all devices."""
@@ -216,10 +220,11 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
     state, the last log row and the number of updates done. With a `feed` (a learner), each
     chunk runs as many updates as the feed allows, on its data."""
     cfg = trainer.cfg
-    end = cfg.total_updates if stop_at is None else min(stop_at, cfg.total_updates)
+    end = trainer.end(stop_at)
     data = None if feed is None else feed.data
     t0 = time.perf_counter()
     aot = trainer.par.backend != "pmap" or jax.process_count() == 1
+    compile_cache.settle()  # before two threads compile at once
     if state is None and aot:
         # The initial state (its own small program) is built while the chunk compiles for its
         # shapes: the two compiles overlap.
@@ -269,9 +274,7 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
 
     update, pending, written = start_update, None, {"update": start_update}
     while update < end:
-        # Chunks end on multiples of --log-every, at stop_at and at the last update (see
-        # chunk_lengths); a feed may allow fewer updates, never more.
-        length = min((update // cfg.log_every + 1) * cfg.log_every, end) - update
+        length = trainer.next_length(update, end)  # a feed may allow fewer updates, never more
         if feed is not None:
             allowed = feed.poll(update)
             if not allowed:

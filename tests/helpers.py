@@ -11,7 +11,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import parallel, runner
+from jaxrl_mgpu import parallel, runner, train
+
+
+def run(*argv):
+    """train.main in this process; returns its exit code (SystemExit codes included)."""
+    try:
+        return train.main(list(argv))
+    except SystemExit as e:
+        return e.code
 
 
 def make_trainer(devices: int, backend: str = "pmap", **overrides) -> runner.Trainer:

@@ -13,9 +13,11 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl_mgpu import evaluate, train
+from jaxrl_mgpu import evaluate
 from jaxrl_mgpu.checkpoint import DELETED, REPLICATED, Checkpoints
 from jaxrl_mgpu.parallel import setup
+
+from helpers import run
 
 # 16 envs x 16 steps, 8 updates in chunks of 2; small enough to compile and run in seconds.
 TINY = ["--num-envs", "16", "--num-steps", "16", "--num-minibatches", "2", "--hidden-size", "16",
@@ -32,14 +34,6 @@ def without_timing(row):
 
 def saved_params(run_dir, step=None):
     return evaluate.load_params(str(run_dir), step)
-
-
-def run(*argv):
-    """train.main in this process; returns its exit code (SystemExit codes included)."""
-    try:
-        return train.main(list(argv))
-    except SystemExit as e:
-        return e.code
 
 
 def test_stop_and_resume_equals_an_uninterrupted_run(tmp_path):

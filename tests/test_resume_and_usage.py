@@ -11,18 +11,13 @@ from pathlib import Path
 import pytest
 
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import envs, evaluate, log as log_lib, train
+from jaxrl_mgpu import envs, evaluate, log as log_lib
+
+from helpers import run
 
 # 16 envs x 16 steps on 8 devices: an update is 256 env steps.
 TINY = ["--num-envs", "16", "--num-steps", "16", "--num-minibatches", "2", "--hidden-size", "16",
         "--log-every", "2", "--checkpoint-every", "2"]
-
-
-def run(*argv):
-    try:
-        return train.main(list(argv))
-    except SystemExit as e:
-        return e.code
 
 
 def rows(run_dir):
