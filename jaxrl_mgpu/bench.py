@@ -30,7 +30,7 @@ import optax
 
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel, reference_ppo, runner
-from jaxrl_mgpu.algos import learner
+from jaxrl_mgpu.algos import learner, mappo, module_for
 from jaxrl_mgpu import cli
 from jaxrl_mgpu.cli import USER_ERRORS, fail
 from jaxrl_mgpu.nets import factory
@@ -110,7 +110,7 @@ def measure(cfg, devices: int, updates: int, repeats: int, profile: str | None =
     compile_s = time.perf_counter() - t
     times, _ = time_calls(lambda s: chunk(s)[0], state, repeats,
                           trace_dir(profile, f"jaxrl_mgpu-{par.num_devices}dev-{cfg.num_envs}envs"))
-    return result(cfg, "jaxrl_mgpu", par.num_devices, updates, times, compile_s)
+    return result(cfg, "jaxrl_mgpu", par.num_devices, updates, times, compile_s, trainer.algorithm.agents_per_env)
 
 
 def measure_baseline(cfg, updates: int, repeats: int, profile: str | None = None) -> dict:
@@ -123,13 +123,17 @@ def measure_baseline(cfg, updates: int, repeats: int, profile: str | None = None
     return result(cfg, "reference_ppo", 1, updates, times, compile_s)
 
 
-def result(cfg, impl: str, devices: int, updates: int, times: list[float], compile_s: float) -> dict:
+def result(cfg, impl: str, devices: int, updates: int, times: list[float], compile_s: float,
+           agents: int = 1) -> dict:
+    """A measurement's row. Steps count whole training updates (rollout and learning); a
+    multi-agent env step is `agents` agent steps."""
     median = statistics.median(times)
     return {"impl": impl, "algo": cfg.algo, "env": cfg.env, "policy": cfg.policy, "precision": cfg.precision,
             "parallel": cfg.parallel, "devices": devices, "device_kind": jax.devices()[0].device_kind,
             "num_envs": cfg.num_envs, "envs_per_device": cfg.num_envs // devices, "num_steps": cfg.num_steps,
             "updates_per_call": updates, "repeats": len(times),
-            "env_steps_per_s": updates * cfg.batch_size / median,
+            "env_steps_per_s": updates * cfg.batch_size / median, "agents": agents,
+            "agent_steps_per_s": agents * updates * cfg.batch_size / median,
             "update_ms": 1e3 * median / updates, "spread": (max(times) - min(times)) / median,
             "compile_s": compile_s}
 
@@ -217,13 +221,15 @@ def transformer_table(rows: list[dict], ceilings: list[float]) -> str:
 def table(rows: list[dict]) -> str:
     """env-steps/s with speed-up and efficiency against one device at the same per-device work."""
     base = {(r["impl"], r["envs_per_device"]): r["env_steps_per_s"] for r in rows if r["devices"] == 1}
-    lines = [f"{'impl':<14}{'devices':>8}{'envs/dev':>10}{'envs':>8}{'steps/s':>14}{'ms/update':>11}"
-             f"{'speed-up':>10}{'effic.':>8}"]
+    agents = any(r.get("agents", 1) > 1 for r in rows)
+    lines = [f"{'impl':<14}{'devices':>8}{'envs/dev':>10}{'envs':>8}{'steps/s':>14}"
+             + (f"{'agent steps/s':>16}" if agents else "") + f"{'ms/update':>11}{'speed-up':>10}{'effic.':>8}"]
     for r in rows:
         one = base.get((r["impl"], r["envs_per_device"]))
         speedup = r["env_steps_per_s"] / one if one else float("nan")
         lines.append(f"{r['impl']:<14}{r['devices']:>8}{r['envs_per_device']:>10}{r['num_envs']:>8}"
-                     f"{r['env_steps_per_s']:>14,.0f}{r['update_ms']:>11.2f}{speedup:>10.2f}"
+                     f"{r['env_steps_per_s']:>14,.0f}" + (f"{r['agent_steps_per_s']:>16,.0f}" if agents else "")
+                     + f"{r['update_ms']:>11.2f}{speedup:>10.2f}"
                      f"{speedup / r['devices']:>8.2f}")
     return "\n".join(lines)
 
@@ -286,6 +292,9 @@ def main(argv=None) -> int:
                      for e in envs]
         for _, cfg in runs:
             config_lib.validate(cfg)
+        if args.baseline and (base.algo, base.policy) != ("ppo", "mlp") or args.baseline and module_for(base) is mappo:
+            raise config_lib.ConfigError("--baseline is the single-agent PPO of reference_ppo.py: it takes --algo ppo "
+                                         "--policy mlp on a single-agent env")
     except USER_ERRORS as e:
         fail(e)
 

@@ -37,6 +37,8 @@ class Config:
     # what to train
     algo: str = option("ppo", "algorithm", choices=ALGOS)
     env: str = option("CartPole-v1", "environment: any gymnax name (e.g. Breakout-MinAtar) or a project env")
+    env_args: str | None = option(None, "arguments of a project env, NAME=VALUE,... (e.g. the Tag games' sizes: "
+                                        "num_taggers=4,grid_length=100; see envs/tag.py)")
     policy: str = option("mlp", "policy network: mlp, or transformer over the recent history (a conv "
                                 "torso is added for image observations)", choices=POLICIES)
     total_timesteps: int = option(3_000_000, "environment steps to train for, over all devices")
@@ -461,6 +463,10 @@ def validate(cfg: Config) -> Config:
     from jaxrl_mgpu import envs  # local import: envs pulls in jax
 
     envs.check(cfg.env)
+    env, _ = envs.make(cfg.env, cfg.env_args)  # builds nothing on a device; checks --env-args
+    if envs.is_multi_agent(env) and (cfg.algo, cfg.policy, cfg.mode, cfg.normalize_reward) != ("ppo", "mlp", "both", False):
+        raise ConfigError(f"--env {cfg.env} is a multi-agent game: it trains with --algo ppo --policy mlp "
+                          f"(one network per team) in --mode both, without --normalize-reward")
     for name in FIELDS:
         check_value(name, getattr(cfg, name))
     for name in ("checkpoint_every", "eval_every"):
@@ -510,7 +516,7 @@ def check_platform(cfg: Config, platform: str) -> None:
 
 
 # Options that shape the training state: a checkpoint only resumes under the same values.
-STATE_KEYS = ("algo", "env", "policy", "hidden_size", "num_layers", "activation")
+STATE_KEYS = ("algo", "env", "env_args", "policy", "hidden_size", "num_layers", "activation")
 
 
 def incompatible(saved: dict, cfg: Config, keys=STATE_KEYS) -> list[str]:

@@ -4,13 +4,18 @@
 
 loads a checkpoint (the latest by default) of a run written on any number of devices, runs K
 episodes spread over the local devices, and prints one JSON line with `mean_return`,
-`std_return`, `episodes` and `step`. `--in-context` (Algorithm Distillation runs) is an alias
+`std_return`, `episodes` and `step`. For a multi-agent game (the Tag envs) it prints one line
+per pairing of trained and uniform-random teams (trained taggers against trained runners, each
+against a random opponent, and random against random, on the same games): per team the mean
+return per agent and mean steps in the game (for runners: survival), tags per episode and
+episode length. `--in-context` (Algorithm Distillation runs) is an alias
 of `python -m jaxrl_mgpu.incontext`.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import jax
@@ -18,7 +23,7 @@ import numpy as np
 
 from jaxrl_mgpu import cli, incontext, parallel
 from jaxrl_mgpu import envs as envs_lib
-from jaxrl_mgpu.algos import ALGOS
+from jaxrl_mgpu.algos import mappo, module_for
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.episodes import make_episodes, summarize
 from jaxrl_mgpu.runs import load_params, load_run, params_template, pick_step  # noqa: F401  (load_params: for callers)
@@ -64,12 +69,24 @@ def main(argv=None) -> int:
     except cli.USER_ERRORS as e:
         cli.fail(e)
 
-    env, env_params = envs_lib.make(cfg.env)
-    module = ALGOS[cfg.algo]
+    env, env_params = envs_lib.make(cfg.env, cfg.env_args)
+    module = module_for(cfg)
     algo = module.make(cfg, env, env_params, module.check(cfg, par.num_devices))
     params = ckpts.restore_params(step, params_template(cfg), best=args.best)
+    params, key = par.replicate(params), par.replicate(np.asarray(jax.random.PRNGKey(args.seed)))
+    if envs_lib.is_multi_agent(env):
+        # Every pairing of trained and uniform-random teams, on the same games (the same key).
+        for random_teams in itertools.product(*[((), (name,)) for name in env.teams]):
+            random_teams = sum(random_teams, ())
+            run = par.map(mappo.make_match(algo.policy, env, env_params, args.episodes, par.num_devices, args.greedy,
+                                           random_teams))
+            result = mappo.summarize_match(par.first(run(params, key)), tuple(env.teams))
+            sides = {name: "random" if name in random_teams else "trained" for name in env.teams}
+            print(json.dumps({**sides, **result, "step": step, "greedy": args.greedy}), flush=True)
+        ckpts.close()
+        return 0
     run = par.map(make_episodes(algo.policy, env, env_params, args.episodes, par.num_devices, args.greedy))
-    totals = run(par.replicate(params), par.replicate(np.asarray(jax.random.PRNGKey(args.seed))))
+    totals = run(params, key)
     ckpts.close()
     print(json.dumps({**summarize(par.first(totals)), "step": step, "greedy": args.greedy}))
     return 0

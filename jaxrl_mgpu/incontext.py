@@ -191,7 +191,7 @@ def evaluate(argv=None) -> int:
     except cli.USER_ERRORS as e:
         cli.fail(e)
 
-    env, env_params = envs_lib.make(cfg.env)
+    env, env_params = envs_lib.make(cfg.env, cfg.env_args)
     algo = ad.make(cfg, env, env_params, ad.check_batch(cfg, par.num_devices))
     params = par.replicate(ckpts.restore_params(step, params_template(cfg)))
     ckpts.close()

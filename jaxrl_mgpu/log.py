@@ -20,7 +20,10 @@ from jaxrl_mgpu.parallel import is_main
 # What the console line shows of a row, where the row has it: (label, key, format).
 CONSOLE = (("policy", "loss/policy", ".3f"), ("value", "loss/value", ".3f"), ("kl", "loss/approx_kl", ".4f"),
            ("clip", "loss/clip_frac", ".3f"), ("td", "loss/td", ".4f"), ("eps", "epsilon", ".3f"),
-           ("loss", "loss/cross_entropy", ".4f"), ("acc", "loss/accuracy", ".3f"))
+           ("loss", "loss/cross_entropy", ".4f"), ("acc", "loss/accuracy", ".3f"),
+           # multi-agent games (algos/mappo.py): per team, and the game's tags
+           ("taggers", "taggers/episode_return", ".2f"), ("runners", "runners/episode_return", ".2f"),
+           ("tags", "tags_per_episode", ".2f"))
 # How often a long wait (a compile, a slow first chunk) says it is still working.
 HEARTBEAT_S = 30.0
 
@@ -131,6 +134,8 @@ class RunLog:
             parts.append(f"eval {row['eval/episode_return']:.1f}")
         parts += [f"{label} {row[key]:{fmt}}" for label, key, fmt in CONSOLE if row.get(key) is not None]
         rate = f"{row['sps']:,.0f} {self.unit.replace('env_', '')}/s" if row.get("sps") is not None else ""
+        if row.get("agent_sps") is not None:
+            rate += f" ({row['agent_sps']:,.0f} agent steps/s)"
         if self._bar is not None:
             self._bar.update(row[self.unit] - self._bar.n)
             self._bar.set_postfix_str("  ".join(parts + [rate]), refresh=False)

@@ -20,7 +20,7 @@ from jaxrl_mgpu.nets.mlp import ActorCritic
 def make_update_loop(cfg, num_updates: int):
     """Returns `(init(key) -> carry, run(carry) -> carry)`; `run` does `num_updates` updates
     in one jitted `lax.scan` with the carry donated."""
-    env, params_env = envs_lib.make(cfg.env)
+    env, params_env = envs_lib.make(cfg.env, cfg.env_args)
     obs_shape = env.observation_space(params_env).shape
     net = ActorCritic(env.num_actions, len(obs_shape), cfg.hidden_size, cfg.num_layers, cfg.activation)
     tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(cfg.lr, eps=1e-5))

@@ -36,7 +36,7 @@ from jaxrl_mgpu import compile_cache
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu import parallel
-from jaxrl_mgpu.algos import ALGOS
+from jaxrl_mgpu.algos import ALGOS, module_for
 from jaxrl_mgpu.algos.base import Algorithm, Split
 from jaxrl_mgpu.checkpoint import CheckpointMismatch, Checkpoints
 from jaxrl_mgpu.config import ConfigError
@@ -92,11 +92,11 @@ def make_chunk(update: Callable) -> Callable:
 
 def step_unit(cfg) -> str:
     """What progress is counted in: environment steps, or what the algorithm consumes."""
-    return ALGOS[cfg.algo].STEP_UNIT
+    return module_for(cfg).STEP_UNIT
 
 
 def steps_per_update(cfg) -> int:
-    return ALGOS[cfg.algo].steps_per_update(cfg)
+    return module_for(cfg).steps_per_update(cfg)
 
 
 class Trainer:
@@ -106,9 +106,9 @@ class Trainer:
     def __init__(self, cfg, par: Parallel, algorithm: Algorithm | None = None, split: Split | None = None):
         self.cfg, self.par = cfg, par
         if algorithm is None:
-            module = ALGOS[cfg.algo]
+            module = module_for(cfg)
             split = module.check(cfg, par.num_devices) if split is None else split
-            self.env, self.env_params = envs_lib.make(cfg.env)
+            self.env, self.env_params = envs_lib.make(cfg.env, cfg.env_args)
             algorithm = module.algorithm(cfg, self.env, self.env_params, split, par)
         self.algorithm = algorithm
         self.algo = algorithm.parts  # the algorithm's own functions (rollout, learn, ...)
@@ -165,11 +165,17 @@ class Trainer:
     def evaluate(self, params, update: int) -> dict:
         """`eval_episodes` episodes with the current params, spread over all devices."""
         if self._eval is None:
-            self._eval = self.par.map(make_episodes(self.algorithm.policy, self.env, self.env_params,
-                                                    self.cfg.eval_episodes, self.par.num_devices, greedy=False))
+            if self.algorithm.evaluation is not None:
+                episodes, self._summarize = self.algorithm.evaluation(self.cfg.eval_episodes, self.par.num_devices,
+                                                                      False)
+            else:
+                episodes = make_episodes(self.algorithm.policy, self.env, self.env_params, self.cfg.eval_episodes,
+                                         self.par.num_devices, greedy=False)
+                self._summarize = summarize
+            self._eval = self.par.map(episodes)
         # A fixed key per evaluation point: a resumed run evaluates like an uninterrupted one.
         key = self.key(self.cfg.seed + 1_000_003 * (update + 1))
-        return summarize(self.par.first(self._eval(params, key)))
+        return self._summarize(self.par.first(self._eval(params, key)))
 
 
 def read_chunk(par: Parallel, chunk: Chunk, first_update: int) -> dict:
@@ -177,10 +183,15 @@ def read_chunk(par: Parallel, chunk: Chunk, first_update: int) -> dict:
     losses, episodes, first_bad = par.first((chunk.losses, chunk.episodes, chunk.first_bad))
     if first_bad >= 0:
         raise NonFinite(f"non-finite loss or parameters at update {first_update + int(first_bad)}")
-    count = float(episodes.count)
-    row = {"episode_return": float(episodes.return_sum) / count if count else float("nan"),
-           "episode_length": float(episodes.length_sum) / count if count else float("nan"),
-           "episodes": int(count)}
+    if isinstance(episodes, dict):  # sums named by the metric, and "episodes" (multi-agent games)
+        count = float(episodes["episodes"])
+        row = {k: float(v) / count if count else float("nan") for k, v in episodes.items() if k != "episodes"}
+        row["episodes"] = int(count)
+    else:
+        count = float(episodes.count)
+        row = {"episode_return": float(episodes.return_sum) / count if count else float("nan"),
+               "episode_length": float(episodes.length_sum) / count if count else float("nan"),
+               "episodes": int(count)}
     row.update({k: float(v) for k, v in losses.items()})
     return row
 
@@ -257,6 +268,8 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
         log.timeline.setdefault("first_chunk_s", now - clock["start"])
         last_row = {"update": update, unit: cfg.steps_at(update, per_update), **row,
                     "sps": length * per_update / (now - clock["prev"]), "time": now - clock["start"]}
+        if trainer.algorithm.agents_per_env > 1:
+            last_row["agent_sps"] = last_row["sps"] * trainer.algorithm.agents_per_env
         clock["prev"] = now
 
     def write(update: int) -> None:
@@ -620,6 +633,7 @@ def trainer_hooks(cfg, trainer, par: Parallel, ckpts, stop):
         if result["mean_return"] > best["return"]:
             best["return"] = result["mean_return"]
             ckpts.save_best(update, state.params, par, {**meta(update), "eval": result})
-        return {"eval/episode_return": result["mean_return"], "eval/episode_return_std": result["std_return"]}
+        more = {f"eval/{k}": v for k, v in result.items() if k not in ("mean_return", "std_return", "episodes")}
+        return {"eval/episode_return": result["mean_return"], "eval/episode_return_std": result["std_return"], **more}
 
     return Hooks(checkpoint=checkpoint, evaluate=evaluate if cfg.eval_every else None, stop_requested=stop)

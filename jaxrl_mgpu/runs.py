@@ -9,7 +9,7 @@ import jax
 
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs as envs_lib
-from jaxrl_mgpu.algos import ALGOS
+from jaxrl_mgpu.algos import module_for
 from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.config import ConfigError
 
@@ -38,8 +38,8 @@ def pick_step(ckpts, run_dir: str, step: int | None) -> int:
 
 def params_template(cfg):
     """Shapes and dtypes of the run's params (no device axis), from its config."""
-    env, env_params = envs_lib.make(cfg.env)
-    module = ALGOS[cfg.algo]
+    env, env_params = envs_lib.make(cfg.env, cfg.env_args)
+    module = module_for(cfg)
     algo = module.make(cfg, env, env_params, module.check(cfg, 1))
     return jax.eval_shape(algo.init_params, jax.random.PRNGKey(0))
 

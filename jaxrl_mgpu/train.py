@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
                             cfg.failure_timeout)
         parallel.start_backend()  # on a thread, while the rest is imported
         from jaxrl_mgpu import asynchronous, runner  # after jax.distributed (see above)
-        from jaxrl_mgpu.algos import ALGOS
+        from jaxrl_mgpu.algos import module_for
         cfg, changes = runner.resolve(cfg, given)
         cfg = config_lib.validate(cfg)
         config_lib.check_applicable(cfg, given)
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         par = parallel.setup(cfg.parallel, cfg.devices)
         config_lib.check_platform(cfg, par.devices[0].platform)
         learner = asynchronous.for_algo(cfg.algo)
-        layout = (ALGOS[cfg.algo].check if cfg.mode == "both" else learner.check)(cfg, par.num_devices)
+        layout = (module_for(cfg).check if cfg.mode == "both" else learner.check)(cfg, par.num_devices)
         if cfg.mode == "collect":
             if not cfg.run_dir:
                 raise ConfigError("--mode collect needs --run-dir: the run whose store it fills")

@@ -5,6 +5,15 @@ functions),
 STEP_UNIT and `steps_per_update(cfg)` (how progress is counted), and STATE_KEYS (the options
 that shape its checkpointed state)."""
 
-from jaxrl_mgpu.algos import ad, dqn, ppo
+from jaxrl_mgpu import envs
+from jaxrl_mgpu.algos import ad, dqn, mappo, ppo
 
 ALGOS = {"ppo": ppo, "dqn": dqn, "ad": ad}
+
+
+def module_for(cfg):
+    """The module that trains `cfg`: `--algo`'s, except that PPO on a multi-agent game is
+    multi-agent PPO (one network per team)."""
+    if cfg.algo == "ppo" and envs.is_multi_agent(envs.make(cfg.env, cfg.env_args)[0]):
+        return mappo
+    return ALGOS[cfg.algo]

@@ -168,7 +168,7 @@ def check_batch(cfg, num_devices: int) -> Split:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
     if cfg.n_transit > 2 ** 14:
         raise ConfigError(f"--n-transit {cfg.n_transit} is above the transformer's limit of {2 ** 14}")
-    env, env_params = envs_lib.make(cfg.env)
+    env, env_params = envs_lib.make(cfg.env, cfg.env_args)
     if not isinstance(actor_critic.distribution(env, env_params), actor_critic.Categorical):
         raise ConfigError(f"--algo ad predicts discrete actions (a softmax over them); --env {cfg.env} has "
                           f"continuous (Box) actions: use --algo ppo")

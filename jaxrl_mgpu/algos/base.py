@@ -22,6 +22,10 @@ class Algorithm:
     policy: Any = None      # nets.actor_critic.Policy for evaluation episodes (None: not evaluated)
     data: tuple = ()        # device inputs every update reads and none changes (a dataset shard)
     parts: Any = None       # the algorithm's own functions (rollout, learn, ...), for tests and tools
+    agents_per_env: int = 1  # a multi-agent env's agents: an env step is this many agent steps
+    # Evaluation episodes other than episodes.make_episodes (multi-agent games):
+    # (total, num_devices, greedy) -> (per-device (params, key) -> sums, sums -> dict with mean_return)
+    evaluation: Callable | None = None
 
 
 class Split(dict):

@@ -157,7 +157,7 @@ def grad_steps_per_update(cfg) -> int:
 
 def check(cfg, num_devices: int) -> Split:
     """The batch layout over `num_devices`, or a ConfigError naming the option that breaks it."""
-    if not isinstance(actor_critic.distribution(*envs_lib.make(cfg.env)), actor_critic.Categorical):
+    if not isinstance(actor_critic.distribution(*envs_lib.make(cfg.env, cfg.env_args)), actor_critic.Categorical):
         raise ConfigError(f"--algo dqn takes discrete actions (one Q-value each); --env {cfg.env} has continuous "
                           f"(Box) actions: use --algo ppo")
     for name in ("buffer_size", "replay_batch_size", "n_step", "target_update_every"):

@@ -81,6 +81,17 @@ def step(loss_fn: Callable, tx: optax.GradientTransformation, params, opt_state,
     return keep(new_params, params), keep(new_opt_state, opt_state), LossScale(scale, good), stats
 
 
+def steps(loss_fn: Callable, tx: optax.GradientTransformation, carry, minibatches, grad_accum: int = 1,
+          precision: str = "fp32"):
+    """`step` on each minibatch in turn (a `lax.scan` over the leading axis of `minibatches`);
+    `carry` is (params, opt_state, loss_scale). Returns the carry and the stacked stats."""
+    def one(carry, batch):
+        params, opt_state, loss_scale, stats = step(loss_fn, tx, *carry, batch, grad_accum, precision)
+        return (params, opt_state, loss_scale), stats
+
+    return jax.lax.scan(one, carry, minibatches)
+
+
 def adam(cfg, total_steps: int) -> optax.GradientTransformation:
     """Adam with global-norm clipping and, with `--anneal-lr`, a linear decay to 0."""
     lr: Any = optax.linear_schedule(cfg.lr, 0.0, total_steps) if cfg.anneal_lr else cfg.lr

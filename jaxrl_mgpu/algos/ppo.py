@@ -116,7 +116,7 @@ class Algo(NamedTuple):
 
 def check(cfg, num_devices: int) -> Split:
     """The batch layout over `num_devices`, or a ConfigError naming the option that breaks it."""
-    dist = actor_critic.distribution(*envs_lib.make(cfg.env))  # a ConfigError for an unsupported action space
+    dist = actor_critic.distribution(*envs_lib.make(cfg.env, cfg.env_args))  # a ConfigError for an unsupported action space
     if factory.is_sequence_policy(cfg) and not isinstance(dist, actor_critic.Categorical):
         raise ConfigError(actor_critic.transformer_refusal(cfg.env))
     envs_per_device = split_evenly(cfg.num_envs, num_devices, "--num-envs")
@@ -289,14 +289,7 @@ def make(cfg, env, env_params, split: Split) -> Algo:
             perm, epoch_advantages = xs  # the advantages come already shuffled and normalized
             minibatches = jax.tree.map(lambda x: split(x, perm), data._replace(advantage=()))
             minibatches = minibatches._replace(advantage=epoch_advantages)
-
-            def minibatch(carry, batch):
-                params, opt_state, loss_scale = carry
-                params, opt_state, loss_scale, stats = learner.step(
-                    loss_fn, tx, params, opt_state, loss_scale, batch, cfg.grad_accum, cfg.precision)
-                return (params, opt_state, loss_scale), stats
-
-            return jax.lax.scan(minibatch, carry, minibatches)
+            return learner.steps(loss_fn, tx, carry, minibatches, cfg.grad_accum, cfg.precision)
 
         carry, stats = jax.lax.scan(epoch, (params, opt_state, loss_scale), (perms, advantages))
         return (*carry, jax.tree.map(jnp.mean, stats))

@@ -100,7 +100,7 @@ class Learner:
 
     def __init__(self, cfg, par: Parallel, split: Split):
         self.cfg, self.par = cfg, par
-        env, env_params = envs_lib.make(cfg.env)
+        env, env_params = envs_lib.make(cfg.env, cfg.env_args)
         self.obs_shape = env.observation_space(env_params).shape
         obs_dtype = dqn.stored_obs_dtype(cfg)
         net = dqn.make_network(cfg, env, env_params)
@@ -259,7 +259,7 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     store, until the learner is done or a stop signal. Returns the env steps collected."""
     run_dir = Path(cfg.run_dir)
     name = collector_name(cfg)
-    env, env_params = envs_lib.make(cfg.env)
+    env, env_params = envs_lib.make(cfg.env, cfg.env_args)
     net = dqn.make_network(cfg, env, env_params)
     envs_per_device = split.per_device("environments")
     store = Store(run_dir)

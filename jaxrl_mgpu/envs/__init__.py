@@ -31,6 +31,7 @@ for _name in ("seaborn", "matplotlib.pyplot"):
         sys.modules[_name] = _LoadedOnFirstUse(_name)
 
 import gymnax  # noqa: E402
+import yaml  # noqa: E402
 
 from jaxrl_mgpu.cli import ConfigError
 
@@ -52,9 +53,41 @@ def names() -> list[str]:
     return sorted(_OWN) + [n for n in gymnax.registered_envs if n not in _LEFT_OUT]
 
 
-def make(name: str) -> tuple[Any, Any]:
+def make(name: str, args: str | None = None) -> tuple[Any, Any]:
+    """`(env, env_params)`; `args` (`--env-args`, "NAME=VALUE,...") are keyword arguments of a
+    project environment's factory (its sizes and parameters, e.g. the Tag games')."""
     check(name)
-    return _OWN[name]() if name in _OWN else gymnax.make(name)
+    kwargs = parse_args(name, args)
+    if name not in _OWN:
+        return gymnax.make(name)
+    try:
+        return _OWN[name](**kwargs)
+    except (TypeError, ValueError) as e:  # an unknown name or a value out of range
+        raise EnvError(f"--env-args {args!r} do not fit --env {name}: {e}") from None
+
+
+def parse_args(name: str, args: str | None) -> dict[str, Any]:
+    """"a=1,b=0.5,c=true" -> {"a": 1, "b": 0.5, "c": True} (values read as YAML scalars)."""
+    if not args:
+        return {}
+    if name not in _OWN:
+        raise EnvError(f"--env-args: --env {name} is a gymnax environment, which takes no arguments")
+    kwargs = {}
+    for item in args.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise EnvError(f"--env-args {args!r}: {item!r} is not NAME=VALUE")
+        parsed = yaml.safe_load(value)
+        if not isinstance(parsed, (bool, int, float)):
+            raise EnvError(f"--env-args {args!r}: the value of {key.strip()} ({value!r}) is not a number or a boolean")
+        kwargs[key.strip()] = parsed
+    return kwargs
+
+
+def is_multi_agent(env) -> bool:
+    """Whether `env` keeps an agent axis inside one environment (envs/tag.py): observations
+    `[agents, ...]`, actions and rewards `[agents]`, its `teams` {name: (first, end)}."""
+    return hasattr(env, "teams")
 
 
 def check(name: str) -> None:
@@ -66,4 +99,4 @@ def check(name: str) -> None:
 
 
 # Own environments register themselves on import (after `register` exists).
-from jaxrl_mgpu.envs import darkroom, pomdp  # noqa: E402,F401
+from jaxrl_mgpu.envs import darkroom, pomdp, tag  # noqa: E402,F401

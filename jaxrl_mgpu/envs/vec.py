@@ -1,6 +1,9 @@
 """Batches of environments on one device, with per-environment random streams and episode
 statistics.
 
+Multi-agent environments (envs.is_multi_agent: an agent axis inside one environment) have
+rewards and episode returns `[E, agents]` and one episode end (and length) per environment.
+
 Each environment's randomness at every step is `fold_in(step_key, global_env_index)`, where
 `step_key` is the same on every device. So a rollout depends only on the seed and the global
 number of environments, never on how many devices share them.
@@ -13,6 +16,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxrl_mgpu.envs import is_multi_agent
 from jaxrl_mgpu.parallel import all_sum
 
 
@@ -20,18 +24,19 @@ class EnvBatch(NamedTuple):
     """The carried state of this device's environments."""
     state: Any                   # gymnax env states, leading axis E
     obs: jax.Array               # [E, *obs_shape] observation to act on
-    episode_return: jax.Array    # [E] return so far of the running episode
+    episode_return: jax.Array    # [E] (multi-agent: [E, agents]) return so far of the running episode
     episode_length: jax.Array    # [E] steps so far of the running episode
 
 
 class Step(NamedTuple):
     """What one step of all environments produced."""
-    reward: jax.Array            # [E]
+    reward: jax.Array            # [E] (multi-agent: [E, agents])
     terminated: jax.Array        # [E] bool: true end, no bootstrap
     truncated: jax.Array         # [E] bool: time limit, bootstrap from final_obs
     final_obs: jax.Array         # [E, ...] observation before the auto-reset
-    done_return: jax.Array       # [E] return of the episode that ended here (0 where none)
+    done_return: jax.Array       # [E] ([E, agents]) return of the episode that ended here (0 where none)
     done_length: jax.Array       # [E] its length
+    info: dict                   # the env's info, minus the final observation
 
 
 def env_keys(key: jax.Array, global_ids: jax.Array) -> jax.Array:
@@ -42,7 +47,8 @@ def env_keys(key: jax.Array, global_ids: jax.Array) -> jax.Array:
 def reset(env, env_params, key: jax.Array, global_ids: jax.Array) -> EnvBatch:
     obs, state = jax.vmap(env.reset, (0, None))(env_keys(key, global_ids), env_params)
     zeros = jnp.zeros(global_ids.shape, jnp.float32)
-    return EnvBatch(state, obs.astype(jnp.float32), zeros, zeros.astype(jnp.int32))
+    returns = jnp.zeros(global_ids.shape + (env.num_agents,)) if is_multi_agent(env) else zeros
+    return EnvBatch(state, obs.astype(jnp.float32), returns, zeros.astype(jnp.int32))
 
 
 def step(env, env_params, batch: EnvBatch, action: jax.Array, keys: jax.Array) -> tuple[EnvBatch, Step]:
@@ -50,13 +56,15 @@ def step(env, env_params, batch: EnvBatch, action: jax.Array, keys: jax.Array) -
         keys, batch.state, action, env_params)
     reward = reward.astype(jnp.float32)
     done = jnp.logical_or(terminated, truncated)
+    agents_done = done.reshape(done.shape + (1,) * (reward.ndim - done.ndim))  # per agent, where there are agents
     ep_return = batch.episode_return + reward
     ep_length = batch.episode_length + 1
     new = EnvBatch(state, obs.astype(jnp.float32),
-                   jnp.where(done, 0.0, ep_return), jnp.where(done, 0, ep_length))
-    return new, Step(reward, terminated, jnp.logical_and(truncated, jnp.logical_not(terminated)),
-                     info["final_observation"].astype(jnp.float32),
-                     jnp.where(done, ep_return, 0.0), jnp.where(done, ep_length, 0))
+                   jnp.where(agents_done, 0.0, ep_return), jnp.where(done, 0, ep_length))
+    # Envs that never truncate (the Tag games end at their time limit) give no final observation.
+    final_obs = info.pop("final_observation", obs).astype(jnp.float32)
+    return new, Step(reward, terminated, jnp.logical_and(truncated, jnp.logical_not(terminated)), final_obs,
+                     jnp.where(agents_done, ep_return, 0.0), jnp.where(done, ep_length, 0), info)
 
 
 class EpisodeStats(NamedTuple):
