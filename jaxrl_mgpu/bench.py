@@ -29,7 +29,7 @@ import jax
 import optax
 
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import parallel, reference_ppo, runner
+from jaxrl_mgpu import autoscale, parallel, reference_ppo, runner
 from jaxrl_mgpu.algos import learner, mappo, module_for
 from jaxrl_mgpu import cli
 from jaxrl_mgpu.cli import USER_ERRORS, fail
@@ -110,7 +110,12 @@ def measure(cfg, devices: int, updates: int, repeats: int, profile: str | None =
     compile_s = time.perf_counter() - t
     times, _ = time_calls(lambda s: chunk(s)[0], state, repeats,
                           trace_dir(profile, f"jaxrl_mgpu-{par.num_devices}dev-{cfg.num_envs}envs"))
-    return result(cfg, "jaxrl_mgpu", par.num_devices, updates, times, compile_s, trainer.algorithm.agents_per_env)
+    row = result(cfg, "jaxrl_mgpu", par.num_devices, updates, times, compile_s, trainer.algorithm.agents_per_env)
+    # XLA's analysis of the chunk (per device) against the allocator's peak: what --auto-scale
+    # predicts from, and whether it holds.
+    stats = par.local_devices[0].memory_stats() or {}
+    return {**row, "compiled_bytes": autoscale.compiled_bytes(trainer._compiled),
+            "peak_bytes_in_use": stats.get("peak_bytes_in_use")}
 
 
 def measure_baseline(cfg, updates: int, repeats: int, profile: str | None = None) -> dict:

@@ -125,6 +125,16 @@ class Config:
     mlp: str = option("xla", "transformer MLP half-blocks and output heads: xla; pallas (fused LayerNorm + "
                              "MLP + residual kernels, and final LayerNorm + heads, --d-model a power of 2 up "
                              "to 128, GPU)", choices=("xla", "pallas"))
+    # sizing the work to the device (autoscale.py)
+    auto_scale: str | None = option(None, "choose the environments per device (AD: sequences per device) before "
+                                          "training, from XLA's memory analysis of the compiled training chunk: "
+                                          "'throughput' (what a bare --auto-scale means: the smallest size within 5%% "
+                                          "of the fastest that fits, timed in a short probe; a larger batch buys no "
+                                          "speed and gives fewer updates) or 'memory' (the largest that fits); "
+                                          "minibatch count, epochs and lr stay as configured",
+                                    choices=("throughput", "memory"), nargs="?", const="throughput")
+    auto_scale_memory: float = option(0.9, "--auto-scale: the fraction of the device's memory the training chunk "
+                                           "may take (XLA's allocator limit; on a CPU, host RAM / devices)")
     # run
     seed: int = option(0, "random seed (params, environments and sampling all derive from it)")
     run_dir: str | None = option(None, "output directory (default runs/<env>-<algo>-<time>)")
@@ -213,7 +223,7 @@ RANGES = {
                    "resumed_update", "resumed_steps",
                    "eval_every"),
     UNIT: ("gamma", "gae_lambda", "eps_start", "eps_end"),
-    UNIT_OPEN: ("tau",),
+    UNIT_OPEN: ("tau", "auto_scale_memory"),
 }
 RANGE = {name: kind for kind, names in RANGES.items() for name in names}
 
@@ -248,6 +258,7 @@ APPLIES = {
                     ("--algo ppo or dqn", lambda c: c.algo != "ad")),
     **dict.fromkeys(("num_updates", "n_transit", "ad_batch_size", "ad_episode_stride"),
                     ("--algo ad", lambda c: c.algo == "ad")),
+    "auto_scale_memory": ("--auto-scale", lambda c: c.auto_scale is not None),
     "dataset": ("--algo ad with --mode both", lambda c: c.algo == "ad" and c.mode == "both"),
     **dict.fromkeys(("ad_history_steps", "ad_history_tasks", "ad_source"),
                     ("--algo ad with --mode learn or collect", lambda c: c.algo == "ad" and c.mode != "both")),
@@ -376,6 +387,9 @@ def parse_given(argv: list[str] | None = None) -> dict:
     p = parser()
     args = vars(p.parse_args(_values_attached(sys.argv[1:] if argv is None else list(argv), p)))
     given = {k: _coerce(k, v, "command line") for k, v in args.items() if v is not None}
+    if given.get("auto_scale") and given.keys() & {"num_envs", "ad_batch_size"}:
+        size = "--num-envs" if "num_envs" in given else "--ad-batch-size"
+        raise ConfigError(f"--auto-scale chooses {size} itself; give one or the other")
     values = load_preset(given["config"]) if given.get("config") else {}
     values.update(given)
     return values
@@ -473,6 +487,9 @@ def validate(cfg: Config) -> Config:
         if getattr(cfg, name) % cfg.log_every:
             raise ConfigError(f"--{name.replace('_', '-')} {getattr(cfg, name)} must be 0 or a multiple of --log-every "
                               f"{cfg.log_every} (checkpoints and evaluations happen between compiled chunks)")
+    if cfg.auto_scale and cfg.mode != "both":
+        raise ConfigError(f"--auto-scale sizes a --mode both run; --mode {cfg.mode} processes share one run's "
+                          f"sizes: give --num-envs")
     if cfg.resume and not cfg.run_dir:
         raise ConfigError("--resume needs --run-dir: the directory of the run to continue")
     if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 2:

@@ -224,6 +224,14 @@ def setup(backend: str = "pmap", devices: int | None = None) -> Parallel:
     return Parallel(backend=backend, devices=tuple(chosen), mesh=mesh)
 
 
+def this_device() -> Parallel:
+    """This process's first local device alone (shard_map, so it compiles ahead of time in any
+    process count): where --auto-scale compiles and probes the per-device program."""
+    device = jax.local_devices()[0]
+    return Parallel(backend="shard_map", devices=(device,),
+                    mesh=Mesh(np.array([device]), (AXIS,), axis_types=(AxisType.Auto,)))
+
+
 def device_index() -> jax.Array:
     """This device's position on the axis (inside a mapped function)."""
     return jax.lax.axis_index(AXIS)
@@ -245,7 +253,10 @@ def all_sum(tree):
 
 def _fused(collective: Callable, tree, out_dtype: Callable):
     if jax.lax.axis_size(AXIS) == 1:
-        return jax.tree.map(lambda x: jnp.asarray(x, out_dtype(x)), tree)
+        # No packing on one device; the collective itself stays (XLA drops a one-device
+        # all-reduce), since under shard_map it is what makes the result the same on every
+        # device by type, which loops that carry it need.
+        return jax.tree.map(lambda x: collective(jnp.asarray(x, out_dtype(x)), AXIS), tree)
     flat, unflatten = ravel_pytree(jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), tree))
     out = unflatten(collective(flat, AXIS))
     return jax.tree.map(lambda o, x: o.astype(out_dtype(x)), out, tree)

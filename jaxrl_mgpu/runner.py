@@ -467,6 +467,11 @@ def banner(cfg, par: Parallel, layout: Split, per_update: str) -> dict:
         "parallel": f"{par.backend} over axis '{parallel.AXIS}'",
     }
     rows.update({what: f"{total} global, {per_device} per device" for what, (total, per_device) in layout.items()})
+    if cfg.auto_scale:
+        size = "--ad-batch-size" if cfg.algo == "ad" else "--num-envs"
+        rows["auto-scale"] = (f"{cfg.auto_scale}: {size} {getattr(cfg, size[2:].replace('-', '_'))} chosen at the "
+                              f"run's start (kept on resume); minibatch count, epochs and lr as configured, so "
+                              f"minibatches grow with the batch")
     rows.update({
         "per update": per_update,
         "updates": f"{cfg.total_updates}, {cfg.log_every} per compiled chunk",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 # Only light imports here: environments (gymnax) start JAX's backend when imported, and
 # `jax.distributed.initialize` must come first, so the rest is imported inside main().
@@ -30,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         parallel.initialize(cfg.coordinator_address, cfg.num_processes, cfg.process_id, cfg.local_device_ids,
                             cfg.failure_timeout)
         parallel.start_backend()  # on a thread, while the rest is imported
-        from jaxrl_mgpu import asynchronous, runner  # after jax.distributed (see above)
+        from jaxrl_mgpu import asynchronous, autoscale, runner  # after jax.distributed (see above)
         from jaxrl_mgpu.algos import module_for
         cfg, changes = runner.resolve(cfg, given)
         cfg = config_lib.validate(cfg)
@@ -39,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
         par = parallel.setup(cfg.parallel, cfg.devices)
         config_lib.check_platform(cfg, par.devices[0].platform)
         learner = asynchronous.for_algo(cfg.algo)
+        resuming = bool(cfg.resume and cfg.run_dir and (Path(cfg.run_dir) / "config.json").exists())
+        if cfg.auto_scale and not resuming:  # a resumed run keeps the size its config.json holds
+            cfg, _ = autoscale.choose(cfg, par, module_for(cfg))
         layout = (module_for(cfg).check if cfg.mode == "both" else learner.check)(cfg, par.num_devices)
         if cfg.mode == "collect":
             if not cfg.run_dir:

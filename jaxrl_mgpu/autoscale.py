@@ -1,0 +1,217 @@
+"""`--auto-scale`: size the per-device work to the device before training, from XLA's own
+memory analysis of the real training chunk and, in `throughput` mode, a short timed probe.
+
+What is sized: the environments per device (PPO with either policy, multi-agent PPO, DQN), or
+AD's sequences per device (`--ad-batch-size`). Everything else that depends on the batch
+follows one rule: the number of minibatches, epochs and the learning rate stay as configured,
+so each minibatch grows with the batch (the same number of gradient steps per update, each on
+more data). DQN's replay batch stays as configured too.
+
+How (no out-of-memory trial ever runs):
+1. Memory from the compiler. The per-device training chunk is compiled for ONE device of this
+   host at a few sizes (powers of 4 from MIN_PER_DEVICE) and `compiled.memory_analysis()` gives
+   its argument + output + temporary - aliased bytes (the state is donated, so its input and
+   output share buffers). Bytes grow linearly with the size; a least-squares line through the
+   compiled sizes predicts the rest, and the largest size whose prediction fits
+   `--auto-scale-memory` of the device's memory (`memory_stats()['bytes_limit']`, XLA's
+   allocator limit) is the ceiling, confirmed by compiling it. A backend without a memory limit
+   (the CPU) uses the rule printed with the table: host RAM / local devices.
+2. Throughput (`--auto-scale` = `--auto-scale throughput`, the default mode): steps/s
+   saturates long before memory is full, and a bigger batch then buys nothing but fewer
+   updates. Each compiled size (x4 apart, up to the ceiling) runs a short steady-state probe;
+   probing stops once a size is less than 5% faster than the one before, and the run takes the
+   smallest size within 5% of the best. `memory` mode takes the ceiling itself.
+
+The per-device program is the same on every device of a data-parallel run (weak scaling), so
+one device is probed. Process 0 decides and broadcasts its choice; the choice is written into
+the run's config.json (`--num-envs` or `--ad-batch-size`), so a resumed run reuses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+import time
+from typing import Callable
+
+import jax
+import numpy as np
+
+from jaxrl_mgpu import parallel
+from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.runner import Trainer
+
+MIN_PER_DEVICE = 2 ** 8
+MAX_PER_DEVICE = 2 ** 18
+WITHIN = 0.05           # throughput: the smallest size within 5% of the best
+PROBE_UPDATES = 2       # updates per timed probe call
+PROBE_REPEATS = 3
+
+
+@dataclasses.dataclass
+class Row:
+    per_device: int
+    predicted_bytes: float | None = None
+    compiled_bytes: int | None = None
+    steps_per_s: float | None = None
+    chosen: bool = False
+
+
+def knob(cfg) -> str:
+    """The option auto-scaling sets: sequences per update for AD, else environments."""
+    return "ad_batch_size" if cfg.algo == "ad" else "num_envs"
+
+
+def compiled_bytes(compiled) -> int | None:
+    """Peak device bytes of a compiled program by XLA's analysis, or None without one."""
+    try:
+        m = compiled.memory_analysis()
+    except Exception:  # a backend without the analysis
+        return None
+    if m is None:
+        return None
+    return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+               - m.alias_size_in_bytes + m.generated_code_size_in_bytes)
+
+
+def memory_limit(device) -> tuple[int, str]:
+    """The bytes a program may use on `device`, and where the number comes from."""
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]), "memory_stats()['bytes_limit']"
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return ram // max(len(jax.local_devices()), 1), "no device memory limit: host RAM / local devices"
+
+
+def fit_line(sizes: list[int], values: list[float]) -> Callable[[int], float]:
+    """Least squares bytes = a + b * size (exact through two points)."""
+    b, a = np.polyfit(np.asarray(sizes, float), np.asarray(values, float), 1) if len(sizes) > 1 else (0.0, values[0])
+    return lambda n: float(a + b * n)
+
+
+def with_size(cfg, per_device: int, num_devices: int):
+    """`cfg` with `per_device` of the knob on each of `num_devices` devices, and at least one
+    update of training (the probe's programs must exist even when the run is short)."""
+    cfg = dataclasses.replace(cfg, **{knob(cfg): per_device * num_devices})
+    if cfg.num_updates is None and cfg.total_timesteps < cfg.batch_size:
+        cfg = dataclasses.replace(cfg, total_timesteps=cfg.batch_size)
+    return cfg
+
+
+def choose(cfg, par, module, log: Callable[[str], None] = print):
+    """The config with the knob chosen (on process 0, broadcast to all), and the search's rows
+    (process 0's; the others have only the chosen one). `log` gets the table."""
+    t0 = time.perf_counter()
+    one = parallel.this_device()
+    device = one.devices[0]
+    limit, source = memory_limit(device)
+    budget = cfg.auto_scale_memory * limit
+    rows: dict[int, Row] = {}
+    trainers: dict[int, object] = {}
+
+    def compile_at(n: int):
+        """The one-device trainer at n per device, compiled; None if the config cannot split."""
+        c = with_size(cfg, n, 1)
+        try:
+            split = module.check(c, 1)
+        except ConfigError:
+            return None
+        trainer = Trainer(c, one, split=split)
+        trainer.compile(trainer.abstract_state())
+        rows.setdefault(n, Row(n)).compiled_bytes = compiled_bytes(trainer._compiled)
+        trainers[n] = trainer
+        return trainer
+
+    def probe(n: int) -> float:
+        trainer = trainers[n]
+        state = trainer.init_state()
+        chunk = trainer.chunk_fn(PROBE_UPDATES, state)
+        state = jax.block_until_ready(chunk(state)[0])  # warm-up
+        times = []
+        for _ in range(PROBE_REPEATS):
+            t = time.perf_counter()
+            state = jax.block_until_ready(chunk(state)[0])
+            times.append(time.perf_counter() - t)
+        rate = PROBE_UPDATES * trainer.steps_per_update / statistics.median(times)
+        rows[n].steps_per_s = rate
+        return rate
+
+    candidates = [n for n in (MIN_PER_DEVICE * 4 ** k for k in range(10)) if n <= MAX_PER_DEVICE]
+    chosen = None
+    if jax.process_index() == 0:
+        compiled, best, prev = [], 0.0, None
+        for n in candidates:
+            if len(compiled) >= 2:  # predict before compiling: never compile what cannot fit
+                line = fit_line(compiled, [rows[m].compiled_bytes for m in compiled])
+                rows.setdefault(n, Row(n)).predicted_bytes = line(n)
+                if line(n) > budget:
+                    break
+            if compile_at(n) is None:
+                continue
+            if rows[n].compiled_bytes is None:
+                raise ConfigError(f"--auto-scale: the {device.platform} backend gives no memory analysis of the "
+                                  f"training chunk; set --num-envs by hand")
+            if rows[n].compiled_bytes > budget:
+                trainers.pop(n)
+                break
+            compiled.append(n)
+            if cfg.auto_scale == "throughput":
+                rate = probe(n)
+                best = max(best, rate)
+                if prev is not None and rate < prev * (1 + WITHIN):
+                    break  # saturated: bigger sizes buy less than 5%
+                prev = rate
+            if cfg.auto_scale == "memory" and len(compiled) == 3:
+                break  # enough for the line; refine_ceiling compiles only the ceiling
+            if len(trainers) > 1:  # keep only the last compiled program alive
+                for m in list(trainers)[:-1]:
+                    trainers.pop(m)
+        if not compiled:
+            raise ConfigError(f"--auto-scale: not even {MIN_PER_DEVICE} per device fits {cfg.auto_scale_memory:g} of "
+                              f"the device's {limit / 2**30:.1f} GiB, or no size splits (see --num-minibatches)")
+        if cfg.auto_scale == "throughput":
+            best = max(rows[n].steps_per_s for n in compiled)
+            chosen = min(n for n in compiled if rows[n].steps_per_s >= (1 - WITHIN) * best)
+        else:
+            chosen = refine_ceiling(compiled, rows, budget, compile_at)
+    trainers.clear()
+    chosen = parallel.broadcast(chosen if chosen is not None else 0)
+    if chosen in rows:
+        rows[chosen].chosen = True
+    search_s = time.perf_counter() - t0
+    if parallel.is_main():
+        log(table(cfg, list(rows.values()), limit, source, search_s, chosen, par.num_devices))
+    return with_size(cfg, chosen, par.num_devices), sorted(rows.values(), key=lambda r: r.per_device)
+
+
+def refine_ceiling(compiled: list[int], rows: dict, budget: float, compile_at: Callable) -> int:
+    """memory mode: the largest power of 2 whose predicted bytes fit, confirmed by its compile
+    (stepping down by 2 where the compile says it does not fit)."""
+    line = fit_line(compiled, [rows[m].compiled_bytes for m in compiled])
+    n = max(compiled)
+    while n * 2 <= MAX_PER_DEVICE and line(n * 2) <= budget:
+        n *= 2
+    while n > max(compiled):
+        rows.setdefault(n, Row(n)).predicted_bytes = line(n)
+        if compile_at(n) is not None and rows[n].compiled_bytes <= budget:
+            return n
+        n //= 2
+    return max(compiled)
+
+
+def table(cfg, rows: list[Row], limit: int, source: str, search_s: float, chosen: int, devices: int) -> str:
+    what = "sequences" if knob(cfg) == "ad_batch_size" else "envs"
+    lines = [f"auto-scale ({cfg.auto_scale}): {what} per device, memory budget {cfg.auto_scale_memory:g} x "
+             f"{limit / 2**30:.1f} GiB ({source})",
+             f"  {what + '/device':>14}{'predicted':>12}{'compiled':>12}{'steps/s':>14}"]
+    def gib(b):
+        return "-" if b is None else f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
+    for r in sorted(rows, key=lambda r: r.per_device):
+        rate = f"{r.steps_per_s:,.0f}" if r.steps_per_s is not None else "-"
+        lines.append(f"  {r.per_device:>14,}{gib(r.predicted_bytes):>12}{gib(r.compiled_bytes):>12}{rate:>14}"
+                     + ("   <- chosen" if r.chosen else ""))
+    rule = ("the smallest within 5% of the fastest" if cfg.auto_scale == "throughput" else "the largest that fits")
+    lines.append(f"  chose {chosen:,} per device ({rule}), {chosen * devices:,} over {devices} device(s), in "
+                 f"{search_s:.1f} s; minibatches, epochs and lr as configured (minibatches grow with the batch)")
+    return "\n".join(lines)
