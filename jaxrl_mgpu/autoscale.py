@@ -176,7 +176,7 @@ def choose(cfg, par, module, log: Callable[[str], None] = print):
         else:
             chosen = refine_ceiling(compiled, rows, budget, compile_at)
     trainers.clear()
-    chosen = parallel.broadcast(chosen if chosen is not None else 0)
+    chosen = parallel.broadcast_after("auto-scale", chosen)
     if chosen in rows:
         rows[chosen].chosen = True
     search_s = time.perf_counter() - t0

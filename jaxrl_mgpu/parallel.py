@@ -204,6 +204,20 @@ def broadcast(value: int) -> int:
     return int(multihost_utils.broadcast_one_to_all(np.array(value, np.int64)))
 
 
+def broadcast_after(key: str, value: int | None, timeout_s: float = 3600.0) -> int:
+    """Process 0's `value`, on every process, however long process 0 takes to produce it (a
+    search of minutes): through the coordination service's key-value store, where a collective
+    would give up on a peer that is late (gloo waits 30 s)."""
+    if jax.process_count() == 1:
+        return int(value)
+    from jax._src import distributed
+    client = distributed.global_state.client
+    if jax.process_index() == 0:
+        client.key_value_set(f"jaxrl_mgpu/{key}", str(int(value)))
+        return int(value)
+    return int(client.blocking_key_value_get(f"jaxrl_mgpu/{key}", int(timeout_s * 1000)))
+
+
 def setup(backend: str = "pmap", devices: int | None = None) -> Parallel:
     """Chooses the devices: all of them by default, or the first `devices` local devices of
     each host. Raises ParallelError with a message naming the option when it cannot."""

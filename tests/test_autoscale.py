@@ -67,14 +67,16 @@ def test_the_choice_is_written_and_a_resume_reuses_it(tmp_path, capsys):
     assert saved["auto_scale"] == "memory" and saved["num_envs"] % 8 == 0 and saved["num_envs"] >= 256 * 8
     assert run("--run-dir", str(run_dir), "--resume", "--stop-at-update", "2") == 0
     out = capsys.readouterr().out
-    assert "auto-scale" not in out, "a resume must not search again"
+    assert "auto-scale (memory)" not in out, "a resume must not search again"
+    assert "auto-scale     memory: --num-envs" in out  # the banner still says how the size was chosen
     assert json.loads((run_dir / "config.json").read_text())["num_envs"] == saved["num_envs"]
 
 
 def test_two_processes_take_process_0s_choice(tmp_path):
     run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, "-m", "jaxrl_mgpu.launch", "--num-processes", "2", "--devices-per-process",
-                          "2", "--", *SMALL, "--auto-scale", "--run-dir", str(run_dir), "--stop-at-update", "1"],
+                          "2", "--", *SMALL, "--auto-scale", "--auto-scale-memory", "0.001", "--run-dir", str(run_dir),
+                          "--stop-at-update", "1"],
                          capture_output=True, text=True, timeout=400)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text
