@@ -435,7 +435,10 @@ def plan_run_dir(cfg) -> tuple[Path, int | None]:
     Checks only; creates nothing. A run directory is never clobbered."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(parallel.broadcast(int(time.time()))))
     path = Path(cfg.run_dir or f"runs/{cfg.env}-{cfg.algo}-{stamp}")  # the same name on every process
-    occupied = path.exists() and (not path.is_dir() or any(path.iterdir()))
+    # A learner may start in a directory its collectors began to fill (collectors may start
+    # first): a store alone is not a run.
+    collected_only = cfg.mode == "learn" and path.is_dir() and {p.name for p in path.iterdir()} <= {"store"}
+    occupied = path.exists() and (not path.is_dir() or any(path.iterdir())) and not collected_only
     if not cfg.resume:
         if occupied:
             raise ConfigError(f"--run-dir {path} already exists and is not empty; choose a new directory "

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 import signal
 import time
 
@@ -13,13 +14,15 @@ from helpers import spawn_train, wait_until
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.asynchronous import dqn as async_dqn
+from jaxrl_mgpu.asynchronous import rate
 from jaxrl_mgpu.asynchronous.store import Store, Transitions
+from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.log import RunLog
 
 DQN = ["--config", "cartpole-dqn", "--num-envs", "8", "--num-steps", "1", "--updates-per-step", "4",
        "--replay-batch-size", "64", "--buffer-size", "4096", "--learning-starts", "512", "--hidden-size", "32",
        "--total-timesteps", str(8 * 150), "--log-every", "10", "--checkpoint-every", "10",
-       "--max-replay-ratio", "0.5", "--shard-steps", "32", "--devices", "1"]
+       "--samples-per-insert", "32", "--shard-steps", "32", "--devices", "1"]
 
 
 def spawn(*argv):
@@ -48,7 +51,10 @@ def test_learner_with_two_collectors_one_killed(tmp_path):
     assert last["async/env_steps_received/c1"] > 0 and last["async/env_steps_received/c2"] > 0
     assert last["async/env_steps_received"] == last["async/env_steps_received/c1"] + \
         last["async/env_steps_received/c2"]
-    assert 0 < last["async/replay_ratio"] <= 0.5 + 1e-9  # the cap held
+    # The rate limiter held: 32 samples per insert within its 10% band (and one iteration of
+    # 4 x 64 samples of slack).
+    assert 0 < last["async/samples_per_insert"] <= 32 * 1.1 + 256 / last["async/inserted"]
+    assert last["async/samples_per_insert_target"] == 32
     assert all(r["async/policy_lag"] is None or r["async/policy_lag"] >= 0 for r in rows)
     assert any(r["async/policy_lag"] is not None for r in rows)
     assert np.isfinite(last["loss/td"])
@@ -214,3 +220,78 @@ def test_a_collector_without_a_learner_says_what_it_waits_for(tmp_path, capsys, 
     assert total == 0
     waiting = [line for line in out.splitlines() if "still waiting for the learner's first checkpoint" in line]
     assert waiting and "--mode learn" in waiting[0]
+
+
+def test_rate_limiter_semantics():
+    cfg = config_lib.Config(algo="dqn", num_envs=8, updates_per_step=4, replay_batch_size=64, learning_starts=512)
+    limiter = rate.Limiter(cfg, samples_per_iteration=256)
+    assert rate.samples_per_insert(cfg) == 32 == limiter.target  # --mode both's ratio: 4 x 64 / 8
+    assert limiter.iterations(0, 10_000, in_replay=500) == 0     # before --learning-starts
+    # Ahead of the target (beyond the band and one iteration of slack): wait.
+    assert limiter.iterations(samples=1000 * 32 * 1.1 + 256, inserted=1000, in_replay=1000) == 0
+    # Behind: as many iterations as bring it up to the top of the band.
+    assert limiter.iterations(samples=0, inserted=1000, in_replay=1000) == int((1.1 * 32 * 1000 + 256) // 256)
+    # Collectors: back-pressured while the learner has received more than its samples pay for
+    # at the bottom of the band (plus slack), or has that much unread in the store.
+    progress = {"samples_per_insert": 32, "tolerance": 0.1, "learning_starts": 512, "samples": 32 * 0.9 * 10_000,
+                "received": 10_000, "largest_shard": 256}
+    assert rate.collectors_may_write(progress, unread_steps=0, shard_steps=256, learning_starts=512)
+    assert not rate.collectors_may_write({**progress, "received": 10_000 + 512 + 4 * 256 + 1}, 0, 256, 512)
+    assert not rate.collectors_may_write(progress, unread_steps=4 * 256 + 1, shard_steps=256, learning_starts=512)
+    # No learner yet: the store fills up to what learning starts with, plus the slack, no more.
+    assert rate.collectors_may_write(None, unread_steps=512 + 4 * 256, shard_steps=256, learning_starts=512)
+    assert not rate.collectors_may_write(None, unread_steps=512 + 4 * 256 + 1, shard_steps=256, learning_starts=512)
+
+
+def test_ingest_is_bounded_and_in_large_blocks():
+    def transitions(n):
+        return Transitions(np.zeros((n, 2), np.float32), np.arange(n, dtype=np.int32), np.zeros(n, np.float32),
+                           np.ones(n, np.float32), np.zeros((n, 2), np.float32))
+
+    big = async_dqn.LARGE_BLOCK
+    blocks, rest = async_dqn._host_blocks([transitions(5 * big + 300), transitions(10)], devices=2,
+                                           budget=async_dqn.INSERT_BUDGET)
+    sizes = [len(b.reward) for b in blocks]
+    assert sum(sizes) <= async_dqn.INSERT_BUDGET * 2 and set(sizes) <= {2 * big, 2 * async_dqn.BLOCK}
+    assert sizes[0] == 2 * big
+    # Order is kept and nothing is lost: the blocks and the rest are the queue, in order.
+    actions = np.concatenate([b.action for b in blocks] + [r.action for r in rest])
+    np.testing.assert_array_equal(actions, np.concatenate([np.arange(5 * big + 300), np.arange(10)]))
+
+
+def test_ten_collectors_started_before_the_learner_do_not_flood_it(tmp_path):
+    """Ten collectors (acting at random until the first checkpoint) against one learner: the
+    store they fill before it starts stays bounded, the learner keeps its samples per insert,
+    and no complete shard is lost (every shard was either taken by the learner or is still in
+    the store)."""
+    run_dir = tmp_path / "run"
+    store = Store(run_dir)
+    args = ["--shard-steps", "16"]  # 8 envs x 16 steps: 128 transitions a shard
+    collectors = [spawn(*args, "--mode", "collect", "--run-dir", str(run_dir), "--collector-id", f"c{i}",
+                        "--collect-before-checkpoint", "random") for i in range(10)]
+    wait_until(lambda: store.unread_steps(None) >= 512, timeout=300)
+    time.sleep(5)  # they keep running, and must stop at the bound
+    before = store.unread_steps(None)
+    assert before <= 512 + rate.SLACK_SHARDS * 128 + 10 * 128, before  # + one shard in flight each
+    learner = spawn(*args, "--mode", "learn", "--run-dir", str(run_dir))
+    out, _ = learner.communicate(timeout=400)
+    assert learner.returncode == 0, out
+    outs = []
+    for c in collectors:
+        c_out, _ = c.communicate(timeout=120)
+        assert c.returncode == 0, c_out
+        outs.append(c_out)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = rows[-1]
+    assert last["update"] == 150
+    assert last["async/samples_per_insert"] <= 32 * 1.1 + 256 / last["async/inserted"]
+    # Nothing lost: what each collector wrote is what the learner received from it plus its
+    # shards still in the store that the learner never took.
+    ckpts = Checkpoints(run_dir, read_only=True)
+    consumed = set(ckpts.meta(ckpts.latest_step())["async"]["consumed"])
+    ckpts.close()
+    for i, (c, c_out) in enumerate(zip(collectors, outs)):
+        written = int(re.search(r"collector done: ([0-9,]+) env steps written", c_out).group(1).replace(",", ""))
+        left = sum(s.meta["env_steps"] for s in store.shards()
+                   if s.meta["collector"] == f"c{i}" and s.path.name not in consumed)
+        assert last.get(f"async/env_steps_received/c{i}", 0) + left == written, (i, c_out[-500:])

@@ -16,10 +16,14 @@ polled between compiled chunks:
      first, and queue their transitions;
   2. move queued transitions into the on-device replay in fixed-size blocks (one compiled
      insert, each device taking its share);
-  3. allow as many iterations as the replay ratio cap leaves room for, once the replay holds
+  2. (bounded: at most INSERT_BUDGET transitions per device a poll, in blocks of LARGE_BLOCK
+     where there are that many, so one poll's ingest never crowds out learning);
+  3. allow as many iterations as the rate limiter (rate.py: `--samples-per-insert` with
+     `--samples-per-insert-tolerance`) leaves room for, once the replay holds
      `--learning-starts` transitions; the runner runs them in one compiled chunk, each
      iteration `num_steps x updates_per_step` gradient steps (the double-DQN step of
-     `--mode both`, gradients `pmean`-ed over devices);
+     `--mode both`, gradients `pmean`-ed over devices). The learner publishes its counts
+     (rate.PROGRESS) and collectors pause while it is behind;
   4. the runner logs (with the feed's data counts), publishes a checkpoint every
      `--checkpoint-every` iterations and evicts the oldest shards beyond
      `--store-max-episodes` (the learner is the only one who deletes).
@@ -39,6 +43,7 @@ import numpy as np
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import dqn, learner
 from jaxrl_mgpu.algos.base import Algorithm, Split
+from jaxrl_mgpu.asynchronous import rate
 from jaxrl_mgpu.asynchronous.ledger import COLLECTOR_LOG_S, DONE_MARKER, StoreFeed, collector_name, collector_seed
 from jaxrl_mgpu.asynchronous.store import Store, Transitions
 from jaxrl_mgpu.checkpoint import REPLICATED, Checkpoints
@@ -49,7 +54,9 @@ from jaxrl_mgpu.runs import params_template
 
 COUNTS = ("env_steps", "episodes")  # what the learner counts of each shard it receives
 WAITING_LOG_S = 60.0          # a collector waiting for the learner says so this often
-BLOCK = 256                   # transitions per device per replay insert (one compiled shape)
+BLOCK = 256                   # transitions per device per small replay insert (one compiled shape)
+LARGE_BLOCK = 4096            # ... and per large insert (a second compiled shape), while there are as many
+INSERT_BUDGET = 4 * LARGE_BLOCK   # transitions per device inserted per poll at most
 
 
 def check(cfg, num_devices: int) -> Split:
@@ -120,9 +127,10 @@ class Learner:
                           z(*self.obs_shape, dtype=obs_dtype), jnp.zeros((), jnp.int32))
 
         def insert(replay: Replay, block: Transitions) -> Replay:
-            rows = (replay.written + jnp.arange(BLOCK)) % capacity
+            n = block.reward.shape[0]  # BLOCK or LARGE_BLOCK: one compiled program each
+            rows = (replay.written + jnp.arange(n)) % capacity
             put = lambda buf, x: buf.at[rows].set(x.astype(buf.dtype))
-            return Replay(*(put(b, x) for b, x in zip(replay[:5], block)), replay.written + BLOCK)
+            return Replay(*(put(b, x) for b, x in zip(replay[:5], block)), replay.written + n)
 
         # The gradient step (double-DQN loss, target update) is --mode both's.
         _, train_step = dqn.make_train_step(cfg, net.apply, tx)
@@ -156,18 +164,22 @@ class Learner:
         self.learn = par.map(learn, donate=True)
 
 
-def _host_blocks(pending: list[Transitions], size: int) -> tuple[list[Transitions], list[Transitions]]:
-    """All whole blocks of `size` transitions at the front of `pending`, and what remains.
-    It is joined once per call: joining it again for every block made reading a large shard
+def _host_blocks(pending: list[Transitions], devices: int, budget: int) -> tuple[list[Transitions], list[Transitions]]:
+    """Whole blocks from the front of `pending`, at most `budget` transitions per device: of
+    LARGE_BLOCK per device while there are that many, then of BLOCK; and what remains. The
+    queue is joined once per call: joining it again for every block made reading a large shard
     quadratic (a 65k-step MinAtar shard took seconds per block)."""
     total = sum(len(t.reward) for t in pending)
-    if total < size:
+    if total < BLOCK * devices:
         return [], pending
     joined = Transitions(*(np.concatenate(f) for f in zip(*pending))) if len(pending) > 1 else pending[0]
-    whole = total // size * size
-    blocks = [Transitions(*(f[i:i + size] for f in joined)) for i in range(0, whole, size)]
-    rest = Transitions(*(f[whole:] for f in joined))
-    return blocks, ([rest] if total > whole else [])
+    blocks, start, room = [], 0, budget * devices
+    for size in (LARGE_BLOCK * devices, BLOCK * devices):
+        while total - start >= size and room >= size:
+            blocks.append(Transitions(*(f[start:start + size] for f in joined)))
+            start, room = start + size, room - size
+    rest = Transitions(*(f[start:] for f in joined))
+    return blocks, ([rest] if total > start else [])
 
 
 def algorithm(cfg, par: Parallel, split: Split) -> Algorithm:
@@ -178,8 +190,8 @@ def algorithm(cfg, par: Parallel, split: Split) -> Algorithm:
 
 class Feed(StoreFeed):
     """The learner's data (runner.Feed): episodes from the store's shards, inserted into the
-    on-device replay; how many iterations may run, by --learning-starts and
-    --max-replay-ratio; the log's data counts; and the checkpoints collectors follow."""
+    on-device replay; how many iterations may run, by --learning-starts and the samples per
+    insert (rate.py); the log's data and rate counts; and the checkpoints collectors follow."""
 
     memory, counts = "replay", COUNTS
 
@@ -191,14 +203,19 @@ class Feed(StoreFeed):
         self.pending: list[Transitions] = []  # read, not yet in the replay
         self.inserted = 0
         # What arrived since the last log point.
-        self.window = {"episodes": 0, "return_sum": 0.0, "length_sum": 0, "lag_sum": 0.0, "shards": 0}
+        self.window = {"episodes": 0, "return_sum": 0.0, "length_sum": 0, "lag_sum": 0.0, "shards": 0,
+                       "collector_wait_s": 0.0, "learner_wait_s": 0.0, "inserted": 0}
+        self.per_collector_window: dict[str, int] = {}
         # Counted on the host (every iteration does the same number), so the loop never waits
         # on the devices to decide what to do next.
         self.per_learn = dqn.grad_steps_per_update(cfg)
         self.grads = self.grads_logged = int(par.first(state.grad_steps))
         self.steps_logged, self.logged_at = self.ledger.env_steps, time.perf_counter()
+        self.limiter = rate.Limiter(cfg, self.per_learn * cfg.replay_batch_size)
+        self.progress = rate.Progress(cfg.run_dir, cfg, self.limiter)
+        self.last_consumed, self.largest_shard, self.waiting_since = None, 0, None
         self.waiting_for = (f"waiting for data from the collectors (--learning-starts {cfg.learning_starts} "
-                            f"transitions, then --max-replay-ratio {cfg.max_replay_ratio})")
+                            f"transitions, then {self.limiter.target:g} samples per insert)")
 
     def read(self, shard) -> Transitions:
         return self.store.read(shard)
@@ -211,6 +228,8 @@ class Feed(StoreFeed):
         # 1. shards the reader has read, oldest first; after a restart, consumed ones only refill
         for shard, new, transitions in self.arrived():
             self.pending.append(transitions)
+            self.last_consumed = max(self.last_consumed or "", shard.path.name)
+            self.largest_shard = max(self.largest_shard, len(transitions.reward))
             if new:
                 episodes = shard.meta
                 self.window["episodes"] += episodes["episodes"]
@@ -218,20 +237,43 @@ class Feed(StoreFeed):
                 self.window["length_sum"] += episodes["env_steps"]
                 self.window["lag_sum"] += update - episodes["policy_step"]
                 self.window["shards"] += 1
-        # 2. into the replay, in fixed-size blocks
-        blocks, self.pending = _host_blocks(self.pending, BLOCK * self.par.num_devices)
+                self.window["collector_wait_s"] += episodes.get("waited_s", 0.0)
+                who = episodes["collector"]
+                self.per_collector_window[who] = self.per_collector_window.get(who, 0) + episodes["env_steps"]
+        # 2. into the replay, in blocks, at most INSERT_BUDGET per device this poll
+        blocks, self.pending = _host_blocks(self.pending, self.par.num_devices, INSERT_BUDGET)
         for block in blocks:
-            shaped = Transitions(*(x.reshape((self.par.num_devices, BLOCK) + x.shape[1:]) for x in block))
+            per_device = len(block.reward) // self.par.num_devices
+            shaped = Transitions(*(x.reshape((self.par.num_devices, per_device) + x.shape[1:]) for x in block))
             self.replay = self.lrn.insert(self.replay, self.par.shard(self.par.local_rows(shaped)))
             self.inserted += len(block.reward)
-        # 3. iterations allowed: none before learning starts; under the replay ratio cap
-        if self.inserted < max(self.cfg.learning_starts, self.cfg.replay_batch_size):
-            return 0
-        if self.cfg.max_replay_ratio is None:
-            return self.cfg.total_updates
-        room = self.cfg.max_replay_ratio * max(self.ledger.env_steps, 1) - self.grads
-        # While under the cap at least one iteration (the last may end a little above it).
-        return max(int(room // self.per_learn), 1) if room > 0 else 0
+            self.window["inserted"] += len(block.reward)
+        # 3. iterations the rate limiter allows; the counts collectors pace themselves by
+        allowed = self.limiter.iterations(self.samples, self.inserts, self.inserted)
+        self.progress.publish(samples=self.samples, inserted=self.inserts, received=self.ledger.env_steps,
+                              last_consumed=self.last_consumed, largest_shard=self.largest_shard)
+        now = time.perf_counter()
+        if allowed == 0 and self.waiting_since is None:
+            self.waiting_since = now
+        elif allowed and self.waiting_since is not None:
+            self.window["learner_wait_s"] += now - self.waiting_since
+            self.waiting_since = None
+        return min(allowed, self.cfg.total_updates)
+
+    @property
+    def samples(self) -> int:
+        """Transitions sampled from the replay so far (all devices)."""
+        return self.grads * self.cfg.replay_batch_size
+
+    @property
+    def inserts(self) -> int:
+        """Transitions received and inserted over the whole run (the ledger's count survives a
+        restart; the replay's refill after one is not new data)."""
+        return max(self.ledger.env_steps - self.queued, 0)
+
+    @property
+    def queued(self) -> int:
+        return sum(len(t.reward) for t in self.pending)
 
     def ran(self, updates: int) -> None:
         self.grads += updates * self.per_learn
@@ -246,7 +288,13 @@ class Feed(StoreFeed):
                "sps": (self.ledger.env_steps - self.steps_logged) / (now - self.logged_at),
                "grad_steps_per_s": (self.grads - self.grads_logged) / (now - self.logged_at),
                "async/policy_lag": w["lag_sum"] / w["shards"] if w["shards"] else None,
+               "async/samples_per_insert": self.limiter.achieved(self.samples, self.inserts),
+               "async/samples_per_insert_target": self.limiter.target,
+               "async/inserted": self.inserts, "async/queued_transitions": self.queued,
+               "async/learner_wait_s": w["learner_wait_s"], "async/collector_wait_s": w["collector_wait_s"],
+               **{f"async/env_steps_per_s/{c}": n / (now - self.logged_at) for c, n in self.per_collector_window.items()},
                **self.ledger.metrics(self.grads)}
+        self.per_collector_window = {}
         self.window = dict.fromkeys(w, 0)
         self.steps_logged, self.grads_logged, self.logged_at = self.ledger.env_steps, self.grads, now
         return out
@@ -289,6 +337,8 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
         log.print(f"collector {name}: following the learner's checkpoints in {run_dir} (waiting for the first)")
     partial: dict[int, list] = {}
     total, shard_index, waited_from = 0, 0, time.monotonic()
+    paused_from, waited = None, 0.0  # back-pressure: since when, and how long since the last shard
+    shard_transitions = cfg.num_envs * cfg.shard_steps
     window = {"shards": 0, "episodes": 0, "return_sum": 0.0}
     while not stop() and not (run_dir / DONE_MARKER).exists():
         held = policy_step
@@ -299,9 +349,18 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
                           f"({time.monotonic() - waited_from:.0f}s); start one with --mode learn --run-dir {run_dir}, "
                           f"or collect at random meanwhile with --collect-before-checkpoint random")
             continue
-        if store.episodes() > 2 * cfg.store_max_episodes:
-            time.sleep(0.5)  # back-pressure: the learner is not consuming (and evicting) the store
+        progress = rate.read_progress(run_dir)
+        unread = store.unread_steps(progress and progress.get("last_consumed"))
+        if not rate.collectors_may_write(progress, unread, shard_transitions, cfg.learning_starts):
+            # back-pressure: the learner is behind its samples per insert, or behind in reading
+            paused_from = paused_from or time.monotonic()
+            if log.due("paused", WAITING_LOG_S):
+                log.print(f"collector {name}: paused {time.monotonic() - paused_from:.0f}s for the learner "
+                          f"(behind its samples per insert); {unread:,} transitions unread in the store")
+            time.sleep(rate.PUBLISH_S)
             continue
+        if paused_from is not None:
+            waited, paused_from = waited + time.monotonic() - paused_from, None
         if policy_step != held or on_devices is None:
             on_devices = par.replicate(params)
         key = par.replicate(np.asarray(jax.random.fold_in(base, shard_index + 1)))
@@ -309,7 +368,8 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
         episodes = _episodes(par, traj, partial)
         shard_index += 1
         if episodes:
-            store.write(episodes, name, policy_step, cfg.env)
+            store.write(episodes, name, policy_step, cfg.env, waited_s=waited)
+            waited = 0.0
             total += sum(len(e["reward"]) for e in episodes)
             window["shards"] += 1
             window["episodes"] += len(episodes)

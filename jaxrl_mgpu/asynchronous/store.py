@@ -62,7 +62,7 @@ class Store:
         self.root = Path(run_dir).absolute() / "store"
         self._meta: dict[str, dict] = {}  # shard name -> metadata, read once per shard
 
-    def write(self, episodes: list[dict], collector: str, policy_step: int, env: str) -> Path:
+    def write(self, episodes: list[dict], collector: str, policy_step: int, env: str, waited_s: float = 0.0) -> Path:
         """Writes complete episodes, each a dict of `observation` [n, ...], `action` [n],
         `reward` [n], `terminated` (bool: the episode ended for real, not by a time limit) and
         `final_observation` [...], as one new shard."""
@@ -71,7 +71,8 @@ class Store:
         self.root.mkdir(parents=True, exist_ok=True)
         meta = {"env": env, "collector": collector, "policy_step": int(policy_step), "episodes": len(episodes),
                 "env_steps": int(sum(len(e["reward"]) for e in episodes)),
-                "return_sum": float(sum(np.sum(e["reward"]) for e in episodes)), "created": time.time()}
+                "return_sum": float(sum(np.sum(e["reward"]) for e in episodes)), "created": time.time(),
+                "waited_s": float(waited_s)}  # the collector's back-pressure wait since its last shard
         first = episodes[0]
         features = _features(np.asarray(first["final_observation"]), np.asarray(first["action"][0]))
 
@@ -112,6 +113,11 @@ class Store:
                 continue
         self._meta = known
         return [Shard(self.root / n, m) for n, m in known.items()]
+
+    def unread_steps(self, after: str | None) -> int:
+        """Transitions in the shards named after `after` (the newest shard a reader has taken;
+        None: all of them)."""
+        return sum(s.meta["env_steps"] for s in self.shards() if after is None or s.path.name > after)
 
     def episodes(self) -> int:
         """Episodes in the store now."""

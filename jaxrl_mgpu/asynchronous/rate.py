@@ -1,0 +1,99 @@
+"""Rate limiting between the asynchronous learner and its collectors, with Reverb's
+SampleToInsertRatio semantics: a target of `samples_per_insert` gradient samples (transitions
+drawn from the replay) per transition inserted, with a relative `tolerance` band, enforced on
+both sides.
+
+- The learner may run another iteration only while its samples stay under
+  `(1 + tolerance) * samples_per_insert * inserted` (plus one iteration of slack, so that it
+  can always start one): it waits for data when it is ahead.
+- Collectors are back-pressured when the learner is behind: while the learner has received
+  more than `learning_starts + samples / ((1 - tolerance) * samples_per_insert)` transitions
+  plus a slack of a few shards, or has more than that slack of written shards still unread,
+  collectors pause before their next shard. The learner publishes its counts in
+  `<run-dir>/learner_progress.json` (atomically) for them; so the store never grows without
+  bound and the learner never starves for long.
+
+With the default target, the ratio of `--mode both` (each update steps every environment
+`num_steps` times, `num_envs * num_steps` transitions, then does `num_steps * updates_per_step`
+gradient steps of `replay_batch_size`): `updates_per_step * replay_batch_size / num_envs`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+PROGRESS = "learner_progress.json"
+PUBLISH_S = 0.2        # the learner writes its progress at most this often
+SLACK_SHARDS = 4       # shards' worth of transitions collectors may run ahead of the learner
+
+
+def samples_per_insert(cfg) -> float:
+    """The target: --samples-per-insert, else the ratio --mode both runs at."""
+    if cfg.samples_per_insert is not None:
+        return cfg.samples_per_insert
+    return cfg.updates_per_step * cfg.replay_batch_size / cfg.num_envs
+
+
+class Limiter:
+    def __init__(self, cfg, samples_per_iteration: int):
+        self.target = samples_per_insert(cfg)
+        self.tolerance = cfg.samples_per_insert_tolerance
+        self.min_inserts = max(cfg.learning_starts, cfg.replay_batch_size)
+        self.per_iteration = samples_per_iteration
+
+    def iterations(self, samples: int, inserted: int, in_replay: int) -> int:
+        """How many learner iterations may run now (0: wait for data): `samples` and
+        `inserted` over the whole run (a restarted learner goes on from its checkpoint's
+        counts), `in_replay` what this learner's replay holds (nothing before
+        --learning-starts)."""
+        if in_replay < self.min_inserts:
+            return 0
+        ceiling = (1 + self.tolerance) * self.target * inserted + self.per_iteration
+        return max(int((ceiling - samples) // self.per_iteration), 0)
+
+    def achieved(self, samples: int, inserted: int) -> float | None:
+        return samples / inserted if inserted else None
+
+
+def collectors_may_write(progress: dict | None, unread_steps: int, shard_steps: int, learning_starts: int) -> bool:
+    """Whether a collector may write its next shard (of about `shard_steps` transitions), given
+    the learner's last progress and the transitions written to the store it has not read yet.
+    Before a learner has published any progress, collectors fill the store up to what it will
+    need to start learning (--learning-starts) plus the slack, and wait there."""
+    if progress is None:
+        return unread_steps <= learning_starts + SLACK_SHARDS * shard_steps
+    slack = SLACK_SHARDS * max(shard_steps, progress.get("largest_shard", 0))
+    if unread_steps > slack:
+        return False  # the learner is not even reading as fast as collectors write
+    low = (1 - progress["tolerance"]) * progress["samples_per_insert"]
+    paid_for = progress["learning_starts"] + (progress["samples"] / low if low > 0 else float("inf"))
+    return progress["received"] <= paid_for + slack
+
+
+class Progress:
+    """The learner's side of the file: its counts, written atomically at most every PUBLISH_S."""
+
+    def __init__(self, run_dir, cfg, limiter: Limiter):
+        self.path = Path(run_dir) / PROGRESS
+        self.fixed = {"samples_per_insert": limiter.target, "tolerance": limiter.tolerance,
+                      "learning_starts": limiter.min_inserts}
+        self.written_at = 0.0
+
+    def publish(self, force: bool = False, **counts) -> None:
+        now = time.monotonic()
+        if not force and now - self.written_at < PUBLISH_S:
+            return
+        tmp = self.path.with_name(f".{PROGRESS}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({**self.fixed, **counts, "time": time.time()}))
+        tmp.replace(self.path)
+        self.written_at = now
+
+
+def read_progress(run_dir) -> dict | None:
+    try:
+        return json.loads((Path(run_dir) / PROGRESS).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
