@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
+from collections import Counter
 from pathlib import Path
 
 import jax
@@ -28,14 +30,16 @@ from jax._src import compilation_cache as jax_cache
 MAX_BYTES = 4 * 2 ** 30
 OFF = "off"
 
-_events = {"requests": 0, "hits": 0}
+# Counted per thread: JAX reports a compile's cache events in the thread that compiles, and the
+# initial state compiles in a thread of its own while the chunk compiles (runner.train).
+_events: Counter = Counter()  # (thread id, "requests" | "hits") -> count
 
 
 def _count(event: str, **_) -> None:
     if event == "/jax/compilation_cache/compile_requests_use_cache":
-        _events["requests"] += 1
+        _events[threading.get_ident(), "requests"] += 1
     elif event == "/jax/compilation_cache/cache_hits":
-        _events["hits"] += 1
+        _events[threading.get_ident(), "hits"] += 1
 
 
 jax.monitoring.register_event_listener(_count)
@@ -96,13 +100,19 @@ def settle() -> None:
 
 
 class CacheUse:
-    """`with CacheUse() as use:` ... `use.hits`, `use.requests`: the compiles inside the block
-    that asked the persistent cache, and how many it answered."""
+    """`with CacheUse() as use:` ... `use.hits`, `use.requests`: the compiles of this thread
+    inside the block that asked the persistent cache, and how many it answered."""
 
     def __enter__(self) -> "CacheUse":
-        self._start = dict(_events)
+        self._thread = threading.get_ident()
+        self._start = {key: _events[self._thread, key] for key in ("requests", "hits")}
         return self
 
     def __exit__(self, *exc) -> None:
-        self.requests = _events["requests"] - self._start["requests"]
-        self.hits = _events["hits"] - self._start["hits"]
+        self.requests = _events[self._thread, "requests"] - self._start["requests"]
+        self.hits = _events[self._thread, "hits"] - self._start["hits"]
+
+    @property
+    def all_loaded(self) -> bool:
+        """Every program compiled in the block came from the cache."""
+        return self.requests > 0 and self.hits == self.requests

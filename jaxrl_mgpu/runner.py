@@ -249,7 +249,7 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
             trainer.compile(state, data)
     log.timeline["compile_s"] = time.perf_counter() - t0
     if aot:
-        source = ("loaded from the compilation cache" if cache.hits else
+        source = ("loaded from the compilation cache" if cache.all_loaded else
                   "compiled; kept in the compilation cache for the next run" if cache.requests else "compiled")
         log.print(f"  training chunk {source} in {time.perf_counter() - t0:.1f}s")
     unit, per_update = trainer.step_unit, trainer.steps_per_update
