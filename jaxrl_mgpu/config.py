@@ -156,15 +156,14 @@ class Config:
     store_max_episodes: int = option(100_000, "learn: keep at most this many episodes in the store (oldest "
                                               "shards deleted first); --algo ad: also the capacity of the "
                                               "learner's on-device buffer, in whole learning histories")
-    samples_per_insert: float | None = option(None, "--algo dqn learn/collect: the target of transitions sampled "
-                                                    "for gradient steps per transition inserted (Reverb's "
-                                                    "SampleToInsertRatio): the learner waits when it is ahead, "
-                                                    "collectors pause when it is behind (default: the ratio of "
-                                                    "--mode both, updates-per-step x replay-batch-size / num-envs)")
-    samples_per_insert_tolerance: float = option(0.1, "--algo dqn learn/collect: the relative band around "
+    samples_per_insert: float | None = option(None, "learn/collect: the target of transitions sampled for "
+                                                    "gradient steps (AD: steps of the sampled windows) per "
+                                                    "transition inserted (Reverb's SampleToInsertRatio): the "
+                                                    "learner waits when it is ahead, collectors pause when it is "
+                                                    "behind (default DQN: the ratio of --mode both, "
+                                                    "updates-per-step x replay-batch-size / num-envs; AD: 100)")
+    samples_per_insert_tolerance: float = option(0.1, "learn/collect: the relative band around "
                                                       "--samples-per-insert within which neither side waits")
-    max_replay_ratio: float | None = option(None, "--algo ad learn: at most this many updates per env step received "
-                                                  "(the learner waits for data beyond it)")
     collect_before_checkpoint: str = option("wait", "collect: before the learner's first checkpoint, wait or act "
                                                     "uniformly at random", choices=("wait", "random"))
     collector_id: str | None = option(None, "collect: this collector's name in the store and the learner's "
@@ -224,7 +223,7 @@ RANGES = {
                "target_update_every", "n_step", "n_transit", "ad_batch_size", "ad_episode_stride",
                "ad_history_steps", "ad_history_tasks", "hidden_size", "num_layers", "grad_accum", "d_model",
                "n_layers", "n_heads", "context_len", "devices", "log_every", "num_processes", "failure_timeout",
-               "store_max_episodes", "max_replay_ratio", "samples_per_insert", "shard_steps", "keep_checkpoints", "stop_at_update",
+               "store_max_episodes", "samples_per_insert", "shard_steps", "keep_checkpoints", "stop_at_update",
                "eval_episodes"),
     NON_NEGATIVE: ("ent_coef", "vf_coef", "learning_starts", "eps_decay_steps", "process_id", "checkpoint_every",
                    "resumed_update", "resumed_steps",
@@ -275,10 +274,8 @@ APPLIES = {
     **dict.fromkeys(("context_len", "context_across_episodes"),
                     ("--policy transformer", lambda c: c.algo != "ad" and c.policy == "transformer")),
     # Learners and collectors of one run may share one command line, so these are for both.
-    **dict.fromkeys(("store_max_episodes", "collect_before_checkpoint", "shard_steps", "collector_id"), _ASYNC),
-    **dict.fromkeys(("samples_per_insert", "samples_per_insert_tolerance"),
-                    ("--algo dqn with --mode learn or collect", lambda c: c.algo == "dqn" and c.mode != "both")),
-    "max_replay_ratio": ("--algo ad with --mode learn or collect", lambda c: c.algo == "ad" and c.mode != "both"),
+    **dict.fromkeys(("store_max_episodes", "collect_before_checkpoint", "shard_steps", "collector_id",
+                     "samples_per_insert", "samples_per_insert_tolerance"), _ASYNC),
 }
 
 

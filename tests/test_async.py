@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 import re
 import signal
 import time
@@ -29,9 +30,28 @@ def spawn(*argv):
     return spawn_train([*DQN, *argv])
 
 
+def consumed_by_collector(run_dir) -> tuple[dict, dict]:
+    """From the learner's last checkpoint: env steps of the shards it consumed, and of those
+    still unread in the store, by collector."""
+    ckpts = Checkpoints(run_dir, read_only=True)
+    consumed = set(ckpts.meta(ckpts.latest_step())["async"]["consumed"])
+    ckpts.close()
+    taken, unread = {}, {}
+    for shard in Store(run_dir).shards():
+        into = taken if shard.path.name in consumed else unread
+        into[shard.meta["collector"]] = into.get(shard.meta["collector"], 0) + shard.meta["env_steps"]
+    return taken, unread
+
+
 def test_learner_with_two_collectors_one_killed(tmp_path):
     run_dir = tmp_path / "run"
     store = Store(run_dir)
+    # What a collector killed mid-shard leaves: a hidden staging directory, never renamed into
+    # place. The learner never lists it, and deletes it once it is stale.
+    dead = run_dir / "store" / ".00000000000000000001-c9-dead00.partial-0badc0de"
+    dead.mkdir(parents=True)
+    (dead / "metadata.json").write_text('{"collector": "c9", "episodes": 1, "env_steps": 5}')
+    os.utime(dead, (time.time() - 3600, time.time() - 3600))
     learner = spawn("--mode", "learn", "--run-dir", str(run_dir))
     wait_until(lambda: (run_dir / "checkpoints").is_dir())  # collectors start after the learner
     c1 = spawn("--mode", "collect", "--run-dir", str(run_dir), "--collector-id", "c1")
@@ -58,11 +78,17 @@ def test_learner_with_two_collectors_one_killed(tmp_path):
     assert all(r["async/policy_lag"] is None or r["async/policy_lag"] >= 0 for r in rows)
     assert any(r["async/policy_lag"] is not None for r in rows)
     assert np.isfinite(last["loss/td"])
+    assert last["async/decode_s_per_shard"] is None or last["async/decode_s_per_shard"] > 0
+    assert 0 <= last["async/ingest_fraction"] < 1
     # Every listed shard is complete (checksums verified on read). What the killed collector
     # was writing, if anything, stays in a hidden staging directory that is never listed.
     for shard in store.shards():
         assert not shard.path.name.startswith(".")
         store.read(shard)
+    assert not dead.exists() and "async/env_steps_received/c9" not in last
+    # No complete shard lost: what the learner received from each collector is what it consumed.
+    taken, _ = consumed_by_collector(run_dir)
+    assert taken == {c: last[f"async/env_steps_received/{c}"] for c in ("c1", "c2")}
 
 
 def test_restarted_learner_resumes_and_refills_from_the_store(tmp_path):
@@ -79,11 +105,20 @@ def test_restarted_learner_resumes_and_refills_from_the_store(tmp_path):
     out, _ = learner.communicate(timeout=240)
     assert learner.returncode == 0, out
     assert "resumed the learner" in out
-    collector.communicate(timeout=60)
+    c_out, _ = collector.communicate(timeout=60)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert rows[-1]["update"] == 150
+    last = rows[-1]
+    assert last["update"] == 150
     updates = [r["update"] for r in rows]
     assert updates == sorted(set(updates)), "no update logged twice"
+    # The restarted learner went on from its checkpoint's counts: the refill was not counted
+    # again, its rate held over the whole run, and no complete shard was lost (what the
+    # collector wrote is what the learner received plus what is still unread in the store).
+    assert 0 < last["async/samples_per_insert"] <= 32 * 1.1 + 256 / last["async/inserted"]
+    written = int(re.search(r"collector done: ([0-9,]+) env steps written", c_out).group(1).replace(",", ""))
+    taken, unread = consumed_by_collector(run_dir)
+    assert taken["c1"] == last["async/env_steps_received/c1"] == last["async/env_steps_received"]
+    assert taken["c1"] + unread.get("c1", 0) == written
 
 
 def test_learner_resume_from_another_versions_state_is_one_line(tmp_path, capsys):
@@ -224,7 +259,7 @@ def test_a_collector_without_a_learner_says_what_it_waits_for(tmp_path, capsys, 
 
 def test_rate_limiter_semantics():
     cfg = config_lib.Config(algo="dqn", num_envs=8, updates_per_step=4, replay_batch_size=64, learning_starts=512)
-    limiter = rate.Limiter(cfg, samples_per_iteration=256)
+    limiter = rate.Limiter(cfg, samples_per_iteration=256, min_inserts=512)
     assert rate.samples_per_insert(cfg) == 32 == limiter.target  # --mode both's ratio: 4 x 64 / 8
     assert limiter.iterations(0, 10_000, in_replay=500) == 0     # before --learning-starts
     # Ahead of the target (beyond the band and one iteration of slack): wait.
@@ -287,11 +322,67 @@ def test_ten_collectors_started_before_the_learner_do_not_flood_it(tmp_path):
     assert last["async/samples_per_insert"] <= 32 * 1.1 + 256 / last["async/inserted"]
     # Nothing lost: what each collector wrote is what the learner received from it plus its
     # shards still in the store that the learner never took.
-    ckpts = Checkpoints(run_dir, read_only=True)
-    consumed = set(ckpts.meta(ckpts.latest_step())["async"]["consumed"])
-    ckpts.close()
-    for i, (c, c_out) in enumerate(zip(collectors, outs)):
+    taken, unread = consumed_by_collector(run_dir)
+    for i, c_out in enumerate(outs):
         written = int(re.search(r"collector done: ([0-9,]+) env steps written", c_out).group(1).replace(",", ""))
-        left = sum(s.meta["env_steps"] for s in store.shards()
-                   if s.meta["collector"] == f"c{i}" and s.path.name not in consumed)
-        assert last.get(f"async/env_steps_received/c{i}", 0) + left == written, (i, c_out[-500:])
+        assert last.get(f"async/env_steps_received/c{i}", 0) == taken.get(f"c{i}", 0)
+        assert taken.get(f"c{i}", 0) + unread.get(f"c{i}", 0) == written, (i, c_out[-500:])
+
+
+def test_eviction_deletes_only_consumed_shards_oldest_first(tmp_path, monkeypatch):
+    """The learner evicts beyond --store-max-episodes, but never a shard it has not read: a
+    complete shard is never lost (the rate limiter bounds how many wait unread)."""
+    from jaxrl_mgpu.asynchronous.ledger import Ledger, Publisher
+    store = Store(tmp_path)
+    episode = {"observation": np.zeros((3, 2), np.float32), "action": np.zeros(3, np.int32),
+               "reward": np.ones(3, np.float32), "terminated": True, "final_observation": np.zeros(2, np.float32)}
+    names = [store.write([episode] * 2, "c0", 0, "CartPole-v1").name for _ in range(5)]  # 2 episodes each
+    ledger = Ledger.fresh(async_dqn.COUNTS)
+    ledger.consumed = set(names[:3])
+    cfg = config_lib.Config(algo="dqn", mode="learn", store_max_episodes=6)
+    publisher = Publisher(cfg, None, None, {}, store)
+    monkeypatch.setattr(publisher, "publish", lambda *a: None)
+    publisher.publish_and_evict(1, None, ledger)
+    # 10 episodes, 4 of them unread: the consumed ones may keep 6 - 4 = 2, the newest consumed shard.
+    assert [s.path.name for s in store.shards()] == names[2:] and ledger.consumed == {names[2]}
+    ledger.consumed = set()  # a learner restarted before reading any: nothing may go
+    publisher.cfg = dataclasses.replace(cfg, store_max_episodes=1)
+    publisher.publish_and_evict(2, None, ledger)
+    assert [s.path.name for s in store.shards()] == names[2:]
+
+
+def test_shards_decoded_in_a_process_equal_the_thread_read_and_errors_come_back(tmp_path):
+    """The DQN learner decodes shards in a child process (reader.Decoder): the same transitions
+    as a read on the thread; a damaged shard's error is raised in the reader's thread; a dead
+    child is an error, not a hang."""
+    from jaxrl_mgpu.asynchronous.reader import Decoder
+    from jaxrl_mgpu.asynchronous.store import read_transitions
+    from jaxrl_mgpu.data.rlds import DatasetError
+    store = Store(tmp_path)
+    rng = np.random.default_rng(0)
+    episodes = [{"observation": rng.random((n, 3)).astype(np.float32), "action": np.arange(n, dtype=np.int32),
+                 "reward": rng.random(n).astype(np.float32), "terminated": n % 2 == 0,
+                 "final_observation": rng.random(3).astype(np.float32)} for n in (4, 1, 6)]
+    store.write(episodes, "c0", 0, "CartPole-v1")
+    good = store.shards()[0]
+    expected = store.read(good)
+    np.testing.assert_array_equal(expected.next_obs[:4], np.concatenate([episodes[0]["observation"][1:],
+                                                                         episodes[0]["final_observation"][None]]))
+    np.testing.assert_array_equal(expected.discount, [1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 0])
+    decoder = Decoder(read_transitions)
+    try:
+        for a, b in zip(decoder(good), expected):
+            np.testing.assert_array_equal(a, b)
+        damaged = store.write(episodes, "c1", 0, "CartPole-v1")
+        record = next(p for p in damaged.rglob("*array_record*"))
+        record.write_bytes(record.read_bytes()[:-20])
+        with pytest.raises(DatasetError):
+            decoder(store.shards()[1])
+        for a, b in zip(decoder(good), expected):  # the child goes on after an error
+            np.testing.assert_array_equal(a, b)
+        decoder._proc.kill()
+        decoder._proc.wait()
+        with pytest.raises(RuntimeError, match="decoder process stopped"):
+            decoder(good)
+    finally:
+        decoder.close()

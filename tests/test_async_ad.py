@@ -19,7 +19,7 @@ from jaxrl_mgpu.asynchronous.store import Store
 AD = ["--algo", "ad", "--env", "DarkRoom", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
       "--n-transit", "20", "--ad-batch-size", "8", "--num-updates", "40", "--log-every", "10",
       "--checkpoint-every", "10", "--ad-history-steps", "60", "--ad-history-tasks", "4",
-      "--store-max-episodes", "60", "--max-replay-ratio", "0.04"]
+      "--store-max-episodes", "60", "--samples-per-insert", "6.4"]
 
 
 def history(mark: int, length: int = 6) -> ad.Steps:
@@ -87,7 +87,11 @@ def test_ad_learner_with_history_collectors_one_killed_and_a_restart(tmp_path):
     assert last["async/env_steps_received"] == 60 * last["async/tasks_received"]
     assert last["async/env_steps_received"] == last["async/env_steps_received/c1"] + \
         last["async/env_steps_received/c2"]
-    assert 0 < last["async/replay_ratio"] <= 0.04 + 1e-9  # the cap held
+    # The rate limiter held: 6.4 window steps sampled per history step received (0.04 updates of
+    # 8 windows x 20 steps), within its 10% band and one update (160 samples) of slack.
+    assert 0 < last["async/samples_per_insert"] <= 6.4 * 1.1 + 160 / last["async/inserted"]
+    assert last["async/samples_per_insert_target"] == 6.4
+    assert last["async/dropped_histories"] == 0
     assert 2 <= last["async/buffer_histories"] <= 20  # a device's buffer holds 60 episodes / 3 / 2 histories
     assert all(np.isfinite(r["loss/cross_entropy"]) for r in log)
     # Every listed shard is complete (checksums verified on read); a shard the killed collector

@@ -20,9 +20,12 @@ recompiled as data arrives. The learner is the runner's loop (runner.train) with
   2. insert them, at most one history per device per compiled insert, round robin over the
      devices so they fill evenly; a full buffer overwrites its oldest history (FIFO, like the
      store's eviction);
-  3. once every device holds a history, allow the updates the replay ratio cap leaves room
-     for; the runner runs them (up to `--log-every` at a time) in one compiled chunk (`ad.update`,
-     windows sampled from the filled slots only);
+  2. (bounded: at most INSERT_BUDGET compiled inserts a poll, so ingest never crowds out learning);
+  3. once every device holds a history, allow the updates the rate limiter (rate.py:
+     `--samples-per-insert`, window steps sampled per history step received) leaves room for;
+     the runner runs them (up to `--log-every` at a time) in one compiled chunk (`ad.update`,
+     windows sampled from the filled slots only). The learner publishes its counts and history
+     collectors pause while it is behind;
   4. the runner logs, publishes a checkpoint every `--checkpoint-every` updates (what
      in-context evaluation reads) and evicts the oldest shards beyond `--store-max-episodes`.
 The buffer is not checkpointed: a restarted learner refills it from the store.
@@ -47,6 +50,7 @@ from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import histories
 from jaxrl_mgpu.algos import ad
 from jaxrl_mgpu.algos.base import Algorithm, Split
+from jaxrl_mgpu.asynchronous import rate
 from jaxrl_mgpu.asynchronous.ledger import COLLECTOR_LOG_S, DONE_MARKER, StoreFeed, collector_name, collector_seed
 from jaxrl_mgpu.asynchronous.store import Store
 from jaxrl_mgpu.checkpoint import Checkpoints
@@ -56,6 +60,7 @@ from jaxrl_mgpu.envs import darkroom
 from jaxrl_mgpu.parallel import Parallel
 
 COUNTS = ("env_steps", "episodes", "tasks")  # what the learner counts of each shard it receives
+INSERT_BUDGET = 8  # compiled inserts (one history per device each) per poll at most
 # Options a collector's histories must share with the run's learner to be usable by it.
 SHARED_WITH_LEARNER = ("algo", "env", "ad_history_steps")
 
@@ -167,8 +172,9 @@ def algorithm(cfg, par: Parallel, split: Split) -> Algorithm:
 class Feed(StoreFeed):
     """The learner's data (runner.Feed): learning histories from the store, read by a
     background thread, inserted into the fixed-capacity on-device buffer round robin over the
-    devices; how many updates may run (every device needs a history; --max-replay-ratio); the
-    log's data counts; and the checkpoints in-context evaluation reads."""
+    devices; how many updates may run (every device needs a history; then the samples per
+    insert, rate.py); the log's data and rate counts; and the checkpoints in-context evaluation
+    reads."""
 
     memory, counts = "buffer", COUNTS
 
@@ -181,7 +187,9 @@ class Feed(StoreFeed):
         super().__init__(cfg, par, ckpts, ad.STATE_LAYOUT, log, resume_step, state)
         self.pending: list[ad.Steps] = []  # histories read, waiting for a slot, oldest first
         self.inserted = 0  # history i went to device i % devices
-        self.steps_logged, self.logged_at = self.ledger.env_steps, time.perf_counter()
+        self.dropped = 0   # histories overwritten before they reached a slot (more arrived than the buffer holds)
+        self.update = 0
+        self.limit(ad.steps_per_update(cfg), self.devices * cfg.ad_history_steps)
         self.waiting_for = (f"waiting for learning histories in {self.store.root}: each of the {self.devices} device(s) needs one "
                             f"(start a collector: --mode collect --algo ad --run-dir {cfg.run_dir})")
         # Said once, at the start or when the first poll finds none (the chunk compiles between).
@@ -203,12 +211,18 @@ class Feed(StoreFeed):
         return (self.buffer,)
 
     def poll(self, update: int) -> int:
+        start, self.update = time.perf_counter(), update
         # 1. shards the reader has read, oldest first; after a restart, consumed ones only refill
         for _, _, tasks in self.arrived():
             self.pending.extend(tasks)
-        # 2. into the buffers; histories beyond their capacity would be overwritten unused
-        self.pending = self.pending[-self.per_device * self.devices:]
-        while self.pending:
+        # 2. into the buffers, at most INSERT_BUDGET inserts; histories beyond the buffer's
+        # capacity would be overwritten unused
+        capacity = self.per_device * self.devices
+        self.dropped += max(len(self.pending) - capacity, 0)
+        self.pending = self.pending[-capacity:]
+        for _ in range(INSERT_BUDGET):
+            if not self.pending:
+                break
             take, self.pending = self.pending[:self.devices], self.pending[self.devices:]
             block = jax.tree.map(lambda x: np.zeros((self.devices,) + x.shape, x.dtype), self.slot)
             valid = np.zeros(self.devices, bool)
@@ -220,30 +234,36 @@ class Feed(StoreFeed):
             self.buffer = self.insert(self.buffer, self.par.shard(self.par.local_rows(block)),
                                       self.par.shard(self.par.local_rows(valid)))
             self.inserted += len(take)
-        # 3. updates allowed: once every device has a history, and under the replay ratio cap
-        if self.inserted < self.devices:
-            if not self._said_waiting:
-                self.log.print(f"  {self.waiting_for}")
-                self._said_waiting = True
-            return 0
-        if self.cfg.max_replay_ratio is None:
-            return self.cfg.total_updates
-        room = self.cfg.max_replay_ratio * max(self.ledger.env_steps, 1) - update
-        return max(int(room), 1) if room > 0 else 0
+            self.window["inserted"] += len(take) * self.cfg.ad_history_steps
+        self.window["ingest_s"] += time.perf_counter() - start
+        # 3. updates allowed: once every device has a history, as many as the rate limiter allows
+        if self.inserted < self.devices and not self._said_waiting:
+            self.log.print(f"  {self.waiting_for}")
+            self._said_waiting = True
+        return self.allowed(self.samples, self.inserts, self.inserted * self.cfg.ad_history_steps)
+
+    @property
+    def samples(self) -> int:
+        """Window steps sampled so far: one update samples --ad-batch-size windows of --n-transit."""
+        return self.update * ad.steps_per_update(self.cfg)
+
+    @property
+    def inserts(self) -> int:
+        """History steps received and taken in over the whole run (those still queued excepted)."""
+        return max(self.ledger.env_steps - len(self.pending) * self.cfg.ad_history_steps, 0)
 
     def ran(self, updates: int) -> None:
-        pass  # one gradient step per update: the update count is the gradient step count
+        self.update += updates  # one gradient step per update: the update count is the gradient step count
 
     def log_row(self, row: dict, updates: int) -> dict:
-        now, update = time.perf_counter(), row["update"]
-        out = {"update": update, ad.STEP_UNIT: update * ad.steps_per_update(self.cfg),
-               "env_steps": self.ledger.env_steps, "grad_steps": update,
+        update, elapsed = row["update"], time.perf_counter() - self.logged_at
+        out = {"update": update, ad.STEP_UNIT: update * ad.steps_per_update(self.cfg), "grad_steps": update,
                **{k: v for k, v in row.items() if k.startswith("loss/")},
-               "sps": (self.ledger.env_steps - self.steps_logged) / (now - self.logged_at),
-               "grad_steps_per_s": updates / (now - self.logged_at), "time": row["time"],
+               "grad_steps_per_s": updates / elapsed, "time": row["time"],
                "async/buffer_histories": min(self.inserted, self.per_device * self.devices),
-               **self.ledger.metrics(update)}
-        self.steps_logged, self.logged_at = self.ledger.env_steps, now
+               "async/dropped_histories": self.dropped,
+               **self.rate_metrics(update * ad.steps_per_update(self.cfg), self.inserts,
+                                   len(self.pending) * self.cfg.ad_history_steps, update)}
         return out
 
 
@@ -263,10 +283,18 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     log.print(f"collector {name}: tabular-q-{cfg.ad_source} source learners on {cfg.ad_history_tasks} {cfg.env} "
               f"train goals x {cfg.ad_history_steps} steps per shard, into {store.root}")
     total, shards, since = 0, 0, 0
+    paused_from, waited = None, 0.0  # back-pressure: since when, and how long since the last shard
+    shard_steps = cfg.ad_history_tasks * cfg.ad_history_steps
     while not stop() and not (run_dir / DONE_MARKER).exists():
-        if store.episodes() > 2 * cfg.store_max_episodes:
-            time.sleep(0.5)  # back-pressure: the learner is not consuming (and evicting) the store
+        progress = rate.read_progress(run_dir)
+        unread = store.unread_steps(progress and progress.get("last_consumed"))
+        if not rate.collectors_may_write(progress, unread, shard_steps, shard_steps):
+            # back-pressure: the learner is behind its samples per insert, or behind in reading
+            paused_from = paused_from or time.monotonic()
+            time.sleep(rate.PUBLISH_S)
             continue
+        if paused_from is not None:
+            waited, paused_from = waited + time.monotonic() - paused_from, None
         # Each (collector, batch) draws its own goals and learner keys: collectors with other
         # ids, and later batches, learn new tasks rather than repeating one another.
         stream = np.random.default_rng([cfg.seed, collector_seed(name), batch])
@@ -275,8 +303,9 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
         h = histories.run(cfg.env, goals, cfg.ad_history_steps, key_seed, source, par)
         # "seed" is the goal split's (what evaluation reads); the learners' keys come from key_seed.
         meta = {**histories.source_metadata(cfg.env, source, len(goals), cfg.ad_history_steps, cfg.seed, "train"),
-                "batch": batch, "key_seed": key_seed}
+                "batch": batch, "key_seed": key_seed, "waited_s": waited}
         store.write_histories(dataclasses.replace(h, metadata=meta), name)
+        waited = 0.0
         total, shards, since = total + h.reward.size, shards + 1, since + 1
         if log.due("shards", COLLECTOR_LOG_S):
             returns = histories.episode_returns(h, env.episode_len).mean(0)

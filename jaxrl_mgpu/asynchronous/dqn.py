@@ -45,7 +45,7 @@ from jaxrl_mgpu.algos import dqn, learner
 from jaxrl_mgpu.algos.base import Algorithm, Split
 from jaxrl_mgpu.asynchronous import rate
 from jaxrl_mgpu.asynchronous.ledger import COLLECTOR_LOG_S, DONE_MARKER, StoreFeed, collector_name, collector_seed
-from jaxrl_mgpu.asynchronous.store import Store, Transitions
+from jaxrl_mgpu.asynchronous.store import Store, Transitions, read_transitions
 from jaxrl_mgpu.checkpoint import REPLICATED, Checkpoints
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.envs import vec
@@ -189,11 +189,13 @@ def algorithm(cfg, par: Parallel, split: Split) -> Algorithm:
 
 
 class Feed(StoreFeed):
-    """The learner's data (runner.Feed): episodes from the store's shards, inserted into the
-    on-device replay; how many iterations may run, by --learning-starts and the samples per
-    insert (rate.py); the log's data and rate counts; and the checkpoints collectors follow."""
+    """The learner's data (runner.Feed): episodes from the store's shards (decoded in a reader
+    process), inserted into the on-device replay; how many iterations may run, by
+    --learning-starts and the samples per insert (rate.py); the log's data and rate counts; and
+    the checkpoints collectors follow."""
 
     memory, counts = "replay", COUNTS
+    decode = staticmethod(read_transitions)
 
     def __init__(self, cfg, par: Parallel, split: Split, learner: Learner, ckpts: Checkpoints, log,
                  resume_step: int | None, state):
@@ -202,44 +204,35 @@ class Feed(StoreFeed):
         super().__init__(cfg, par, ckpts, STATE_LAYOUT, log, resume_step, state)
         self.pending: list[Transitions] = []  # read, not yet in the replay
         self.inserted = 0
-        # What arrived since the last log point.
-        self.window = {"episodes": 0, "return_sum": 0.0, "length_sum": 0, "lag_sum": 0.0, "shards": 0,
-                       "collector_wait_s": 0.0, "learner_wait_s": 0.0, "inserted": 0}
-        self.per_collector_window: dict[str, int] = {}
+        # What arrived since the last log point (beyond StoreFeed's window).
+        self.episodes_window = {"episodes": 0, "return_sum": 0.0, "length_sum": 0, "lag_sum": 0.0, "shards": 0}
         # Counted on the host (every iteration does the same number), so the loop never waits
         # on the devices to decide what to do next.
         self.per_learn = dqn.grad_steps_per_update(cfg)
         self.grads = self.grads_logged = int(par.first(state.grad_steps))
-        self.steps_logged, self.logged_at = self.ledger.env_steps, time.perf_counter()
-        self.limiter = rate.Limiter(cfg, self.per_learn * cfg.replay_batch_size)
-        self.progress = rate.Progress(cfg.run_dir, cfg, self.limiter)
-        self.last_consumed, self.largest_shard, self.waiting_since = None, 0, None
+        self.limit(self.per_learn * cfg.replay_batch_size, max(cfg.learning_starts, cfg.replay_batch_size))
         self.waiting_for = (f"waiting for data from the collectors (--learning-starts {cfg.learning_starts} "
                             f"transitions, then {self.limiter.target:g} samples per insert)")
 
     def read(self, shard) -> Transitions:
-        return self.store.read(shard)
+        return read_transitions(shard)
 
     @property
     def data(self) -> tuple:
         return (self.replay,)
 
     def poll(self, update: int) -> int:
+        start = time.perf_counter()
         # 1. shards the reader has read, oldest first; after a restart, consumed ones only refill
         for shard, new, transitions in self.arrived():
             self.pending.append(transitions)
-            self.last_consumed = max(self.last_consumed or "", shard.path.name)
-            self.largest_shard = max(self.largest_shard, len(transitions.reward))
             if new:
-                episodes = shard.meta
-                self.window["episodes"] += episodes["episodes"]
-                self.window["return_sum"] += episodes.get("return_sum", 0.0)
-                self.window["length_sum"] += episodes["env_steps"]
-                self.window["lag_sum"] += update - episodes["policy_step"]
-                self.window["shards"] += 1
-                self.window["collector_wait_s"] += episodes.get("waited_s", 0.0)
-                who = episodes["collector"]
-                self.per_collector_window[who] = self.per_collector_window.get(who, 0) + episodes["env_steps"]
+                episodes, w = shard.meta, self.episodes_window
+                w["episodes"] += episodes["episodes"]
+                w["return_sum"] += episodes.get("return_sum", 0.0)
+                w["length_sum"] += episodes["env_steps"]
+                w["lag_sum"] += update - episodes["policy_step"]
+                w["shards"] += 1
         # 2. into the replay, in blocks, at most INSERT_BUDGET per device this poll
         blocks, self.pending = _host_blocks(self.pending, self.par.num_devices, INSERT_BUDGET)
         for block in blocks:
@@ -248,17 +241,9 @@ class Feed(StoreFeed):
             self.replay = self.lrn.insert(self.replay, self.par.shard(self.par.local_rows(shaped)))
             self.inserted += len(block.reward)
             self.window["inserted"] += len(block.reward)
-        # 3. iterations the rate limiter allows; the counts collectors pace themselves by
-        allowed = self.limiter.iterations(self.samples, self.inserts, self.inserted)
-        self.progress.publish(samples=self.samples, inserted=self.inserts, received=self.ledger.env_steps,
-                              last_consumed=self.last_consumed, largest_shard=self.largest_shard)
-        now = time.perf_counter()
-        if allowed == 0 and self.waiting_since is None:
-            self.waiting_since = now
-        elif allowed and self.waiting_since is not None:
-            self.window["learner_wait_s"] += now - self.waiting_since
-            self.waiting_since = None
-        return min(allowed, self.cfg.total_updates)
+        self.window["ingest_s"] += time.perf_counter() - start
+        # 3. iterations the rate limiter allows
+        return self.allowed(self.samples, self.inserts, self.inserted)
 
     @property
     def samples(self) -> int:
@@ -279,24 +264,16 @@ class Feed(StoreFeed):
         self.grads += updates * self.per_learn
 
     def log_row(self, row: dict, updates: int) -> dict:
-        now, w = time.perf_counter(), self.window
+        w, elapsed = self.episodes_window, time.perf_counter() - self.logged_at
         out = {**{k: v for k, v in row.items() if not k.startswith("episode")},
-               "env_steps": self.ledger.env_steps,
                "episode_return": w["return_sum"] / w["episodes"] if w["episodes"] else None,
                "episode_length": w["length_sum"] / w["episodes"] if w["episodes"] else None,
                "episodes": w["episodes"], "grad_steps": self.grads,
-               "sps": (self.ledger.env_steps - self.steps_logged) / (now - self.logged_at),
-               "grad_steps_per_s": (self.grads - self.grads_logged) / (now - self.logged_at),
+               "grad_steps_per_s": (self.grads - self.grads_logged) / elapsed,
                "async/policy_lag": w["lag_sum"] / w["shards"] if w["shards"] else None,
-               "async/samples_per_insert": self.limiter.achieved(self.samples, self.inserts),
-               "async/samples_per_insert_target": self.limiter.target,
-               "async/inserted": self.inserts, "async/queued_transitions": self.queued,
-               "async/learner_wait_s": w["learner_wait_s"], "async/collector_wait_s": w["collector_wait_s"],
-               **{f"async/env_steps_per_s/{c}": n / (now - self.logged_at) for c, n in self.per_collector_window.items()},
-               **self.ledger.metrics(self.grads)}
-        self.per_collector_window = {}
-        self.window = dict.fromkeys(w, 0)
-        self.steps_logged, self.grads_logged, self.logged_at = self.ledger.env_steps, self.grads, now
+               **self.rate_metrics(self.samples, self.inserts, self.queued, self.grads)}
+        self.episodes_window = dict.fromkeys(w, 0)
+        self.grads_logged = self.grads
         return out
 
 

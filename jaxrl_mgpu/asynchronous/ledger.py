@@ -8,9 +8,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import time
 import zlib
 from pathlib import Path
 
+from jaxrl_mgpu.asynchronous import rate
 from jaxrl_mgpu.asynchronous.reader import ShardReader
 from jaxrl_mgpu.asynchronous.store import Store
 
@@ -87,10 +89,14 @@ class Publisher:
                         {"update": iteration, "async": ledger.to_meta(iteration), "config": self.cfg.to_dict()})
 
     def publish_and_evict(self, iteration: int, state, ledger: Ledger) -> None:
-        """Publishes, then deletes the oldest shards beyond `--store-max-episodes`; the ledger
-        keeps the consumed shards still in the store."""
+        """Publishes, then deletes the oldest shards beyond `--store-max-episodes`, only ones
+        already consumed (a shard is never deleted unread: the rate limiter bounds how many wait);
+        the ledger keeps the consumed shards still in the store."""
         self.publish(iteration, state, ledger)
-        kept = self.store.evict(self.store.shards(), self.cfg.store_max_episodes)
+        shards = self.store.shards()
+        consumed = [s for s in shards if s.path.name in ledger.consumed]
+        unread = sum(s.meta["episodes"] for s in shards if s.path.name not in ledger.consumed)
+        kept = self.store.evict(consumed, max(self.cfg.store_max_episodes - unread, 0))
         self.store.clean_staging()
         ledger.consumed &= {s.path.name for s in kept}
 
@@ -106,18 +112,33 @@ class Publisher:
 
 class StoreFeed:
     """What the learners' feeds (runner.Feed) share: the store, read on a background thread;
-    the ledger; the checkpoints. A subclass gives `memory` (what it refills on a restart),
-    `counts` and `read(shard)` (a shard as what it inserts; None skips it)."""
+    the ledger; the checkpoints; the rate limiter (rate.py) with the progress it publishes for
+    the collectors, and the rate metrics of the log. A subclass gives `memory` (what it refills
+    on a restart), `counts`, `read(shard)` (a shard as what it inserts; None skips it) and, if
+    it can decode a shard in another process, `decode` (a picklable function of the shard)."""
 
     memory: str
     counts: tuple[str, ...]
+    decode = None
 
     def __init__(self, cfg, par, ckpts, layout: dict, log, resume_step: int | None, state):
         self.cfg, self.par, self.log = cfg, par, log
         self.store = Store(cfg.run_dir)
         self.publisher = Publisher(cfg, par, ckpts, layout, self.store)
         self.ledger = self.publisher.start(state, resume_step, self.counts, log, self.memory)
-        self.reader = ShardReader(self.store, self.ledger.consumed, refill=resume_step is not None, read=self.read)
+        self.reader = ShardReader(self.store, self.ledger.consumed, refill=resume_step is not None, read=self.read,
+                                  decode=self.decode)
+        self.last_consumed, self.largest_shard, self.waiting_since = None, 0, None
+        # What arrived since the last log point, and how the learner's host time went.
+        self.window = dict.fromkeys(("shards", "collector_wait_s", "learner_wait_s", "inserted", "ingest_s"), 0)
+        self.per_collector_window: dict[str, int] = {}
+        self.steps_logged, self.logged_at = self.ledger.env_steps, time.perf_counter()
+
+    def limit(self, samples_per_iteration: int, min_inserts: int) -> None:
+        """Starts the rate limiter: each iteration samples `samples_per_iteration`, none runs
+        before the learner's memory holds `min_inserts` transitions."""
+        self.limiter = rate.Limiter(self.cfg, samples_per_iteration, min_inserts)
+        self.progress = rate.Progress(self.cfg.run_dir, self.limiter)
 
     def read(self, shard):
         raise NotImplementedError
@@ -127,9 +148,51 @@ class StoreFeed:
         first; each is counted in the ledger (a new one) and marked consumed."""
         for shard, new, data in self.reader.ready():
             self.ledger.consumed.add(shard.path.name)
+            self.last_consumed = max(self.last_consumed or "", shard.path.name)
+            self.largest_shard = max(self.largest_shard, shard.meta["env_steps"])
             if new:
                 self.ledger.receive(shard.meta)
+                self.window["shards"] += 1
+                self.window["collector_wait_s"] += shard.meta.get("waited_s", 0.0)
+                who = shard.meta["collector"]
+                self.per_collector_window[who] = self.per_collector_window.get(who, 0) + shard.meta["env_steps"]
             yield shard, new, data
+
+    def allowed(self, samples: int, inserts: int, in_memory: int) -> int:
+        """Iterations the rate limiter allows now; publishes the counts collectors pace
+        themselves by, and times the learner's waits."""
+        allowed = self.limiter.iterations(samples, inserts, in_memory)
+        self.progress.publish(samples=samples, inserted=inserts, received=self.ledger.env_steps,
+                              last_consumed=self.last_consumed, largest_shard=self.largest_shard)
+        now = time.perf_counter()
+        if allowed == 0 and self.waiting_since is None:
+            self.waiting_since = now
+        elif allowed and self.waiting_since is not None:
+            self.window["learner_wait_s"] += now - self.waiting_since
+            self.waiting_since = None
+        return min(allowed, self.cfg.total_updates)
+
+    def rate_metrics(self, samples: int, inserts: int, queued: int, grad_steps: int) -> dict:
+        """The log's data and rate keys for the window since the last call (which they close):
+        env steps received per second (also per collector), achieved and target samples per
+        insert, waits on both sides, the queue, and where the learner's host time went."""
+        now, w = time.perf_counter(), self.window
+        elapsed = now - self.logged_at
+        out = {"env_steps": self.ledger.env_steps, "sps": (self.ledger.env_steps - self.steps_logged) / elapsed,
+               "async/samples_per_insert": self.limiter.achieved(samples, inserts),
+               "async/samples_per_insert_target": self.limiter.target,
+               "async/inserted": inserts, "async/queued_transitions": queued,
+               "async/learner_wait_s": w["learner_wait_s"], "async/collector_wait_s": w["collector_wait_s"],
+               # the learner thread's share of the window spent taking in data (decoding is not
+               # on it: the reader decodes in a thread or process of its own)
+               "async/ingest_fraction": w["ingest_s"] / elapsed,
+               "async/decode_s_per_shard": self.reader.decode_seconds(),
+               **{f"async/env_steps_per_s/{c}": n / elapsed for c, n in self.per_collector_window.items()},
+               **self.ledger.metrics(grad_steps)}
+        self.per_collector_window = {}
+        self.window = dict.fromkeys(w, 0)
+        self.steps_logged, self.logged_at = self.ledger.env_steps, now
+        return out
 
     def checkpoint(self, update: int, state) -> None:
         self.publisher.publish_and_evict(update, state, self.ledger)

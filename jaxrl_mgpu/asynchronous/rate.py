@@ -1,7 +1,7 @@
 """Rate limiting between the asynchronous learner and its collectors, with Reverb's
-SampleToInsertRatio semantics: a target of `samples_per_insert` gradient samples (transitions
-drawn from the replay) per transition inserted, with a relative `tolerance` band, enforced on
-both sides.
+SampleToInsertRatio semantics: a target of `samples_per_insert` samples (transitions drawn from
+the replay for gradient steps; for AD, the steps of the windows of its batches) per transition
+inserted, with a relative `tolerance` band, enforced on both sides.
 
 - The learner may run another iteration only while its samples stay under
   `(1 + tolerance) * samples_per_insert * inserted` (plus one iteration of slack, so that it
@@ -13,9 +13,12 @@ both sides.
   `<run-dir>/learner_progress.json` (atomically) for them; so the store never grows without
   bound and the learner never starves for long.
 
-With the default target, the ratio of `--mode both` (each update steps every environment
+The default target. DQN: the ratio of `--mode both` (each update steps every environment
 `num_steps` times, `num_envs * num_steps` transitions, then does `num_steps * updates_per_step`
 gradient steps of `replay_batch_size`): `updates_per_step * replay_batch_size / num_envs`.
+AD: `--mode both` learns from a fixed dataset, so it has no ratio of its own; the default is
+the one of the darkroom-ad preset's recipe, which matched the paper (20,000 updates of 256
+windows of 160 steps over 2,048 histories of 4,000 steps: 100 samples per history step).
 """
 
 from __future__ import annotations
@@ -28,27 +31,32 @@ from pathlib import Path
 PROGRESS = "learner_progress.json"
 PUBLISH_S = 0.2        # the learner writes its progress at most this often
 SLACK_SHARDS = 4       # shards' worth of transitions collectors may run ahead of the learner
+AD_SAMPLES_PER_INSERT = 100.0  # AD's default target (the module docstring)
 
 
 def samples_per_insert(cfg) -> float:
-    """The target: --samples-per-insert, else the ratio --mode both runs at."""
+    """The target: --samples-per-insert, else the default of the algorithm (module docstring)."""
     if cfg.samples_per_insert is not None:
         return cfg.samples_per_insert
+    if cfg.algo == "ad":
+        return AD_SAMPLES_PER_INSERT
     return cfg.updates_per_step * cfg.replay_batch_size / cfg.num_envs
 
 
 class Limiter:
-    def __init__(self, cfg, samples_per_iteration: int):
+    """The learner's side: `samples_per_iteration` samples each iteration (a compiled update),
+    none before the learner's memory holds `min_inserts` transitions."""
+
+    def __init__(self, cfg, samples_per_iteration: int, min_inserts: int):
         self.target = samples_per_insert(cfg)
         self.tolerance = cfg.samples_per_insert_tolerance
-        self.min_inserts = max(cfg.learning_starts, cfg.replay_batch_size)
+        self.min_inserts = min_inserts
         self.per_iteration = samples_per_iteration
 
     def iterations(self, samples: int, inserted: int, in_replay: int) -> int:
         """How many learner iterations may run now (0: wait for data): `samples` and
         `inserted` over the whole run (a restarted learner goes on from its checkpoint's
-        counts), `in_replay` what this learner's replay holds (nothing before
-        --learning-starts)."""
+        counts), `in_replay` what this learner's memory holds (nothing before `min_inserts`)."""
         if in_replay < self.min_inserts:
             return 0
         ceiling = (1 + self.tolerance) * self.target * inserted + self.per_iteration
@@ -62,7 +70,7 @@ def collectors_may_write(progress: dict | None, unread_steps: int, shard_steps: 
     """Whether a collector may write its next shard (of about `shard_steps` transitions), given
     the learner's last progress and the transitions written to the store it has not read yet.
     Before a learner has published any progress, collectors fill the store up to what it will
-    need to start learning (--learning-starts) plus the slack, and wait there."""
+    need to start learning (`learning_starts` transitions) plus the slack, and wait there."""
     if progress is None:
         return unread_steps <= learning_starts + SLACK_SHARDS * shard_steps
     slack = SLACK_SHARDS * max(shard_steps, progress.get("largest_shard", 0))
@@ -76,7 +84,7 @@ def collectors_may_write(progress: dict | None, unread_steps: int, shard_steps: 
 class Progress:
     """The learner's side of the file: its counts, written atomically at most every PUBLISH_S."""
 
-    def __init__(self, run_dir, cfg, limiter: Limiter):
+    def __init__(self, run_dir, limiter: Limiter):
         self.path = Path(run_dir) / PROGRESS
         self.fixed = {"samples_per_insert": limiter.target, "tolerance": limiter.tolerance,
                       "learning_starts": limiter.min_inserts}

@@ -125,19 +125,7 @@ class Store:
 
     def read(self, shard: Shard) -> Transitions:
         """The shard's episodes as one-step transitions (checksums verified first)."""
-        rlds.verify(shard.path)
-        builder = tfds.builder_from_directory(shard.path)
-        try:
-            source = builder.as_data_source(rlds.SPLIT, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
-            parser = rlds.episode_parser(builder)
-            episodes = [parser(r) for r in source.__getitems__(range(len(source)))]
-        except Exception as e:  # array_record raises RuntimeError on a damaged file
-            raise DatasetError(f"cannot read shard {shard.path}: {type(e).__name__}: {e}".splitlines()[0]) from e
-        steps = {k: np.concatenate([e["steps"][k] for e in episodes]) for k in ("observation", "action", "reward",
-                                                                                  "discount")}
-        next_obs = np.concatenate([np.concatenate([e["steps"]["observation"][1:], e["final_observation"][None]])
-                                   for e in episodes])
-        return Transitions(steps["observation"], steps["action"], steps["reward"], steps["discount"], next_obs)
+        return read_transitions(shard)
 
     def clean_staging(self, older_than_s: float = 600.0) -> None:
         """Deletes staging directories of writers that died mid-shard (nobody renames them)."""
@@ -166,3 +154,25 @@ class Store:
             os.rename(victim.path, trash)
             shutil.rmtree(trash, ignore_errors=True)
         return kept
+
+
+def read_transitions(shard: Shard) -> Transitions:
+    """A shard's episodes as one-step transitions (checksums verified first). A function of the
+    shard alone, so that a reader process can run it (reader.py)."""
+    rlds.verify(shard.path)
+    builder = tfds.builder_from_directory(shard.path)
+    try:
+        source = builder.as_data_source(rlds.SPLIT, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
+        parser = rlds.episode_parser(builder)
+        episodes = [parser(r) for r in source.__getitems__(range(len(source)))]
+    except Exception as e:  # array_record raises RuntimeError on a damaged file
+        raise DatasetError(f"cannot read shard {shard.path}: {type(e).__name__}: {e}".splitlines()[0]) from e
+    steps = {k: np.concatenate([e["steps"][k] for e in episodes]) for k in ("observation", "action", "reward",
+                                                                              "discount")}
+    # The observation after each step: the next step's, or the episode's final one. Written
+    # into one array with a mask, not concatenated per episode.
+    next_obs = np.empty_like(steps["observation"])
+    next_obs[:-1] = steps["observation"][1:]
+    ends = np.cumsum([len(e["steps"]["reward"]) for e in episodes]) - 1
+    next_obs[ends] = np.stack([e["final_observation"] for e in episodes])
+    return Transitions(steps["observation"], steps["action"], steps["reward"], steps["discount"], next_obs)
