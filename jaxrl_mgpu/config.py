@@ -288,6 +288,7 @@ APPLIES = {
     **dict.fromkeys(("samples_per_insert", "samples_per_insert_tolerance"),
                     ("--algo dqn with --mode learn or collect", lambda c: c.algo == "dqn" and c.mode != "both")),
     "max_replay_ratio": ("--algo ad with --mode learn or collect", lambda c: c.algo == "ad" and c.mode != "both"),
+    "target_return": ("many runs (--num-seeds > 1 or --sweep)", lambda c: c.num_seeds > 1 or bool(c.sweep)),
 }
 
 

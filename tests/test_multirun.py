@@ -55,3 +55,58 @@ def test_a_multi_run_program_does_not_depend_on_the_device_count(two_seeds_on_tw
     state, chunk = run_updates(trainer)
     assert_trees_close(per_run(trainer, state.params), params, rtol=1e-5, atol=1e-6)
     assert_trees_close(per_run(trainer, chunk.losses), losses, rtol=1e-4, atol=1e-6)
+
+
+SWEEP = "lr=1e-3,3e-4 gamma=0.9,0.99"
+
+
+def test_sweep_values_are_applied_per_run():
+    """--sweep lr=a,b gamma=c,d: 4 configurations x 1 seed; run i equals the single run with
+    configuration i's values (configuration major: lr varies slowest, as written)."""
+    multi = make_trainer(2, "shard_map", sweep=SWEEP, **SMALL)
+    assert multi.runs.count == 4 and multi.par.runs_per_device == 2
+    state, _ = run_updates(multi)
+    params = per_run(multi, state.params)
+    assert [multi.runs.hparams(i) for i in range(4)] == [{"lr": 1e-3, "gamma": 0.9}, {"lr": 1e-3, "gamma": 0.99},
+                                                          {"lr": 3e-4, "gamma": 0.9}, {"lr": 3e-4, "gamma": 0.99}]
+    for i in (1, 2):  # between them every value of each option (a single run compiles its own program)
+        lr, gamma = multi.runs.hparams(i).values()
+        single = make_trainer(1, lr=lr, gamma=gamma, **SMALL)
+        state1, _ = run_updates(single)
+        assert_trees_close(single.par.first(state1.params), jax.tree.map(lambda x: x[i], params), rtol=1e-5, atol=1e-6)
+
+
+def test_one_program_serves_every_sweep_value():
+    """The swept values are inputs of the compiled chunk, not constants in it: two sweeps with
+    different values lower to the same program."""
+    from jaxrl_mgpu import runner
+
+    def program(sweep):
+        trainer = make_trainer(2, "shard_map", sweep=sweep, **SMALL)
+        mapped = trainer.par.map(runner.make_chunk(trainer.algorithm.update))
+        return mapped.lower(trainer.abstract_state(), trainer._length(1), *trainer.data).as_text()
+
+    assert program("lr=1e-3,3e-4 ent_coef=0.0,0.5") == program("lr=7e-3,1e-5 ent_coef=0.25,0.125")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--sweep", "foo=1,2"], "--sweep foo: no such option"),
+    (["--sweep", "num_envs=4,8"], "--sweep num_envs: --num-envs changes the compiled program"),
+    (["--sweep", "hidden_size=8,16"], "--sweep hidden_size: --hidden-size changes the compiled program"),
+    (["--sweep", "lr=1e-3,abc"], "--sweep lr=1e-3,abc: the values must be numbers"),
+    (["--sweep", "lr=1e-3,-1"], "--sweep lr=1e-3,-1: --lr must be > 0, got -1.0"),
+    (["--sweep", "gamma=0.9,1.5"], "--sweep gamma=0.9,1.5: --gamma must be in [0, 1], got 1.5"),
+    (["--sweep", "lr"], "--sweep 'lr': write NAME=v1,v2,..."),
+    (["--sweep", "lr=1e-3", "lr=1e-4"], "--sweep lr is given twice"),
+    (["--sweep", "clip_eps=0.1,0.2", "--algo", "dqn"], "--sweep clip_eps: --clip-eps changes the compiled program"),
+    (["--num-seeds", "0"], "--num-seeds must be at least 1, got 0"),
+    (["--num-seeds", "2", "--algo", "ad"], "--num-seeds / --sweep: --algo ad distils one dataset"),
+    (["--num-seeds", "2", "--auto-scale"], "--num-seeds / --sweep: --auto-scale sizes one run"),
+])
+def test_bad_multi_run_options_are_one_line_errors(tmp_path, capsys, argv, message):
+    from helpers import run
+    assert run(*argv, "--run-dir", str(tmp_path / "run")) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: " + message), err
+    assert "\n" not in err
+    assert not (tmp_path / "run").exists()
