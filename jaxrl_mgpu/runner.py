@@ -35,7 +35,7 @@ import jaxrl_mgpu
 from jaxrl_mgpu import compile_cache
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs as envs_lib
-from jaxrl_mgpu import multirun, parallel
+from jaxrl_mgpu import multirun, parallel, runstats
 from jaxrl_mgpu.algos import ALGOS, module_for
 from jaxrl_mgpu.algos.base import Algorithm, Split
 from jaxrl_mgpu.checkpoint import CheckpointMismatch, Checkpoints
@@ -637,7 +637,15 @@ def run(cfg, par: Parallel, layout: Split, changes: list[str], asynchronous=None
         unit, steps = "env_steps", last.get("env_steps", feed.ledger.env_steps)
     else:
         steps = last.get(unit, cfg.steps_at(done, trainer.steps_per_update))
-    log.summary(summary(cfg, log, last, done, unit, steps, time.perf_counter() - t_start, run_dir))
+    values = summary(cfg, log, last, done, unit, steps, time.perf_counter() - t_start, run_dir)
+    across = []
+    if trainer.runs is not None and parallel.is_main():  # per configuration, across its seeds
+        across = runstats.write(run_dir, trainer.runs.names, unit, cfg.target_return)
+        values["across_runs"] = (f"{len(across)} configuration(s) x {trainer.runs.seeds} seed(s): runs_summary.json, "
+                                 f"learning_curves.png")
+    log.summary(values)
+    for line in runstats.lines(across, () if trainer.runs is None else trainer.runs.names):
+        log.print(f"  {line}")
     return 0
 
 
