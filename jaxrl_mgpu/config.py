@@ -460,7 +460,7 @@ def read_saved(run_dir: str | Path) -> dict:
 # after a divergence). Everything else is the run's own, from its config.json; an algorithm's
 # STATE_KEYS (options that shape its saved state) never change.
 RESUMABLE = ("total_timesteps", "num_updates", "num_envs", "lr", "max_grad_norm", "log_every", "checkpoint_every",
-             "keep_checkpoints", "eval_every", "eval_episodes", "parallel")
+             "keep_checkpoints", "eval_every", "eval_episodes", "parallel", "target_return")
 # Options of one invocation, not of the run: a resume takes them from its own command line (or
 # their defaults), never from the saved config.
 PER_INVOCATION = ("stop_at_update", "devices", "coordinator_address", "num_processes", "process_id",

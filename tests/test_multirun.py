@@ -1,11 +1,13 @@
 """Many runs in one program (--num-seeds, --sweep: multirun.py), on virtual CPU devices: each run
 is the single run it stands for, whatever the device count and layout."""
 
+import json
+
 import jax
 import numpy as np
 import pytest
 
-from helpers import assert_trees_close, make_trainer
+from helpers import assert_trees_close, make_trainer, run
 
 # One minibatch: then the device count does not change an update's numbers (each device
 # shuffles its own share of the batch, so with several minibatches it would).
@@ -104,9 +106,55 @@ def test_one_program_serves_every_sweep_value():
     (["--num-seeds", "2", "--auto-scale"], "--num-seeds / --sweep: --auto-scale sizes one run"),
 ])
 def test_bad_multi_run_options_are_one_line_errors(tmp_path, capsys, argv, message):
-    from helpers import run
+
     assert run(*argv, "--run-dir", str(tmp_path / "run")) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: " + message), err
     assert "\n" not in err
     assert not (tmp_path / "run").exists()
+
+
+CLI = ["--num-seeds", "2", "--sweep", "ent_coef=0.0,0.1", "--num-envs", "4", "--num-steps", "8", "--num-minibatches", "1",
+       "--update-epochs", "1", "--hidden-size", "16", "--total-timesteps", str(4 * 8 * 6), "--log-every", "2",
+       "--checkpoint-every", "2", "--devices", "2", "--parallel", "shard_map", "--target-return", "15"]
+TIMING = ("sps", "time")
+
+
+def metrics(run_dir):
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+            for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_per_run_rows_summary_and_an_exact_resume(tmp_path):
+    """The command line: one metrics.jsonl row per run and log point with the run's identity,
+    a TensorBoard run each, the across-seed summary; a run stopped at update 2 and resumed
+    logs the same numbers as one that never stopped (its checkpoint holds every run)."""
+    full, part = tmp_path / "full", tmp_path / "part"
+    assert run(*CLI, "--run-dir", str(full)) == 0
+    rows = metrics(full)
+    assert len(rows) == 3 * 4  # 6 updates logged every 2, 2 configurations x 2 seeds
+    assert {(r["run"], r["seed"], r["ent_coef"]) for r in rows} == {(0, 0, 0.0), (1, 1, 0.0), (2, 0, 0.1), (3, 1, 0.1)}
+    assert sorted(p.name for p in (full / "runs").iterdir()) == [
+        "run00-seed0-ent_coef=0", "run01-seed1-ent_coef=0", "run02-seed0-ent_coef=0.1",
+        "run03-seed1-ent_coef=0.1"]
+    summary = json.loads((full / "runs_summary.json").read_text())
+    assert [(s["ent_coef"], s["seeds"], s["runs"]) for s in summary] == [(0.0, 2, [0, 1]), (0.1, 2, [2, 3])]
+    assert (full / "learning_curves.png").exists()
+    # The runs' entropy bonus differs, so their losses do.
+    last = {r["run"]: r for r in rows if r["update"] == 6}
+    assert last[0]["loss/total"] != last[2]["loss/total"]
+
+    assert run(*CLI, "--run-dir", str(part), "--stop-at-update", "2") == 0
+    assert len(metrics(part)) == 4
+    assert run(*CLI, "--run-dir", str(part), "--resume") == 0
+    assert metrics(part) == rows
+    assert json.loads((part / "runs_summary.json").read_text()) == summary
+
+    # Resumed on 4 devices (one run each instead of two): the checkpoint is laid out by run, not
+    # by device, so it re-lays out; vmapping one run instead of two may round differently.
+    moved = tmp_path / "moved"
+    assert run(*CLI, "--run-dir", str(moved), "--stop-at-update", "2") == 0
+    assert run(*CLI, "--run-dir", str(moved), "--resume", "--devices", "4") == 0
+    for got, want in zip(metrics(moved), rows, strict=True):
+        assert got.keys() == want.keys()
+        assert got == pytest.approx(want, rel=1e-4, abs=1e-6)
