@@ -116,7 +116,8 @@ def test_bad_multi_run_options_are_one_line_errors(tmp_path, capsys, argv, messa
 
 CLI = ["--num-seeds", "2", "--sweep", "ent_coef=0.0,0.1", "--num-envs", "4", "--num-steps", "8", "--num-minibatches", "1",
        "--update-epochs", "1", "--hidden-size", "16", "--total-timesteps", str(4 * 8 * 6), "--log-every", "2",
-       "--checkpoint-every", "2", "--devices", "2", "--parallel", "shard_map", "--target-return", "15"]
+       "--checkpoint-every", "2", "--devices", "2", "--parallel", "shard_map", "--lr", "0.05",
+       "--target-return", "15"]  # a large lr: the runs' policies part ways within a few updates
 TIMING = ("sps", "time")
 
 
@@ -125,12 +126,19 @@ def metrics(run_dir):
             for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_per_run_rows_summary_and_an_exact_resume(tmp_path):
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A run directory of 4 runs (2 configurations x 2 seeds), trained from the command line."""
+    full = tmp_path_factory.mktemp("multirun") / "full"
+    assert run(*CLI, "--run-dir", str(full)) == 0
+    return full
+
+
+def test_per_run_rows_summary_and_an_exact_resume(trained, tmp_path):
     """The command line: one metrics.jsonl row per run and log point with the run's identity,
     a TensorBoard run each, the across-seed summary; a run stopped at update 2 and resumed
     logs the same numbers as one that never stopped (its checkpoint holds every run)."""
-    full, part = tmp_path / "full", tmp_path / "part"
-    assert run(*CLI, "--run-dir", str(full)) == 0
+    full, part = trained, tmp_path / "part"
     rows = metrics(full)
     assert len(rows) == 3 * 4  # 6 updates logged every 2, 2 configurations x 2 seeds
     assert {(r["run"], r["seed"], r["ent_coef"]) for r in rows} == {(0, 0, 0.0), (1, 1, 0.0), (2, 0, 0.1), (3, 1, 0.1)}
@@ -158,3 +166,38 @@ def test_per_run_rows_summary_and_an_exact_resume(tmp_path):
     for got, want in zip(metrics(moved), rows, strict=True):
         assert got.keys() == want.keys()
         assert got == pytest.approx(want, rel=1e-4, abs=1e-6)
+
+
+def evaluate(capsys, *argv) -> list[dict]:
+    from jaxrl_mgpu import evaluate as evaluate_lib
+    capsys.readouterr()
+    assert evaluate_lib.main(["--episodes", "8", "--devices", "2", *map(str, argv)]) == 0
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_evaluate_every_run_or_one(trained, tmp_path, capsys):
+    """`evaluate` gives a line per run, with its identity; `--run i` evaluates run i, which
+    equals evaluating the single run it stands for (seed 1, ent_coef 0.1: run 3)."""
+    every = evaluate(capsys, "--run-dir", trained)
+    assert [(r["run"], r["seed"], r["ent_coef"], r["step"]) for r in every] == [
+        (0, 0, 0.0, 6), (1, 1, 0.0, 6), (2, 0, 0.1, 6), (3, 1, 0.1, 6)]
+    assert evaluate(capsys, "--run-dir", trained, "--run", 3) == every[3:]
+    single = tmp_path / "single"
+    argv = CLI[4:-2]  # without --num-seeds, --sweep and --target-return
+    assert "--num-seeds" not in argv and "--sweep" not in argv and "--target-return" not in argv
+    assert run(*argv, "--seed", "1", "--ent-coef", "0.1", "--run-dir", str(single)) == 0
+    (alone,) = evaluate(capsys, "--run-dir", single)
+    assert alone["mean_return"] == every[3]["mean_return"] and alone["episodes"] == 8
+    # Differently seeded runs sample different episodes, so the comparison could fail.
+    assert len({r["mean_return"] for r in every}) > 1
+    assert evaluate_lib_fails(capsys, "--run-dir", trained, "--run", 4).startswith("error: --run 4: the run directory "
+                                                                                "holds runs 0..3")
+
+
+def evaluate_lib_fails(capsys, *argv) -> str:
+    from jaxrl_mgpu import evaluate as evaluate_lib
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        evaluate_lib.main([*map(str, argv)])
+    assert e.value.code == 2
+    return capsys.readouterr().err.strip()
