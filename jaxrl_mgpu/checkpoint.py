@@ -104,8 +104,11 @@ class Checkpoints:
             if not jax.tree.leaves(value):
                 continue  # an empty field (e.g. a memoryless policy's memory): nothing to save
             kind = layout[name]
-            value = (par.first(value) if kind == REPLICATED else
-                     _split_env_axis(value, par) if kind == PER_ENV else value)
+            if par.runs is not None:  # many runs (multirun.py): [runs, ...], [runs, envs per run, ...]
+                value = par.runs_of(value) if kind == REPLICATED else par.run_envs_of(value)
+            else:
+                value = (par.first(value) if kind == REPLICATED else
+                         _split_env_axis(value, par) if kind == PER_ENV else value)
             args[name] = ocp.args.StandardSave({name: value})  # a tree: Orbax refuses bare arrays
         self._purge_deleted(self.latest)  # Orbax's save would wait for the previous one here anyway
         self.latest.save(step, args=ocp.args.Composite(**args), force=True)
@@ -156,9 +159,17 @@ class Checkpoints:
             kind = layout[name]
             if not jax.tree.leaves(value):
                 continue
-            if kind == REPLICATED:
+            # Many runs (multirun.py), as saved: [runs, ...] and [runs, envs per run, ...].
+            if par.runs is not None and kind == REPLICATED:
+                target = jax.tree.map(lambda x: np.zeros((par.runs,) + x.shape[2:], x.dtype), value)
+            elif par.runs is not None and kind == PER_ENV and meta.get("num_envs") == _num_envs(value, par):
+                target = jax.tree.map(lambda x: np.zeros((par.runs, meta["num_envs"]) + x.shape[3:], x.dtype), value)
+            elif par.runs is not None:
+                recreated.append(name)
+                continue
+            elif kind == REPLICATED:
                 target = jax.tree.map(lambda x: np.zeros(x.shape[1:], x.dtype), value)
-            elif kind == PER_ENV and meta.get("num_envs") == _num_envs(value):
+            elif kind == PER_ENV and meta.get("num_envs") == _num_envs(value, par):
                 target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
                     (x.shape[0] * x.shape[1],) + x.shape[2:], x.dtype, sharding=par.sharding), value)
             elif kind == PER_DEVICE and same_devices:
@@ -181,6 +192,9 @@ class Checkpoints:
         values = template._asdict()
         for name in args:
             kind, value = layout[name], restored[name][name]
+            if par.runs is not None:
+                values[name] = par.shard_runs(value) if kind == REPLICATED else par.shard_run_envs(value)
+                continue
             values[name] = (par.replicate(value) if kind == REPLICATED else
                             _join_env_axis(value, par) if kind == PER_ENV else value)
         return type(template)(**values), recreated
@@ -194,7 +208,10 @@ class Checkpoints:
         return restored["params"]["params"]
 
 
-def _num_envs(per_env_field) -> int:
-    """Global environments of a PER_ENV field laid out [devices, envs per device, ...]."""
+def _num_envs(per_env_field, par: Parallel) -> int:
+    """Global environments (of one run) of a PER_ENV field laid out [devices, envs per device,
+    ...], or with many runs [devices, runs per device, envs per device, ...]."""
     leaf = jax.tree.leaves(per_env_field)[0]
+    if par.runs is not None:
+        return par.data_devices * leaf.shape[2]
     return leaf.shape[0] * leaf.shape[1]

@@ -137,6 +137,15 @@ class Config:
                                            "may take (XLA's allocator limit; on a CPU, host RAM / devices)")
     # run
     seed: int = option(0, "random seed (params, environments and sampling all derive from it)")
+    # many runs in one compiled program (multirun.py)
+    num_seeds: int = option(1, "train this many independent runs in one program, with seeds seed, seed+1, ...: "
+                               "own params, optimizer state, environments and keys; each run has --num-envs "
+                               "environments")
+    sweep: str | None = option(None, "NAME=v1,v2,... [NAME=...]: also cross these values of numeric options that do "
+                                     "not change the program's shapes (lr, ent-coef, ...) with the seeds, as per-run "
+                                     "values in the one compiled program", nargs="+")
+    target_return: float | None = option(None, "--num-seeds / --sweep: the summary gives the fraction of seeds whose "
+                                               "final return is above this")
     run_dir: str | None = option(None, "output directory (default runs/<env>-<algo>-<time>)")
     parallel: str = option("pmap", "how the per-device update is mapped over devices",
                            choices=("pmap", "shard_map"))
@@ -222,8 +231,9 @@ RANGES = {
                "lr", "clip_eps", "max_grad_norm", "buffer_size", "replay_batch_size", "updates_per_step",
                "target_update_every", "n_step", "n_transit", "ad_batch_size", "ad_episode_stride",
                "ad_history_steps", "ad_history_tasks", "hidden_size", "num_layers", "grad_accum", "d_model",
-               "n_layers", "n_heads", "context_len", "devices", "log_every", "num_processes", "failure_timeout",
-               "store_max_episodes", "samples_per_insert", "shard_steps", "keep_checkpoints", "stop_at_update",
+               "n_layers", "n_heads", "context_len", "devices", "log_every", "num_seeds", "num_processes",
+               "failure_timeout", "store_max_episodes", "samples_per_insert", "shard_steps", "keep_checkpoints",
+               "stop_at_update",
                "eval_episodes"),
     NON_NEGATIVE: ("ent_coef", "vf_coef", "learning_starts", "eps_decay_steps", "process_id", "checkpoint_every",
                    "resumed_update", "resumed_steps",
@@ -276,6 +286,7 @@ APPLIES = {
     # Learners and collectors of one run may share one command line, so these are for both.
     **dict.fromkeys(("store_max_episodes", "collect_before_checkpoint", "shard_steps", "collector_id",
                      "samples_per_insert", "samples_per_insert_tolerance"), _ASYNC),
+    "target_return": ("many runs (--num-seeds > 1 or --sweep)", lambda c: c.num_seeds > 1 or bool(c.sweep)),
 }
 
 
@@ -303,6 +314,8 @@ def _coerce(name: str, value: Any, source: str) -> Any:
     kind, meta = _base_type(name), FIELDS[name].metadata
     if value is None:
         return None
+    if isinstance(value, list):  # nargs="+" (--sweep): kept as one string, as a preset writes it
+        value = " ".join(value)
     try:
         if kind is bool and not isinstance(value, bool):
             raise TypeError
@@ -331,7 +344,7 @@ def parser() -> argparse.ArgumentParser:
         if kind is bool:
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_)
         elif "nargs" in f.metadata:
-            p.add_argument(flag, type=str, default=None, nargs=f.metadata["nargs"], const=f.metadata["const"],
+            p.add_argument(flag, type=str, default=None, nargs=f.metadata["nargs"], const=f.metadata.get("const"),
                            metavar=f.name.upper(), help=help_)
         else:
             p.add_argument(flag, type=str, default=None, metavar=f.name.upper(), help=help_)
@@ -445,7 +458,7 @@ def read_saved(run_dir: str | Path) -> dict:
 # after a divergence). Everything else is the run's own, from its config.json; an algorithm's
 # STATE_KEYS (options that shape its saved state) never change.
 RESUMABLE = ("total_timesteps", "num_updates", "num_envs", "lr", "max_grad_norm", "log_every", "checkpoint_every",
-             "keep_checkpoints", "eval_every", "eval_episodes", "parallel")
+             "keep_checkpoints", "eval_every", "eval_episodes", "parallel", "target_return")
 # Options of one invocation, not of the run: a resume takes them from its own command line (or
 # their defaults), never from the saved config.
 PER_INVOCATION = ("stop_at_update", "devices", "coordinator_address", "num_processes", "process_id",
@@ -478,6 +491,64 @@ def resumed(saved: dict, given: dict, state_keys=()) -> tuple[Config, list[str]]
                                **this_invocation), changes
 
 
+# --sweep: the options an update reads only as numbers, so that each run's value can enter the
+# one compiled program as a traced array (multirun.py). Any other option changes the program
+# (shapes, or Python branches such as DQN's --tau 1 hard copy) and needs a program of its own.
+SWEEPABLE = {"ppo": ("lr", "ent_coef", "vf_coef", "clip_eps", "gamma", "gae_lambda", "max_grad_norm"),
+             "dqn": ("lr", "gamma", "max_grad_norm", "eps_start", "eps_end")}
+
+
+def parse_sweep(cfg: Config) -> tuple[tuple[str, tuple[float, ...]], ...]:
+    """--sweep as ((name, values), ...) in the order given, or a ConfigError naming the bad part."""
+    allowed = SWEEPABLE.get(cfg.algo, ())
+    out: dict[str, tuple[float, ...]] = {}
+    for item in (cfg.sweep or "").split():
+        name, eq, text = item.partition("=")
+        name = name.lstrip("-").replace("-", "_")
+        flag = "--" + name.replace("_", "-")
+        if not eq or not text:
+            raise ConfigError(f"--sweep {item!r}: write NAME=v1,v2,... (e.g. lr=1e-3,3e-4)")
+        if name not in FIELDS or FIELDS[name].metadata.get("internal") or name in ("sweep", "config"):
+            raise ConfigError(f"--sweep {name}: no such option; --algo {cfg.algo} sweeps {', '.join(allowed)}")
+        if name not in allowed:
+            raise ConfigError(f"--sweep {name}: {flag} changes the compiled program (its shapes or code) or is not "
+                              f"used by --algo {cfg.algo}; sweepable: {', '.join(allowed)}; run other values of "
+                              f"{flag} as separate programs")
+        if name in out:
+            raise ConfigError(f"--sweep {name} is given twice")
+        try:
+            values = tuple(float(v) for v in text.split(","))
+        except ValueError:
+            raise ConfigError(f"--sweep {name}={text}: the values must be numbers separated by commas") from None
+        for v in values:
+            try:
+                check_value(name, v)
+            except ConfigError as e:
+                raise ConfigError(f"--sweep {name}={text}: {e}") from None
+        if len(set(values)) < len(values):
+            raise ConfigError(f"--sweep {name}={text}: a value is repeated")
+        out[name] = values
+    return tuple(out.items())
+
+
+def check_multirun(cfg: Config) -> None:
+    """What --num-seeds / --sweep train (multirun.py): --mode both PPO (MLP) and DQN runs."""
+    if cfg.num_seeds == 1 and not cfg.sweep:
+        return
+    what = "--num-seeds / --sweep"
+    if cfg.algo == "ad":
+        raise ConfigError(f"{what}: --algo ad distils one dataset into one model and is not multi-run; run it once "
+                          f"per seed")
+    if cfg.mode != "both":
+        raise ConfigError(f"{what} train in --mode both; --mode {cfg.mode} processes share one run")
+    if cfg.auto_scale:
+        raise ConfigError(f"{what}: --auto-scale sizes one run; give --num-envs (per run)")
+    if cfg.eval_every:
+        raise ConfigError(f"{what}: --eval-every is not supported for many runs yet; evaluate the runs after "
+                          f"training with python -m jaxrl_mgpu.evaluate")
+    parse_sweep(cfg)
+
+
 def validate(cfg: Config) -> Config:
     """Checks that do not need the devices (the per-device split is the algorithm's `check`)."""
     from jaxrl_mgpu import envs  # local import: envs pulls in jax
@@ -502,6 +573,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"--d-model {cfg.d_model} / --n-heads {cfg.n_heads} must be an even whole number "
                           f"(the head size)")
     check_kernels(cfg)
+    check_multirun(cfg)
     if cfg.total_updates < 1:
         raise ConfigError(f"--total-timesteps {cfg.total_timesteps} is less than one update of "
                           f"{cfg.batch_size} steps (--num-envs x --num-steps)")
@@ -539,7 +611,7 @@ def check_platform(cfg: Config, platform: str) -> None:
 
 
 # Options that shape the training state: a checkpoint only resumes under the same values.
-STATE_KEYS = ("algo", "env", "env_args", "policy", "hidden_size", "num_layers", "activation")
+STATE_KEYS = ("algo", "env", "env_args", "policy", "hidden_size", "num_layers", "activation", "num_seeds", "sweep")
 
 
 def incompatible(saved: dict, cfg: Config, keys=STATE_KEYS) -> list[str]:

@@ -10,18 +10,23 @@ against a random opponent, and random against random, on the same games): per te
 return per agent and mean steps in the game (for runners: survival), tags per episode and
 episode length. `--in-context` (Algorithm Distillation runs) is an alias
 of `python -m jaxrl_mgpu.incontext`.
+
+A run directory of many runs (--num-seeds, --sweep) is evaluated run by run, each on the same
+episodes (the same key), one JSON line per run with its `run`, `seed` and swept values;
+`--run i` evaluates run i only.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import sys
 import jax
 import numpy as np
 
-from jaxrl_mgpu import cli, incontext, parallel
+from jaxrl_mgpu import cli, incontext, multirun, parallel
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import mappo, module_for
 from jaxrl_mgpu.config import ConfigError
@@ -41,6 +46,8 @@ def _args(argv):
     p.add_argument("--devices", type=int, default=None, help="use the first k local devices (default: all)")
     p.add_argument("--parallel", default="pmap", choices=parallel.BACKENDS)
     p.add_argument("--seed", type=int, default=1, help="seed of the evaluation episodes")
+    p.add_argument("--run", type=int, default=None, help="a run directory of many runs (--num-seeds, --sweep): "
+                                                         "evaluate run i only (default: every run)")
     p.add_argument("--in-context", action="store_true",
                    help="--algo ad runs: E consecutive episodes on held-out goals with a rolling context and "
                         "frozen weights: the same as python -m jaxrl_mgpu.incontext (see its --help)")
@@ -66,11 +73,19 @@ def main(argv=None) -> int:
         else:
             step = pick_step(ckpts, args.run_dir, args.step)
         par = parallel.setup(args.parallel, args.devices)
+        runs = multirun.Runs.of(cfg)
+        if args.run is not None and not (runs is not None and 0 <= args.run < runs.count):
+            raise ConfigError(f"--run {args.run}: the run directory holds " +
+                              ("one run (no --num-seeds or --sweep)" if runs is None else f"runs 0..{runs.count - 1}"))
     except cli.USER_ERRORS as e:
         cli.fail(e)
 
     env, env_params = envs_lib.make(cfg.env, cfg.env_args)
     module = module_for(cfg)
+    if runs is not None:
+        evaluate_runs(cfg, runs, module, env, env_params, ckpts, step, par, args)
+        ckpts.close()
+        return 0
     algo = module.make(cfg, env, env_params, module.check(cfg, par.num_devices))
     params = ckpts.restore_params(step, params_template(cfg), best=args.best)
     params, key = par.replicate(params), par.replicate(np.asarray(jax.random.PRNGKey(args.seed)))
@@ -90,6 +105,24 @@ def main(argv=None) -> int:
     ckpts.close()
     print(json.dumps({**summarize(par.first(totals)), "step": step, "greedy": args.greedy}))
     return 0
+
+
+def evaluate_runs(cfg, runs: multirun.Runs, module, env, env_params, ckpts, step: int, par, args) -> None:
+    """Every run of a many-run directory (or `--run`), one JSON line each, on the same episodes."""
+    template = jax.tree.map(lambda x: jax.ShapeDtypeStruct((runs.count,) + x.shape, x.dtype), params_template(cfg))
+    params = ckpts.restore_params(step, template, best=args.best)
+    key = par.replicate(np.asarray(jax.random.PRNGKey(args.seed)))
+    episodes = {}  # per configuration: its swept values may shape the policy (DQN's --eps-end)
+    for i in range(runs.count) if args.run is None else (args.run,):
+        config = runs.config_index(i)
+        if config not in episodes:
+            run_cfg = dataclasses.replace(cfg, **runs.hparams(i))
+            algo = module.make(run_cfg, env, env_params, module.check(run_cfg, par.num_devices))
+            episodes[config] = par.map(make_episodes(algo.policy, env, env_params, args.episodes, par.num_devices,
+                                                     args.greedy))
+        totals = episodes[config](par.replicate(jax.tree.map(lambda x: x[i], params)), key)
+        print(json.dumps({**runs.describe(i), **summarize(par.first(totals)), "step": step, "greedy": args.greedy}),
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -35,8 +35,14 @@ def _clean(value):
 
 
 class RunLog:
-    def __init__(self, run_dir: Path | None, total_steps: int, unit: str = "env_steps", episodic: bool = True):
+    def __init__(self, run_dir: Path | None, total_steps: int, unit: str = "env_steps", episodic: bool = True,
+                 runs: list[dict] | None = None):
         self.enabled = is_main()
+        # Many runs (multirun.py): what identifies each (index, seed, swept values). A row then
+        # carries each run's metrics under "runs": metrics.jsonl gets one line per run, each
+        # run its own TensorBoard run (runs/<name>), the console and the top-level TensorBoard
+        # run the means over runs.
+        self.runs = runs
         self.unit = unit  # the row key progress is counted in
         self.episodic = episodic  # False: the rows carry no episode returns (AD's training)
         self.run_dir = run_dir
@@ -53,7 +59,7 @@ class RunLog:
             self._jsonl = open(run_dir / "metrics.jsonl", "a", buffering=1)
             # TensorBoard's writer takes a second or more to import and open on some machines:
             # it is made on a thread, while the run compiles, and waited for at the first row.
-            self._tb = concurrent.futures.ThreadPoolExecutor(1).submit(_tensorboard_writer, run_dir)
+            self._tb = concurrent.futures.ThreadPoolExecutor(1).submit(_tensorboard_writers, run_dir, runs or [])
         if self.enabled:
             threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
 
@@ -114,22 +120,26 @@ class RunLog:
         """One log point: a metrics.jsonl line, TensorBoard scalars, and the console."""
         if not self.enabled:
             return
-        row = {k: _clean(v) for k, v in row.items()}
+        per_run = row.get("runs")
+        row = {k: _clean(v) for k, v in row.items() if k != "runs"}
+        lines = [row] if per_run is None else [self._run_row(row, i, r) for i, r in enumerate(per_run)]
         self.last = row
         for key in ("episode_return", "eval/episode_return"):
             if row.get(key) is not None and row[key] > self.best.get(key, (-math.inf,))[0]:
                 self.best[key] = (row[key], row[self.unit])
         if self._jsonl is not None:
-            self._jsonl.write(json.dumps(row) + "\n")
+            self._jsonl.write("".join(json.dumps(line) + "\n" for line in lines))
         if self._tb is not None:
-            tb = self._tb.result()
-            for k, v in row.items():
-                if k not in ("update", self.unit) and isinstance(v, (int, float)):
-                    tb.add_scalar(k, v, row[self.unit])
+            writers = self._tb.result()
+            self._scalars(writers[0], row, ())
+            if per_run is not None:
+                for tb, line, identity in zip(writers[1:], lines, self.runs):
+                    self._scalars(tb, line, identity)
         parts = []
         if self.episodic:
             ret = row.get("episode_return")
-            parts.append("return " + ("n/a (no episode ended)" if ret is None else f"{ret:.1f}"))
+            parts.append("return " + ("n/a (no episode ended)" if ret is None else f"{ret:.1f}")
+                         + ("" if per_run is None else f" (mean of {len(per_run)} runs)"))
         if row.get("eval/episode_return") is not None:
             parts.append(f"eval {row['eval/episode_return']:.1f}")
         parts += [f"{label} {row[key]:{fmt}}" for label, key, fmt in CONSOLE if row.get(key) is not None]
@@ -143,6 +153,18 @@ class RunLog:
             progress = (f"update {row['update']:,}/{self.total_steps:,}" if self.unit == "update" else
                         f"update {row['update']}  {self.unit} {row[self.unit]:,}/{self.total_steps:,}")
             print("  ".join([progress] + parts + [rate, f"time {row['time']:.0f}s"]), flush=True)
+
+    def _run_row(self, row: dict, run: int, metrics: dict) -> dict:
+        """Run `run`'s metrics.jsonl line: the row's progress and timing, the run's identity and
+        its own metrics."""
+        shared = {k: row[k] for k in ("update", self.unit) if k in row}
+        timing = {k: row[k] for k in ("sps", "agent_sps", "time") if k in row}
+        return {**shared, **self.runs[run], **{k: _clean(v) for k, v in metrics.items()}, **timing}
+
+    def _scalars(self, tb, row: dict, skip) -> None:
+        for k, v in row.items():
+            if k not in ("update", self.unit) and k not in skip and isinstance(v, (int, float)):
+                tb.add_scalar(k, v, row[self.unit])
 
     def summary(self, values: dict) -> None:
         """The run's end: `summary.json` in the run directory, and the same in a few lines."""
@@ -161,10 +183,21 @@ class RunLog:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        for sink in (self._jsonl, None if self._tb is None else self._tb.result()):
+        for sink in [self._jsonl] + ([] if self._tb is None else self._tb.result()):
             if sink is not None:
                 sink.close()
         self._jsonl = self._tb = None
+
+
+def _tensorboard_writers(run_dir: Path, runs: list[dict]) -> list:
+    """The run directory's TensorBoard writer, then one per run in runs/<name> (many runs)."""
+    return [_tensorboard_writer(run_dir)] + [_tensorboard_writer(run_dir / "runs" / run_name(r)) for r in runs]
+
+
+def run_name(identity: dict) -> str:
+    """A run's directory name from its identity, e.g. run03-seed3-lr=0.001."""
+    return f"run{identity['run']:02d}-seed{identity['seed']}" + "".join(
+        f"-{k}={v:g}" for k, v in identity.items() if k not in ("run", "seed"))
 
 
 def _tensorboard_writer(run_dir: Path):

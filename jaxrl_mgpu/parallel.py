@@ -8,11 +8,19 @@ Both backends use the same array layout: every leaf of the training state carrie
 device axis of length `num_devices` (global over all hosts), sharded one slice per device. So
 a state made by one backend can be fed to the other, checkpoints look the same, and the
 per-device code never sees the device axis.
+
+Many runs (--num-seeds, --sweep: multirun.py) add a second mesh axis, `RUNS`, beside the data
+axis: the devices form `groups` x `data_devices`, each group of `data_devices` devices trains
+`runs_per_device` runs (vmapped inside the per-device function, the same runs on every device
+of the group), and the collectives on AXIS reach only the devices of one group, so they never
+mix runs. The leading device axis stays one flat axis of `num_devices` (groups major), so
+everything above keeps its layout; each leaf's second axis is then the runs axis.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import socket
 import threading
@@ -28,6 +36,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 from jaxrl_mgpu.cli import UserError
 
 AXIS = "devices"
+RUNS = "runs"  # the mesh axis over groups of devices that train different runs (multirun.py)
 BACKENDS = ("pmap", "shard_map")
 
 
@@ -42,11 +51,40 @@ class Parallel:
     backend: str
     devices: tuple  # global devices on the axis, in axis order
     mesh: Mesh
+    runs: int | None = None  # many runs (with_runs): how many, over all devices; None: one run, no runs axis
+    groups: int = 1          # groups of devices on the RUNS axis, each training its own runs
 
     @property
     def num_devices(self) -> int:
         """Devices on the axis, over all hosts."""
         return len(self.devices)
+
+    @property
+    def data_devices(self) -> int:
+        """Devices that share one run's batch (the size of AXIS): all of them for one run."""
+        return self.num_devices // self.groups
+
+    @property
+    def runs_per_device(self) -> int:
+        return self.runs // self.groups
+
+    @property
+    def axes(self):
+        """The mesh axes the leading device axis is split over (groups major)."""
+        return AXIS if self.runs is None else (RUNS, AXIS)
+
+    def with_runs(self, runs: int) -> "Parallel":
+        """The same devices laid out for `runs` independent runs. shard_map: gcd(runs, devices)
+        groups, so that runs >= devices puts runs / devices runs on each device (when it
+        divides) and runs < devices gives each run devices / runs devices (when that divides);
+        other counts take the largest layout that splits both evenly. pmap has no 2-D mesh:
+        runs / devices runs on each device when it divides, else every run on every device."""
+        if self.backend == "shard_map":
+            groups = math.gcd(runs, self.num_devices)
+        else:
+            groups = self.num_devices if runs % self.num_devices == 0 else 1
+        mesh = Mesh(np.array(self.devices).reshape(groups, -1), (RUNS, AXIS), axis_types=(AxisType.Auto,) * 2)
+        return dataclasses.replace(self, mesh=mesh, runs=runs, groups=groups)
 
     @property
     def local_devices(self) -> tuple:
@@ -59,7 +97,7 @@ class Parallel:
     @property
     def sharding(self) -> NamedSharding:
         """Leading axis split over devices: the layout of every state leaf."""
-        return NamedSharding(self.mesh, P(AXIS))
+        return NamedSharding(self.mesh, P(self.axes))
 
     def map(self, fn: Callable, donate: bool = False) -> Callable:
         """Maps a per-device function over all devices; every argument and result carries the
@@ -67,7 +105,10 @@ class Parallel:
         training state is updated in place."""
         donate_argnums = (0,) if donate else ()
         if self.backend == "pmap":
-            mapped = jax.pmap(fn, axis_name=AXIS, devices=self.devices, donate_argnums=donate_argnums)
+            axis = AXIS
+            if self.groups > 1:  # (with_runs: then one device per group) pmap maps the groups,
+                axis, fn = RUNS, _alone_on_axis(fn)  # and the data axis is one device long
+            mapped = jax.pmap(fn, axis_name=axis, devices=self.devices, donate_argnums=donate_argnums)
             if jax.process_count() == 1:
                 return mapped
             # Across processes pmap returns process-local arrays; keep the global layout.
@@ -78,7 +119,7 @@ class Parallel:
             out = fn(*jax.tree.map(lambda x: x[0], args))
             return jax.tree.map(lambda x: x[None], out)
 
-        mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=P(AXIS), out_specs=P(AXIS))
+        mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=P(self.axes), out_specs=P(self.axes))
         return jax.jit(mapped, donate_argnums=donate_argnums)
 
     def _global(self, local: jax.Array) -> jax.Array:
@@ -116,12 +157,66 @@ class Parallel:
         index = [d.id for d in self.devices].index(self.local_devices[0].id)
         return jax.tree.map(lambda x: x[index:index + self.num_local_devices], tree)
 
+    def shard_runs(self, tree: Any) -> Any:
+        """Host values with a leading runs axis [runs, ...] -> global arrays [num_devices,
+        runs_per_device, ...]: each device gets the runs of its group."""
+        positions = [self.devices.index(d) for d in self.local_devices]
+        per_group = self.runs_per_device
+        return self.shard(jax.tree.map(lambda x: np.stack(
+            [np.asarray(x)[p // self.data_devices * per_group:][:per_group] for p in positions]), tree))
+
+    def runs_of(self, tree: Any) -> Any:
+        """Every run's values [runs, ...] as numpy, from global arrays [num_devices,
+        runs_per_device, ...] (the first device of each group: the others hold the same)."""
+        def gather(x):
+            rows = _everything(x)[::self.data_devices]
+            return rows.reshape((-1,) + rows.shape[2:])
+        return jax.tree.map(gather, tree)
+
+    def run_envs_of(self, tree: Any) -> Any:
+        """Every run's environments [runs, envs per run, ...] as numpy, from global arrays
+        [num_devices, runs_per_device, envs per device, ...] (a run's environments are spread
+        over the devices of its group, in device order)."""
+        def gather(x):
+            full = _everything(x)
+            full = full.reshape((self.groups, self.data_devices) + full.shape[1:]).swapaxes(1, 2)
+            return full.reshape((self.runs, -1) + full.shape[4:])
+        return jax.tree.map(gather, tree)
+
+    def shard_run_envs(self, tree: Any) -> Any:
+        """The inverse of `run_envs_of`: [runs, envs per run, ...] -> global arrays."""
+        positions = [self.devices.index(d) for d in self.local_devices]
+        per_group, n = self.runs_per_device, self.data_devices
+
+        def split(x):
+            x = np.asarray(x)
+            e = x.shape[1] // n
+            return np.stack([x[p // n * per_group:][:per_group, p % n * e:][:, :e] for p in positions])
+        return self.shard(jax.tree.map(split, tree))
+
     def local(self, tree: Any) -> Any:
         """This host's slices of each leaf, stacked on the device axis, as numpy."""
         def gather(x):
             shards = sorted(x.addressable_shards, key=lambda s: s.index[0].start or 0)
             return np.concatenate([np.asarray(s.data) for s in shards], axis=0)
         return jax.tree.map(gather, tree)
+
+
+def _everything(x: jax.Array) -> np.ndarray:
+    """All of a global array, on every process, as numpy."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(x)
+
+
+def _alone_on_axis(fn: Callable) -> Callable:
+    """`fn` with AXIS bound as a vmapped axis of length 1, where each device trains runs of its
+    own under pmap: its collectives on AXIS then reduce over this one device."""
+    def alone(*args):
+        out = jax.vmap(fn, axis_name=AXIS)(*jax.tree.map(lambda x: x[None], args))
+        return jax.tree.map(lambda x: x[0], out)
+    return alone
 
 
 class DistributedError(UserError):

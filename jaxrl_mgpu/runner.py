@@ -35,7 +35,7 @@ import jaxrl_mgpu
 from jaxrl_mgpu import compile_cache
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs as envs_lib
-from jaxrl_mgpu import parallel
+from jaxrl_mgpu import multirun, parallel, runstats
 from jaxrl_mgpu.algos import ALGOS, module_for
 from jaxrl_mgpu.algos.base import Algorithm, Split
 from jaxrl_mgpu.checkpoint import CheckpointMismatch, Checkpoints
@@ -70,8 +70,7 @@ def make_chunk(update: Callable) -> Callable:
 
     def chunk(state, n, *data):
         # The accumulators' shapes, from the update's abstract trace (nothing is computed).
-        losses0, episodes0 = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                                          jax.eval_shape(update, state, *data)[1])
+        losses0, episodes0 = jax.tree.map(_zeros, jax.eval_shape(update, state, *data)[1])
 
         def body(_, carry):
             state, loss_sum, episode_sum, done, first_bad = carry
@@ -90,6 +89,14 @@ def make_chunk(update: Callable) -> Callable:
     return chunk
 
 
+def _zeros(shape: jax.ShapeDtypeStruct) -> jax.Array:
+    """Zeros of `shape`, varying over the same mesh axes: under shard_map a loop's carry must
+    keep its type, and with many runs the metrics vary over the runs axis (multirun.py)."""
+    varying = tuple(getattr(getattr(shape, "manual_axis_type", None), "varying", ()))
+    zeros = jnp.zeros(shape.shape, shape.dtype)
+    return jax.lax.pcast(zeros, varying, to="varying") if varying else zeros
+
+
 def step_unit(cfg) -> str:
     """What progress is counted in: environment steps, or what the algorithm consumes."""
     return module_for(cfg).STEP_UNIT
@@ -104,12 +111,16 @@ class Trainer:
     and the one compiled chunk that runs it."""
 
     def __init__(self, cfg, par: Parallel, algorithm: Algorithm | None = None, split: Split | None = None):
+        # --num-seeds / --sweep: many runs, vmapped over a runs axis (multirun.py)
+        self.runs = multirun.Runs.of(cfg)
+        par = multirun.setup(cfg, par)
         self.cfg, self.par = cfg, par
         if algorithm is None:
             module = module_for(cfg)
-            split = module.check(cfg, par.num_devices) if split is None else split
+            split = module.check(cfg, par.data_devices) if split is None else split
             self.env, self.env_params = envs_lib.make(cfg.env, cfg.env_args)
-            algorithm = module.algorithm(cfg, self.env, self.env_params, split, par)
+            algorithm = (module.algorithm(cfg, self.env, self.env_params, split, par) if self.runs is None else
+                         multirun.algorithm(cfg, module, self.env, self.env_params, split, par, self.runs))
         self.algorithm = algorithm
         self.algo = algorithm.parts  # the algorithm's own functions (rollout, learn, ...)
         self.layout, self.data = algorithm.layout, algorithm.data
@@ -126,6 +137,10 @@ class Trainer:
         return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=self.par.sharding), shapes)
 
     def key(self, seed: int):
+        """PRNGKey(seed) on every device; with many runs, each run's key: PRNGKey(its own seed +
+        (seed - --seed)), the key its single run would use."""
+        if self.runs is not None:
+            return self.par.shard_runs(self.runs.keys(seed - self.cfg.seed))
         return self.par.replicate(np.asarray(jax.random.PRNGKey(seed)))
 
     def compile(self, state, data: tuple | None = None) -> None:
@@ -179,10 +194,27 @@ class Trainer:
 
 
 def read_chunk(par: Parallel, chunk: Chunk, first_update: int) -> dict:
-    """Device 0's copy of the (already all-reduced) chunk metrics, as plain numbers."""
-    losses, episodes, first_bad = par.first((chunk.losses, chunk.episodes, chunk.first_bad))
+    """Device 0's copy of the (already all-reduced) chunk metrics, as plain numbers. With many
+    runs: each run's row under "runs", and their means (the console's line)."""
+    first_bad = par.first(chunk.first_bad)
     if first_bad >= 0:
         raise NonFinite(f"non-finite loss or parameters at update {first_update + int(first_bad)}")
+    if par.runs is None:
+        return chunk_row(*par.first((chunk.losses, chunk.episodes)))
+    losses, episodes = par.runs_of((chunk.losses, chunk.episodes))
+    rows = [chunk_row(*jax.tree.map(lambda x: x[i], (losses, episodes))) for i in range(par.runs)]
+    means = {k: _mean([r[k] for r in rows]) for k in rows[0] if k != "episodes"}
+    return {**means, "episodes": sum(r["episodes"] for r in rows), "runs": rows}
+
+
+def _mean(values: list[float]) -> float:
+    """The mean of the numbers that are not NaN (a run with no episode ended has none)."""
+    known = [v for v in values if not np.isnan(v)]
+    return sum(known) / len(known) if known else float("nan")
+
+
+def chunk_row(losses, episodes) -> dict:
+    """One run's chunk metrics (host numpy) as a log row."""
     if isinstance(episodes, dict):  # sums named by the metric, and "episodes" (multi-agent games)
         count = float(episodes["episodes"])
         row = {k: float(v) / count if count else float("nan") for k, v in episodes.items() if k != "episodes"}
@@ -469,7 +501,16 @@ def banner(cfg, par: Parallel, layout: Split, per_update: str) -> dict:
                    f"{getattr(device, 'device_kind', device.platform)} ({device.platform})",
         "parallel": f"{par.backend} over axis '{parallel.AXIS}'",
     }
-    rows.update({what: f"{total} global, {per_device} per device" for what, (total, per_device) in layout.items()})
+    runs = multirun.Runs.of(cfg)
+    if runs is not None:
+        rows["runs"] = (f"{runs.count}: {len(runs.grid)} configuration(s) x {runs.seeds} seed(s) from {cfg.seed}; "
+                        f"{par.groups} group(s) of {par.data_devices} device(s) on axis '{parallel.RUNS}', "
+                        f"{par.runs_per_device} run(s) per device")
+        if runs.names:
+            rows["sweep"] = cfg.sweep
+    each = "" if runs is None else " per run"
+    rows.update({what: f"{total} global{each}, {per_device} per device{each}"
+                 for what, (total, per_device) in layout.items()})
     if cfg.auto_scale:
         size = "--ad-batch-size" if cfg.algo == "ad" else "--num-envs"
         rows["auto-scale"] = (f"{cfg.auto_scale}: {size} {getattr(cfg, size[2:].replace('-', '_'))} chosen at the "
@@ -523,6 +564,7 @@ def run(cfg, par: Parallel, layout: Split, changes: list[str], asynchronous=None
             return 0
     parallel.barrier("run directory checked")  # every process checks it before process 0 writes in it
     trainer = Trainer(cfg, par, asynchronous.algorithm(cfg, par, layout) if learner else None, layout)
+    par = trainer.par  # with many runs, laid out for them (multirun.setup)
     # A learner publishes its initial state for the collectors before it compiles.
     state = trainer.init_state() if learner else None
     recreated: list[str] = []
@@ -544,7 +586,9 @@ def run(cfg, par: Parallel, layout: Split, changes: list[str], asynchronous=None
         truncate_metrics(run_dir / "metrics.jsonl", resume_step or 0)
     parallel.barrier("run directory ready")
     unit, per_update = trainer.step_unit, trainer.steps_per_update
-    log = RunLog(run_dir, cfg.steps_at(cfg.total_updates, per_update), unit=unit, episodic=cfg.algo != "ad")
+    runs = None if trainer.runs is None else [trainer.runs.describe(i) for i in range(trainer.runs.count)]
+    log = RunLog(run_dir, cfg.steps_at(cfg.total_updates, per_update), unit=unit, episodic=cfg.algo != "ad",
+                 runs=runs)
     log.banner(banner(cfg, par, layout, asynchronous.per_update(cfg) if learner else f"{per_update:,} {unit}"))
     for change in changes:
         log.print(f"  --resume: {change}")
@@ -593,7 +637,15 @@ def run(cfg, par: Parallel, layout: Split, changes: list[str], asynchronous=None
         unit, steps = "env_steps", last.get("env_steps", feed.ledger.env_steps)
     else:
         steps = last.get(unit, cfg.steps_at(done, trainer.steps_per_update))
-    log.summary(summary(cfg, log, last, done, unit, steps, time.perf_counter() - t_start, run_dir))
+    values = summary(cfg, log, last, done, unit, steps, time.perf_counter() - t_start, run_dir)
+    across = []
+    if trainer.runs is not None and parallel.is_main():  # per configuration, across its seeds
+        across = runstats.write(run_dir, trainer.runs.names, unit, cfg.target_return)
+        values["across_runs"] = (f"{len(across)} configuration(s) x {trainer.runs.seeds} seed(s): runs_summary.json, "
+                                 f"learning_curves.png")
+    log.summary(values)
+    for line in runstats.lines(across, () if trainer.runs is None else trainer.runs.names):
+        log.print(f"  {line}")
     return 0
 
 

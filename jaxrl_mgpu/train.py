@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         parallel.initialize(cfg.coordinator_address, cfg.num_processes, cfg.process_id, cfg.local_device_ids,
                             cfg.failure_timeout)
         parallel.start_backend()  # on a thread, while the rest is imported
-        from jaxrl_mgpu import asynchronous, autoscale, runner  # after jax.distributed (see above)
+        from jaxrl_mgpu import asynchronous, autoscale, multirun, runner  # after jax.distributed (see above)
         from jaxrl_mgpu.algos import module_for
         cfg, changes = runner.resolve(cfg, given)
         cfg = config_lib.validate(cfg)
@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         resuming = bool(cfg.resume and cfg.run_dir and (Path(cfg.run_dir) / "config.json").exists())
         if cfg.auto_scale and not resuming:  # a resumed run keeps the size its config.json holds
             cfg, _ = autoscale.choose(cfg, par, module_for(cfg))
-        layout = (module_for(cfg).check if cfg.mode == "both" else learner.check)(cfg, par.num_devices)
+        par = multirun.setup(cfg, par)  # --num-seeds / --sweep: a runs axis beside the data axis
+        layout = (module_for(cfg).check if cfg.mode == "both" else learner.check)(cfg, par.data_devices)
         if cfg.mode == "collect":
             if not cfg.run_dir:
                 raise ConfigError("--mode collect needs --run-dir: the run whose store it fills")

@@ -1,0 +1,105 @@
+"""Many independent runs in one compiled program: `--num-seeds K` and `--sweep NAME=v1,v2,...`.
+
+The runs are the configurations of the sweep (the cross product of its values; one without
+--sweep) times K seeds, configuration major: run `c * K + s` is configuration c with seed
+`seed + s`, so every configuration sees the same K seeds. Each run has its own params,
+optimizer state, environments (--num-envs of them) and keys; nothing is averaged across runs.
+
+How they run: the algorithm's per-device `init` and `update` are vmapped over the runs a
+device holds (parallel.Parallel.with_runs lays the runs out over the devices), and inside
+that vmap each run's swept values replace the config's numbers as traced scalars, so the
+algorithm's code, written for one run, reads `cfg.lr` as it always does and one compiled
+program serves every value. The swept values travel as the algorithm's `data` (inputs every
+update reads and none changes), laid out [devices, runs per device]. The collectives on AXIS
+inside the vmap are batched over runs, so they average within each run.
+
+Run i of the program equals the single run with `--seed seed + i % K` and run i's values: its
+initial state comes from the same key, and the update is the same computation. Initial states
+do not read the swept values (optimizer states and the rest are built from shapes only), so
+`init` is the algorithm's own, vmapped over the runs' keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import jax
+import numpy as np
+
+from jaxrl_mgpu.algos import mappo
+from jaxrl_mgpu.algos.base import Algorithm
+from jaxrl_mgpu.config import ConfigError, parse_sweep
+from jaxrl_mgpu.parallel import Parallel
+
+
+@dataclasses.dataclass(frozen=True)
+class Runs:
+    """The runs of a multi-run config: configurations x seeds."""
+    seed: int                      # --seed: run i's seed is seed + i % seeds
+    seeds: int                     # --num-seeds
+    names: tuple[str, ...]         # the swept options, in --sweep's order
+    grid: tuple[tuple[float, ...], ...]  # the configurations: one value per swept option
+
+    @staticmethod
+    def of(cfg) -> "Runs | None":
+        """The runs of `cfg`, or None for a plain single run (no runs axis at all)."""
+        if cfg.num_seeds == 1 and not cfg.sweep:
+            return None
+        sweep = parse_sweep(cfg)
+        names = tuple(name for name, _ in sweep)
+        return Runs(cfg.seed, cfg.num_seeds, names, tuple(itertools.product(*(values for _, values in sweep))))
+
+    @property
+    def count(self) -> int:
+        return len(self.grid) * self.seeds
+
+    def config_index(self, run: int) -> int:
+        return run // self.seeds
+
+    def seed_of(self, run: int) -> int:
+        return self.seed + run % self.seeds
+
+    def hparams(self, run: int) -> dict:
+        """Run `run`'s swept values, {option: value}."""
+        return dict(zip(self.names, self.grid[self.config_index(run)]))
+
+    def describe(self, run: int) -> dict:
+        """What identifies a run in its log rows: its index, seed and swept values."""
+        return {"run": run, "seed": self.seed_of(run), **self.hparams(run)}
+
+    def values(self) -> dict:
+        """Every run's swept values, {option: float32 [runs]} (the traced per-run inputs)."""
+        return {name: np.array([self.hparams(i)[name] for i in range(self.count)], np.float32)
+                for name in self.names}
+
+    def keys(self, offset: int = 0) -> np.ndarray:
+        """[runs, 2] keys: run i's is the single run's PRNGKey(its seed + offset)."""
+        return np.stack([np.asarray(jax.random.PRNGKey(self.seed_of(i) + offset)) for i in range(self.count)])
+
+
+def setup(cfg, par: Parallel) -> Parallel:
+    """`par` laid out for `cfg`'s runs (a runs axis), or `par` itself for a single run."""
+    runs = Runs.of(cfg)
+    return par if runs is None or par.runs is not None else par.with_runs(runs.count)
+
+
+def algorithm(cfg, module, env, env_params, split, par: Parallel, runs: Runs) -> Algorithm:
+    """`module`'s algorithm for every run `par`'s devices hold, vmapped over them."""
+    if module is mappo:
+        raise ConfigError(f"--num-seeds / --sweep: --env {cfg.env} is a multi-agent game; its teams train one "
+                          f"run at a time")
+    base = module.algorithm(cfg, env, env_params, split, par)
+    if base.data:
+        raise ConfigError(f"--num-seeds / --sweep: --algo {cfg.algo} reads a dataset in its update and trains one "
+                          f"run at a time")
+
+    def update(state, values: dict):
+        def one(state, run_values):
+            # This run's swept values as the config's numbers: traced scalars, not constants.
+            run_cfg = dataclasses.replace(cfg, **run_values)
+            return module.algorithm(run_cfg, env, env_params, split, par).update(state)
+        return jax.vmap(one)(state, values)
+
+    return dataclasses.replace(base, init=jax.vmap(base.init), update=update,
+                               data=(par.shard_runs(runs.values()),))
