@@ -104,6 +104,8 @@ def test_one_program_serves_every_sweep_value():
     (["--num-seeds", "0"], "--num-seeds must be at least 1, got 0"),
     (["--num-seeds", "2", "--algo", "ad"], "--num-seeds / --sweep: --algo ad distils one dataset"),
     (["--num-seeds", "2", "--auto-scale"], "--num-seeds / --sweep: --auto-scale sizes one run"),
+    (["--num-seeds", "2", "--policy", "transformer"], "--num-seeds / --sweep: --policy transformer is not supported"),
+    (["--num-seeds", "2", "--eval-every", "10"], "--num-seeds / --sweep: --eval-every is not supported"),
 ])
 def test_bad_multi_run_options_are_one_line_errors(tmp_path, capsys, argv, message):
 
