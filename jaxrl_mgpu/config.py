@@ -543,6 +543,9 @@ def check_multirun(cfg: Config) -> None:
         raise ConfigError(f"{what} train in --mode both; --mode {cfg.mode} processes share one run")
     if cfg.auto_scale:
         raise ConfigError(f"{what}: --auto-scale sizes one run; give --num-envs (per run)")
+    if cfg.policy == "transformer":
+        raise ConfigError(f"{what}: --policy transformer is not supported for many runs yet (untested); use "
+                          f"--policy mlp")
     if cfg.eval_every:
         raise ConfigError(f"{what}: --eval-every is not supported for many runs yet; evaluate the runs after "
                           f"training with python -m jaxrl_mgpu.evaluate")

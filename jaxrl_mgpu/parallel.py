@@ -371,6 +371,15 @@ def _fused(collective: Callable, tree, out_dtype: Callable):
     return jax.tree.map(lambda o, x: o.astype(out_dtype(x)), out, tree)
 
 
+def zeros(shape: jax.ShapeDtypeStruct) -> jax.Array:
+    """Zeros of an abstract value (`jax.eval_shape`'s), varying over the same mesh axes: under
+    shard_map a loop's carry and a cond's branches must keep their types, and with many runs
+    per-run values vary over the runs axis even after the collectives on AXIS."""
+    varying = tuple(getattr(getattr(shape, "manual_axis_type", None), "varying", ()))
+    out = jnp.zeros(shape.shape, shape.dtype)
+    return jax.lax.pcast(out, varying, to="varying") if varying else out
+
+
 def global_indices(local_count: int) -> jax.Array:
     """Global indices of this device's `local_count` items (environments, samples), inside a
     mapped function. Items are laid out device after device, so item i of the global batch

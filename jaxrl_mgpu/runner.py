@@ -70,7 +70,7 @@ def make_chunk(update: Callable) -> Callable:
 
     def chunk(state, n, *data):
         # The accumulators' shapes, from the update's abstract trace (nothing is computed).
-        losses0, episodes0 = jax.tree.map(_zeros, jax.eval_shape(update, state, *data)[1])
+        losses0, episodes0 = jax.tree.map(parallel.zeros, jax.eval_shape(update, state, *data)[1])
 
         def body(_, carry):
             state, loss_sum, episode_sum, done, first_bad = carry
@@ -87,14 +87,6 @@ def make_chunk(update: Callable) -> Callable:
         losses = jax.tree.map(lambda x: x / jnp.maximum(n, 1).astype(x.dtype), loss_sum)
         return state, Chunk(losses, episodes, first_bad)
     return chunk
-
-
-def _zeros(shape: jax.ShapeDtypeStruct) -> jax.Array:
-    """Zeros of `shape`, varying over the same mesh axes: under shard_map a loop's carry must
-    keep its type, and with many runs the metrics vary over the runs axis (multirun.py)."""
-    varying = tuple(getattr(getattr(shape, "manual_axis_type", None), "varying", ()))
-    zeros = jnp.zeros(shape.shape, shape.dtype)
-    return jax.lax.pcast(zeros, varying, to="varying") if varying else zeros
 
 
 def step_unit(cfg) -> str:

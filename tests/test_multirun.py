@@ -104,6 +104,8 @@ def test_one_program_serves_every_sweep_value():
     (["--num-seeds", "0"], "--num-seeds must be at least 1, got 0"),
     (["--num-seeds", "2", "--algo", "ad"], "--num-seeds / --sweep: --algo ad distils one dataset"),
     (["--num-seeds", "2", "--auto-scale"], "--num-seeds / --sweep: --auto-scale sizes one run"),
+    (["--num-seeds", "2", "--policy", "transformer"], "--num-seeds / --sweep: --policy transformer is not supported"),
+    (["--num-seeds", "2", "--eval-every", "10"], "--num-seeds / --sweep: --eval-every is not supported"),
 ])
 def test_bad_multi_run_options_are_one_line_errors(tmp_path, capsys, argv, message):
 
@@ -201,3 +203,21 @@ def evaluate_lib_fails(capsys, *argv) -> str:
         evaluate_lib.main([*map(str, argv)])
     assert e.value.code == 2
     return capsys.readouterr().err.strip()
+
+
+DQN = dict(algo="dqn", num_envs=4, num_steps=4, hidden_size=16, buffer_size=64, replay_batch_size=8,
+           learning_starts=16, total_timesteps=4 * 4 * 6, log_every=2, target_update_every=4)
+
+
+def test_dqn_runs_equal_their_single_runs():
+    """DQN, 2 seeds x a sweep of --eps-end, on a 2-device mesh (2 runs per device): runs with
+    either value of each equal their single runs (replay, exploration and gradient steps)."""
+    multi = make_trainer(2, "shard_map", num_seeds=2, sweep="eps_end=0.05,0.5", **DQN)
+    state, chunk = run_updates(multi, 4)
+    params, losses = per_run(multi, state.params), per_run(multi, chunk.losses)
+    for i in (1, 2):
+        single = make_trainer(1, seed=multi.runs.seed_of(i), **multi.runs.hparams(i), **DQN)
+        state1, chunk1 = run_updates(single, 4)
+        assert_trees_close(single.par.first(state1.params), jax.tree.map(lambda x: x[i], params), rtol=1e-5, atol=1e-6)
+        assert_trees_close(single.par.first(chunk1.losses), jax.tree.map(lambda x: x[i], losses), rtol=1e-4, atol=1e-6)
+    assert losses["epsilon"][1] != losses["epsilon"][2]  # the swept value reached the runs
