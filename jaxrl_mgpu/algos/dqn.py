@@ -77,8 +77,7 @@ from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.nets import actor_critic, factory
 from jaxrl_mgpu.nets.actor_critic import Memory, Policy
-from jaxrl_mgpu import parallel
-from jaxrl_mgpu.parallel import ParallelError, device_index, global_indices, split_evenly
+from jaxrl_mgpu.parallel import ParallelError, device_index, global_indices, split_evenly, zeros
 
 
 class Replay(NamedTuple):
@@ -533,7 +532,7 @@ def make(cfg, env, env_params, split: Split) -> Algo:
     def no_learning(carry, replay, written, key):
         # zeros shaped like learn_many's stats (traced abstractly: nothing is computed)
         stats = jax.eval_shape(learn_many, carry, replay, written, key)[1]
-        return carry, jax.tree.map(parallel.zeros, stats)
+        return carry, jax.tree.map(zeros, stats)
 
     def update(state: DQNState):
         key, act_key, learn_key = jax.random.split(state.key, 3)
