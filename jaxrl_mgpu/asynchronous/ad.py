@@ -234,7 +234,6 @@ class Feed(StoreFeed):
             self.buffer = self.insert(self.buffer, self.par.shard(self.par.local_rows(block)),
                                       self.par.shard(self.par.local_rows(valid)))
             self.inserted += len(take)
-            self.window["inserted"] += len(take) * self.cfg.ad_history_steps
         self.window["ingest_s"] += time.perf_counter() - start
         # 3. updates allowed: once every device has a history, as many as the rate limiter allows
         if self.inserted < self.devices and not self._said_waiting:
@@ -257,14 +256,13 @@ class Feed(StoreFeed):
 
     def log_row(self, row: dict, updates: int) -> dict:
         update, elapsed = row["update"], time.perf_counter() - self.logged_at
-        out = {"update": update, ad.STEP_UNIT: update * ad.steps_per_update(self.cfg), "grad_steps": update,
-               **{k: v for k, v in row.items() if k.startswith("loss/")},
-               "grad_steps_per_s": updates / elapsed, "time": row["time"],
-               "async/buffer_histories": min(self.inserted, self.per_device * self.devices),
-               "async/dropped_histories": self.dropped,
-               **self.rate_metrics(update * ad.steps_per_update(self.cfg), self.inserts,
-                                   len(self.pending) * self.cfg.ad_history_steps, update)}
-        return out
+        sampled = update * ad.steps_per_update(self.cfg)  # AD's step unit is its samples
+        return {"update": update, ad.STEP_UNIT: sampled, "grad_steps": update,
+                **{k: v for k, v in row.items() if k.startswith("loss/")},
+                "grad_steps_per_s": updates / elapsed, "time": row["time"],
+                "async/buffer_histories": min(self.inserted, self.per_device * self.devices),
+                "async/dropped_histories": self.dropped,
+                **self.rate_metrics(sampled, self.inserts, len(self.pending) * self.cfg.ad_history_steps, update)}
 
 
 # -- the history collector -----------------------------------------------------------------

@@ -214,9 +214,6 @@ class Feed(StoreFeed):
         self.waiting_for = (f"waiting for data from the collectors (--learning-starts {cfg.learning_starts} "
                             f"transitions, then {self.limiter.target:g} samples per insert)")
 
-    def read(self, shard) -> Transitions:
-        return read_transitions(shard)
-
     @property
     def data(self) -> tuple:
         return (self.replay,)
@@ -240,7 +237,6 @@ class Feed(StoreFeed):
             shaped = Transitions(*(x.reshape((self.par.num_devices, per_device) + x.shape[1:]) for x in block))
             self.replay = self.lrn.insert(self.replay, self.par.shard(self.par.local_rows(shaped)))
             self.inserted += len(block.reward)
-            self.window["inserted"] += len(block.reward)
         self.window["ingest_s"] += time.perf_counter() - start
         # 3. iterations the rate limiter allows
         return self.allowed(self.samples, self.inserts, self.inserted)

@@ -130,7 +130,7 @@ class StoreFeed:
                                   decode=self.decode)
         self.last_consumed, self.largest_shard, self.waiting_since = None, 0, None
         # What arrived since the last log point, and how the learner's host time went.
-        self.window = dict.fromkeys(("shards", "collector_wait_s", "learner_wait_s", "inserted", "ingest_s"), 0)
+        self.window = dict.fromkeys(("collector_wait_s", "learner_wait_s", "ingest_s"), 0)
         self.per_collector_window: dict[str, int] = {}
         self.steps_logged, self.logged_at = self.ledger.env_steps, time.perf_counter()
 
@@ -141,6 +141,8 @@ class StoreFeed:
         self.progress = rate.Progress(self.cfg.run_dir, self.limiter)
 
     def read(self, shard):
+        """A shard as what the learner inserts (None skips it), on the reader's thread; not
+        called where `decode` is given."""
         raise NotImplementedError
 
     def arrived(self):
@@ -152,7 +154,6 @@ class StoreFeed:
             self.largest_shard = max(self.largest_shard, shard.meta["env_steps"])
             if new:
                 self.ledger.receive(shard.meta)
-                self.window["shards"] += 1
                 self.window["collector_wait_s"] += shard.meta.get("waited_s", 0.0)
                 who = shard.meta["collector"]
                 self.per_collector_window[who] = self.per_collector_window.get(who, 0) + shard.meta["env_steps"]
