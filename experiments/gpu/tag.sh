@@ -22,5 +22,6 @@ if [ "$mode" = bench ]; then
   bench --config tag-continuous --devices $devs --envs-per-device 1000
   # the work of WarpDrive's trainer (A2C): one gradient step per batch
   bench --config tag-continuous --devices $devs --envs-per-device 1000 --update-epochs 1 --num-minibatches 1
+  bench --config tag-continuous --devices $devs --envs-per-device 1000 --update-epochs 1 --num-minibatches 1 --precision bf16
   bench --config tag-continuous $CONT1000 --devices 1 --envs-per-device 256 --num-steps 20
 fi

@@ -430,12 +430,32 @@ class TagContinuous(_Tag):
     def _nearest(self, state: ContinuousState) -> tuple[jax.Array, jax.Array]:
         """Indices `[N, K]` of each agent's K nearest others in the game, nearest first, and a
         float mask `[N, K]` of the slots that hold one (0 past the agents left, and everywhere
-        for an observer out of the game)."""
+        for an observer out of the game).
+
+        K passes of argmin over the `[N, N]` distances, each taking the nearest agent after the
+        last one found in (distance, index) order, so ties go to the lower index. Each pass is one
+        read of the distances; `lax.top_k` (a sort per row on GPUs) and hiding each found agent
+        by rewriting the distances were 1.5x (110 agents) and 3.2x (1000 agents) slower for the
+        game's steps on an H200 (experiments/RESULTS.md, "Multi-agent Tag")."""
+        n = self.num_agents
         d2 = jnp.sum((state.pos[:, None, :] - state.pos[None, :, :]) ** 2, axis=-1)     # [N, N]
-        hidden = jnp.eye(self.num_agents, dtype=bool) | jnp.logical_not(state.active)[None, :]
-        neg, seen = jax.lax.top_k(jnp.where(hidden, -jnp.inf, -d2), self.num_other_agents_observed)
-        shown = jnp.isfinite(neg) & state.active[:, None]
-        return seen, shown.astype(jnp.float32)
+        hidden = jnp.eye(n, dtype=bool) | jnp.logical_not(state.active)[None, :]
+        d2 = jnp.where(hidden, jnp.inf, d2)
+        cols = jnp.arange(n, dtype=jnp.int32)
+        rows = jnp.arange(n)
+        last_d, last_j = jnp.full((n,), -1.0, jnp.float32), jnp.full((n,), -1, jnp.int32)
+        seen, found = [], []
+        for _ in range(self.num_other_agents_observed):
+            after = lambda d, j: (d > last_d[..., None]) | ((d == last_d[..., None]) & (j > last_j[..., None]))
+            j = jnp.argmin(jnp.where(after(d2, cols[None, :]), d2, jnp.inf), axis=-1).astype(jnp.int32)
+            d = d2[rows, j]
+            # a row with no agent left after the last one gives index 0: its slot is not shown
+            d = jnp.where(after(d[:, None], j[:, None])[:, 0], d, jnp.inf)
+            seen.append(j)
+            found.append(d)
+            last_d, last_j = d, j
+        shown = jnp.isfinite(jnp.stack(found, -1)) & state.active[:, None]
+        return jnp.stack(seen, -1), shown.astype(jnp.float32)
 
     @property
     def name(self) -> str:
