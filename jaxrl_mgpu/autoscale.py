@@ -29,6 +29,7 @@ the run's config.json (`--num-envs` or `--ad-batch-size`), so a resumed run reus
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import os
 import statistics
@@ -90,6 +91,12 @@ def fit_line(sizes: list[int], values: list[float]) -> Callable[[int], float]:
     return lambda n: float(a + b * n)
 
 
+def steady_state(cfg):
+    """`cfg` as timed (the probes here, and `bench`): DQN learns from its first update, since
+    before --learning-starts an update only collects and is several times faster."""
+    return dataclasses.replace(cfg, learning_starts=0) if cfg.algo == "dqn" else cfg
+
+
 def with_size(cfg, per_device: int, num_devices: int):
     """`cfg` with `per_device` of the knob on each of `num_devices` devices, and at least one
     update of training (the probe's programs must exist even when the run is short)."""
@@ -112,7 +119,7 @@ def choose(cfg, par, module, log: Callable[[str], None] = print):
 
     def compile_at(n: int):
         """The one-device trainer at n per device, compiled; None if the config cannot split."""
-        c = with_size(cfg, n, 1)
+        c = steady_state(with_size(cfg, n, 1))
         try:
             split = module.check(c, 1)
         except ConfigError:
@@ -140,40 +147,34 @@ def choose(cfg, par, module, log: Callable[[str], None] = print):
     candidates = [n for n in (MIN_PER_DEVICE * 4 ** k for k in range(10)) if n <= MAX_PER_DEVICE]
     chosen = None
     if jax.process_index() == 0:
-        compiled, best, prev = [], 0.0, None
-        for n in candidates:
-            if len(compiled) >= 2:  # predict before compiling: never compile what cannot fit
-                line = fit_line(compiled, [rows[m].compiled_bytes for m in compiled])
+        # Compile in two concurrent waves (XLA compiles outside the GIL; compiling one size after
+        # another took most of a 100 s search on an H200): the first sizes give the line, which
+        # predicts the rest, and only sizes predicted to fit are compiled.
+        first = candidates[:3]
+        compile_all(first, compile_at)
+        compiled = fitting(first, rows, budget, trainers, device)
+        rest = []
+        if len(compiled) >= 2 and cfg.auto_scale == "throughput":
+            line = fit_line(compiled, [rows[m].compiled_bytes for m in compiled])
+            for n in candidates[3:]:
                 rows.setdefault(n, Row(n)).predicted_bytes = line(n)
                 if line(n) > budget:
-                    break
-            if compile_at(n) is None:
-                continue
-            if rows[n].compiled_bytes is None:
-                raise ConfigError(f"--auto-scale: the {device.platform} backend gives no memory analysis of the "
-                                  f"training chunk; set --num-envs by hand")
-            if rows[n].compiled_bytes > budget:
-                trainers.pop(n)
-                break
-            compiled.append(n)
-            if cfg.auto_scale == "throughput":
-                rate = probe(n)
-                best = max(best, rate)
-                if prev is not None and rate < prev * (1 + WITHIN):
-                    break  # saturated: bigger sizes buy less than 5%
-                prev = rate
-            if cfg.auto_scale == "memory" and len(compiled) == 3:
-                break  # enough for the line; refine_ceiling compiles only the ceiling
-            if len(trainers) > 1:  # keep only the last compiled program alive
-                for m in list(trainers)[:-1]:
-                    trainers.pop(m)
+                    break  # never compile what cannot fit
+                rest.append(n)
+            compile_all(rest, compile_at)
+            compiled = fitting(first + rest, rows, budget, trainers, device)
         if not compiled:
             raise ConfigError(f"--auto-scale: not even {MIN_PER_DEVICE} per device fits {cfg.auto_scale_memory:g} of "
                               f"the device's {limit / 2**30:.1f} GiB, or no size splits (see --num-minibatches)")
         if cfg.auto_scale == "throughput":
+            # Every size that fits is probed: steps/s need not grow monotonically (DQN's did not).
+            for n in compiled:
+                probe(n)
+                trainers.pop(n)  # frees its program before the next probe
             best = max(rows[n].steps_per_s for n in compiled)
             chosen = min(n for n in compiled if rows[n].steps_per_s >= (1 - WITHIN) * best)
         else:
+            trainers.clear()
             chosen = refine_ceiling(compiled, rows, budget, compile_at)
     trainers.clear()
     chosen = parallel.broadcast_after("auto-scale", chosen)
@@ -183,6 +184,31 @@ def choose(cfg, par, module, log: Callable[[str], None] = print):
     if parallel.is_main():
         log(table(cfg, list(rows.values()), limit, source, search_s, chosen, par.num_devices))
     return with_size(cfg, chosen, par.num_devices), sorted(rows.values(), key=lambda r: r.per_device)
+
+
+def compile_all(sizes: list[int], compile_at: Callable) -> None:
+    """compile_at for every size, at the same time (one thread each)."""
+    if sizes:
+        with concurrent.futures.ThreadPoolExecutor(len(sizes)) as pool:
+            list(pool.map(compile_at, sizes))
+
+
+def fitting(sizes: list[int], rows: dict, budget: float, trainers: dict, device) -> list[int]:
+    """The sizes (ascending) that compiled within the budget; a size that does not fit (or cannot
+    split) ends the list and frees the larger ones' programs."""
+    fit = []
+    for n in sizes:
+        if n not in trainers:
+            continue  # the config does not split at this size
+        if rows[n].compiled_bytes is None:
+            raise ConfigError(f"--auto-scale: the {device.platform} backend gives no memory analysis of the "
+                              f"training chunk; set --num-envs by hand")
+        if rows[n].compiled_bytes > budget:
+            break
+        fit.append(n)
+    for n in [m for m in trainers if m not in fit]:
+        trainers.pop(n)
+    return fit
 
 
 def refine_ceiling(compiled: list[int], rows: dict, budget: float, compile_at: Callable) -> int:

@@ -5,9 +5,10 @@
 
 Each measurement compiles a chunk of `--updates` training updates (the same compiled chunk
 `train` runs), runs it once to warm up, then times `--repeats` calls (blocking on the result)
-and reports the median env-steps/s. One JSON line per measurement, then a table. Any training
-flag (`--lr`, `--hidden-size`, ...) is passed through to the config. `--baseline` also times
-the hand-fused single-device PPO of reference_ppo.py on one device with the same work.
+and reports the median env-steps/s (DQN learns from the first update: its steady state). One
+JSON line per measurement, then a table. Any training flag (`--lr`, `--hidden-size`, ...) is
+passed through to the config. `--baseline` also times the hand-fused single-device PPO of
+reference_ppo.py on one device with the same work.
 `--transformer-step` instead times single training steps of the transformer policy,
 `--steps-per-timing` of them dispatched back to back per timing as a training loop runs them,
 and reports tokens/s and MFU: model FLOPs a second against the median of bf16 matmul ceilings
@@ -293,7 +294,8 @@ def main(argv=None) -> int:
         for d in device_counts:
             parallel.setup(base.parallel, d)  # validates --devices before any work
             envs = [e * d for e in args.envs_per_device] if args.envs_per_device else (args.num_envs or [base.num_envs])
-            runs += [(d, dataclasses.replace(base, num_envs=e, total_timesteps=e * base.num_steps * args.updates))
+            runs += [(d, autoscale.steady_state(dataclasses.replace(base, num_envs=e,
+                                                                    total_timesteps=e * base.num_steps * args.updates)))
                      for e in envs]
         for _, cfg in runs:
             config_lib.validate(cfg)
