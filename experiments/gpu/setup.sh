@@ -2,7 +2,9 @@
 # ../shared/gpu/README.md) and points Python at them and at this checkout. DRY=1 (a CPU
 # check of the scripts) uses the local environment instead.
 if [ "${DRY:-0}" != 1 ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site ${WHL:-.whl}/*.whl || exit 1
+  # once per machine: scripts run side by side on separate GPUs source this too
+  [ -f /tmp/site/.installed ] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site ${WHL:-.whl}/*.whl && touch /tmp/site/.installed; } || exit 1
   export PYTHONPATH=/tmp/site:$PWD
   nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 fi
