@@ -20,7 +20,8 @@ How (no out-of-memory trial ever runs):
    saturates long before memory is full, and a bigger batch then buys nothing but fewer
    updates. Every size that fits (x4 apart, up to the ceiling, compiled concurrently) runs a
    short steady-state probe (DQN in its learning phase: `steady_state`), and the run takes the
-   smallest size within 5% of the best (steps/s need not grow monotonically). `memory` mode takes the ceiling itself.
+   smallest size within 5% of the best (steps/s need not grow monotonically). `memory` mode
+   takes the ceiling itself.
 
 The per-device program is the same on every device of a data-parallel run (weak scaling), so
 one device is probed. Process 0 decides and broadcasts its choice; the choice is written into

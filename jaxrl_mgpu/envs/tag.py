@@ -434,9 +434,10 @@ class TagContinuous(_Tag):
 
         K passes of argmin over the `[N, N]` distances, each taking the nearest agent after the
         last one found in (distance, index) order, so ties go to the lower index. Each pass is one
-        read of the distances; `lax.top_k` (a sort per row on GPUs) and hiding each found agent
-        by rewriting the distances were 1.5x (110 agents) and 3.2x (1000 agents) slower for the
-        game's steps on an H200 (experiments/RESULTS.md, "Multi-agent Tag")."""
+        read of the distances. `lax.top_k` (a sort per row on GPUs) made the game's steps 1.5x
+        (110 agents) and 3.2x (1000 agents) slower on an H200 (experiments/RESULTS.md,
+        "Multi-agent Tag"); passes that rewrite the distances to hide each found agent ran as
+        fast as these."""
         n = self.num_agents
         d2 = jnp.sum((state.pos[:, None, :] - state.pos[None, :, :]) ** 2, axis=-1)     # [N, N]
         hidden = jnp.eye(n, dtype=bool) | jnp.logical_not(state.active)[None, :]
@@ -445,8 +446,11 @@ class TagContinuous(_Tag):
         rows = jnp.arange(n)
         last_d, last_j = jnp.full((n,), -1.0, jnp.float32), jnp.full((n,), -1, jnp.int32)
         seen, found = [], []
+
+        def after(d, j):  # (d, j) comes after the row's last found (distance, index)
+            return (d > last_d[:, None]) | ((d == last_d[:, None]) & (j > last_j[:, None]))
+
         for _ in range(self.num_other_agents_observed):
-            after = lambda d, j: (d > last_d[..., None]) | ((d == last_d[..., None]) & (j > last_j[..., None]))
             j = jnp.argmin(jnp.where(after(d2, cols[None, :]), d2, jnp.inf), axis=-1).astype(jnp.int32)
             d = d2[rows, j]
             # a row with no agent left after the last one gives index 0: its slot is not shown
