@@ -118,10 +118,18 @@ class Trainer:
         self.layout, self.data = algorithm.layout, algorithm.data
         self.step_unit, self.steps_per_update = algorithm.step_unit, algorithm.steps_per_update
         self._compiled = None
+        self._init = None
         self._eval = None
 
     def init_state(self):
-        return self.par.map(self.algorithm.init)(self.key(self.cfg.seed))
+        return self.compile_init()(self.key(self.cfg.seed))
+
+    def compile_init(self) -> Callable:
+        """The program that builds the initial state, compiled once (ahead of time where the
+        backend can)."""
+        if self._init is None:
+            self._init = self.par.compile(self.par.map(self.algorithm.init), self.key(self.cfg.seed))
+        return self._init
 
     def abstract_state(self):
         """The shapes, dtypes and layout of `init_state()`, without computing it."""
@@ -309,12 +317,22 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
     def due(every: int | None, update: int) -> bool:
         return bool(every) and update % every == 0
 
+    def settle(chunk: tuple) -> None:  # (update, length, metrics, ends a log interval)
+        emit(*chunk[:3])
+        if chunk[3]:
+            write(chunk[0])
+
+    # One chunk stays in flight: the next one is dispatched before the host reads (and logs)
+    # the last, and a learner's feed takes in data (feed.poll) while the device learns.
     update, pending, written = start_update, None, {"update": start_update}
     while update < end:
         length = trainer.next_length(update, end)  # a feed may allow fewer updates, never more
         if feed is not None:
             allowed = feed.poll(update)
             if not allowed:
+                if pending is not None:  # its row is not held back while the learner waits
+                    settle(pending)
+                    pending = None
                 with log.waiting(feed.waiting_for):
                     while not (allowed := feed.poll(update)) and not stop_requested():
                         time.sleep(POLL_S)
@@ -326,17 +344,16 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
         if feed is not None:
             feed.ran(length)
         if pending is not None:
-            emit(*pending)
-            write(pending[0])
+            settle(pending)
         update += length
-        pending = (update, length, metrics)
         final = update == cfg.total_updates or update == stop_at
         stop = stop_requested()
         boundary = update % cfg.log_every == 0 or final or stop
+        pending = (update, length, metrics, boundary)
         evaluate = hooks.evaluate is not None and (due(cfg.eval_every, update) or final)
         checkpoint = hooks.checkpoint is not None and (due(cfg.checkpoint_every, update) or final or stop)
-        if feed is not None or evaluate or checkpoint or final or stop:
-            emit(*pending)  # the state (or the feed's count) is needed as it is now: read this chunk
+        if evaluate or checkpoint or final or stop:
+            emit(*pending[:3])  # the state is needed as it is now: read this chunk
             pending = None
             if evaluate:
                 last_row.update(hooks.evaluate(update, state))
@@ -347,8 +364,7 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
         if final or stop:
             break
     if pending is not None:
-        emit(*pending)
-        write(pending[0])
+        settle(pending)
     return state, last_row, update
 
 
