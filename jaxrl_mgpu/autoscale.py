@@ -33,7 +33,6 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
-import statistics
 import time
 from typing import Callable
 
@@ -47,8 +46,9 @@ from jaxrl_mgpu.runner import Trainer
 MIN_PER_DEVICE = 2 ** 8
 MAX_PER_DEVICE = 2 ** 18
 WITHIN = 0.05           # throughput: the smallest size within 5% of the best
-PROBE_UPDATES = 2       # updates per timed probe call
-PROBE_REPEATS = 3
+PROBE_S = 0.25          # a timed probe call runs about this long (at least one update)
+PROBE_MAX_UPDATES = 64
+PROBE_REPEATS = 2       # timed calls after the warm-up (the fastest counts)
 
 
 @dataclasses.dataclass
@@ -117,6 +117,7 @@ def choose(cfg, par, module, log: Callable[[str], None] = print):
     budget = cfg.auto_scale_memory * limit
     rows: dict[int, Row] = {}
     trainers: dict[int, object] = {}
+    phases: dict[str, float] = {}  # seconds the search spent compiling and probing (process 0)
 
     def compile_at(n: int):
         """The one-device trainer at n per device, compiled; None if the config cannot split."""
@@ -127,21 +128,27 @@ def choose(cfg, par, module, log: Callable[[str], None] = print):
             return None
         trainer = Trainer(c, one, split=split)
         trainer.compile(trainer.abstract_state())
+        trainer.compile_init()  # here, in parallel, rather than before its probe
         rows.setdefault(n, Row(n)).compiled_bytes = compiled_bytes(trainer._compiled)
         trainers[n] = trainer
         return trainer
 
     def probe(n: int) -> float:
+        """Steps/s at n: one warm-up update, then PROBE_REPEATS calls of as many updates as
+        take about PROBE_S (one, at sizes where an update takes longer: the probe of a large
+        size costs about three of its updates, not a fixed count of them)."""
         trainer = trainers[n]
         state = trainer.init_state()
-        chunk = trainer.chunk_fn(PROBE_UPDATES, state)
-        state = jax.block_until_ready(chunk(state)[0])  # warm-up
+        t = time.perf_counter()
+        state = jax.block_until_ready(trainer.chunk_fn(1, state)(state)[0])  # warm-up
+        updates = int(min(max(PROBE_S // (time.perf_counter() - t), 1), PROBE_MAX_UPDATES))
+        chunk = trainer.chunk_fn(updates, state)  # the same program: the length is an argument
         times = []
         for _ in range(PROBE_REPEATS):
             t = time.perf_counter()
             state = jax.block_until_ready(chunk(state)[0])
             times.append(time.perf_counter() - t)
-        rate = PROBE_UPDATES * trainer.steps_per_update / statistics.median(times)
+        rate = updates * trainer.steps_per_update / min(times)
         rows[n].steps_per_s = rate
         return rate
 
@@ -153,6 +160,7 @@ def choose(cfg, par, module, log: Callable[[str], None] = print):
         # predicts the rest, and only sizes predicted to fit are compiled.
         first = candidates[:3]
         compile_all(first, compile_at)
+        phases["compiling"] = time.perf_counter() - t0
         compiled = fitting(first, rows, budget, trainers, device)
         rest = []
         if len(compiled) >= 2 and cfg.auto_scale == "throughput":
@@ -162,16 +170,20 @@ def choose(cfg, par, module, log: Callable[[str], None] = print):
                 if line(n) > budget:
                     break  # never compile what cannot fit
                 rest.append(n)
+            t = time.perf_counter()
             compile_all(rest, compile_at)
+            phases["compiling"] += time.perf_counter() - t
             compiled = fitting(first + rest, rows, budget, trainers, device)
         if not compiled:
             raise ConfigError(f"--auto-scale: not even {MIN_PER_DEVICE} per device fits {cfg.auto_scale_memory:g} of "
                               f"the device's {limit / 2**30:.1f} GiB, or no size splits (see --num-minibatches)")
         if cfg.auto_scale == "throughput":
             # Every size that fits is probed: steps/s need not grow monotonically (DQN's did not).
+            t = time.perf_counter()
             for n in compiled:
                 probe(n)
                 trainers.pop(n)  # frees its program before the next probe
+            phases["probing"] = time.perf_counter() - t
             best = max(rows[n].steps_per_s for n in compiled)
             chosen = min(n for n in compiled if rows[n].steps_per_s >= (1 - WITHIN) * best)
         else:
@@ -183,7 +195,7 @@ def choose(cfg, par, module, log: Callable[[str], None] = print):
         rows[chosen].chosen = True
     search_s = time.perf_counter() - t0
     if parallel.is_main():
-        log(table(cfg, list(rows.values()), limit, source, search_s, chosen, par.num_devices))
+        log(table(cfg, list(rows.values()), limit, source, search_s, chosen, par.num_devices, phases))
     return with_size(cfg, chosen, par.num_devices), sorted(rows.values(), key=lambda r: r.per_device)
 
 
@@ -227,7 +239,8 @@ def refine_ceiling(compiled: list[int], rows: dict, budget: float, compile_at: C
     return max(compiled)
 
 
-def table(cfg, rows: list[Row], limit: int, source: str, search_s: float, chosen: int, devices: int) -> str:
+def table(cfg, rows: list[Row], limit: int, source: str, search_s: float, chosen: int, devices: int,
+          phases: dict | None = None) -> str:
     what = "sequences" if knob(cfg) == "ad_batch_size" else "envs"
     lines = [f"auto-scale ({cfg.auto_scale}): {what} per device, memory budget {cfg.auto_scale_memory:g} x "
              f"{limit / 2**30:.1f} GiB ({source})",
@@ -238,7 +251,9 @@ def table(cfg, rows: list[Row], limit: int, source: str, search_s: float, chosen
         rate = f"{r.steps_per_s:,.0f}" if r.steps_per_s is not None else "-"
         lines.append(f"  {r.per_device:>14,}{gib(r.predicted_bytes):>12}{gib(r.compiled_bytes):>12}{rate:>14}"
                      + ("   <- chosen" if r.chosen else ""))
+    spent = "".join(f", {what} {seconds:.1f} s" for what, seconds in (phases or {}).items())
+    spent = f" ({spent[2:]})" if spent else ""
     rule = ("the smallest within 5% of the fastest" if cfg.auto_scale == "throughput" else "the largest that fits")
     lines.append(f"  chose {chosen:,} per device ({rule}), {chosen * devices:,} over {devices} device(s), in "
-                 f"{search_s:.1f} s; minibatches, epochs and lr as configured (minibatches grow with the batch)")
+                 f"{search_s:.1f} s{spent}; minibatches, epochs and lr as configured (minibatches grow with the batch)")
     return "\n".join(lines)
