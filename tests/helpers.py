@@ -2,9 +2,11 @@
 
 import dataclasses
 import os
+import struct
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +22,22 @@ def run(*argv):
         return train.main(list(argv))
     except SystemExit as e:
         return e.code
+
+
+def tensorboard_scalars(directory) -> dict:
+    """{tag: [(step, value), ...]} from the event files of one TensorBoard run directory (TFRecord
+    framing: length, its CRC, the Event proto, its CRC)."""
+    from tensorboardX.proto.event_pb2 import Event
+    scalars: dict = {}
+    for path in sorted(Path(directory).glob("events.out.tfevents*")):
+        data, at = path.read_bytes(), 0
+        while at < len(data):
+            (size,) = struct.unpack("<Q", data[at:at + 8])
+            event = Event.FromString(data[at + 12:at + 12 + size])
+            at += 12 + size + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+    return scalars
 
 
 def make_trainer(devices: int, backend: str = "pmap", **overrides) -> runner.Trainer:

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from helpers import assert_trees_close, make_trainer, run
+from helpers import assert_trees_close, make_trainer, run, tensorboard_scalars
 
 # One minibatch: then the device count does not change an update's numbers (each device
 # shuffles its own share of the batch, so with several minibatches it would).
@@ -153,6 +153,16 @@ def test_per_run_rows_summary_and_an_exact_resume(trained, tmp_path):
     # The runs' entropy bonus differs, so their losses do.
     last = {r["run"]: r for r in rows if r["update"] == 6}
     assert last[0]["loss/total"] != last[2]["loss/total"]
+    # Each run's TensorBoard run holds its own numbers (one event per log point); the run
+    # directory's holds their means.
+    for i, name in enumerate(sorted(p.name for p in (full / "runs").iterdir())):
+        scalars = tensorboard_scalars(full / "runs" / name)
+        mine = [r for r in rows if r["run"] == i]
+        assert [step for step, _ in scalars["loss/total"]] == [r["env_steps"] for r in mine]
+        assert [v for _, v in scalars["loss/total"]] == pytest.approx([r["loss/total"] for r in mine], rel=1e-6)
+        assert "run" not in scalars and "seed" not in scalars
+    means = tensorboard_scalars(full)["loss/total"]
+    assert means[-1] == (6 * 32, pytest.approx(np.mean([last[i]["loss/total"] for i in range(4)]), rel=1e-5))
 
     assert run(*CLI, "--run-dir", str(part), "--stop-at-update", "2") == 0
     assert len(metrics(part)) == 4
