@@ -16,7 +16,7 @@ inside the vmap are batched over runs, so they average within each run.
 Run i of the program equals the single run with `--seed seed + i % K` and run i's values: its
 initial state comes from the same key, and the update is the same computation. Initial states
 do not read the swept values (optimizer states and the rest are built from shapes only), so
-`init` is the algorithm's own, vmapped over the runs' keys.
+`init` is the algorithm's own, mapped over the runs' keys.
 """
 
 from __future__ import annotations
@@ -101,5 +101,9 @@ def algorithm(cfg, module, env, env_params, split, par: Parallel, runs: Runs) ->
             return module.algorithm(run_cfg, env, env_params, split, par).update(state)
         return jax.vmap(one)(state, values)
 
-    return dataclasses.replace(base, init=jax.vmap(base.init), update=update,
+    # The runs' initial states one after another (lax.map), not vmapped: a vmapped orthogonal
+    # init is a batched QR, which jaxlib's CPU LAPACK kernels split over XLA's thread pool from
+    # inside it, and 128 CartPole runs deadlocked there on a 2-core machine. One run's init is
+    # also exactly the single run's (an unbatched QR). It runs once.
+    return dataclasses.replace(base, init=lambda keys: jax.lax.map(base.init, keys), update=update,
                                data=(par.shard_runs(runs.values()),))
