@@ -57,6 +57,7 @@ class Row:
     predicted_bytes: float | None = None
     compiled_bytes: int | None = None
     steps_per_s: float | None = None
+    compile_s: float | None = None
     chosen: bool = False
 
 
@@ -127,7 +128,9 @@ def choose(cfg, par, module, log: Callable[[str], None] = print):
         except ConfigError:
             return None
         trainer = Trainer(c, one, split=split)
+        t = time.perf_counter()
         trainer.compile(trainer.abstract_state())
+        rows.setdefault(n, Row(n)).compile_s = time.perf_counter() - t
         trainer.compile_init()  # here, in parallel, rather than before its probe
         rows.setdefault(n, Row(n)).compiled_bytes = compiled_bytes(trainer._compiled)
         trainers[n] = trainer
@@ -244,14 +247,16 @@ def table(cfg, rows: list[Row], limit: int, source: str, search_s: float, chosen
     what = "sequences" if knob(cfg) == "ad_batch_size" else "envs"
     lines = [f"auto-scale ({cfg.auto_scale}): {what} per device, memory budget {cfg.auto_scale_memory:g} x "
              f"{limit / 2**30:.1f} GiB ({source})",
-             f"  {what + '/device':>14}{'predicted':>12}{'compiled':>12}{'steps/s':>14}"]
+             f"  {what + '/device':>14}{'predicted':>12}{'compiled':>12}{'compile s':>11}{'steps/s':>14}"]
     def gib(b):
         return "-" if b is None else f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
     for r in sorted(rows, key=lambda r: r.per_device):
         rate = f"{r.steps_per_s:,.0f}" if r.steps_per_s is not None else "-"
-        lines.append(f"  {r.per_device:>14,}{gib(r.predicted_bytes):>12}{gib(r.compiled_bytes):>12}{rate:>14}"
+        seconds = "-" if r.compile_s is None else f"{r.compile_s:.1f}"
+        lines.append(f"  {r.per_device:>14,}{gib(r.predicted_bytes):>12}{gib(r.compiled_bytes):>12}{seconds:>11}"
+                     f"{rate:>14}"
                      + ("   <- chosen" if r.chosen else ""))
-    spent = "".join(f", {what} {seconds:.1f} s" for what, seconds in (phases or {}).items())
+    spent = "".join(f", {phase} {seconds:.1f} s" for phase, seconds in (phases or {}).items())
     spent = f" ({spent[2:]})" if spent else ""
     rule = ("the smallest within 5% of the fastest" if cfg.auto_scale == "throughput" else "the largest that fits")
     lines.append(f"  chose {chosen:,} per device ({rule}), {chosen * devices:,} over {devices} device(s), in "

@@ -143,12 +143,13 @@ class Trainer:
             return self.par.shard_runs(self.runs.keys(seed - self.cfg.seed))
         return self.par.replicate(np.asarray(jax.random.PRNGKey(seed)))
 
-    def compile(self, state, data: tuple | None = None) -> None:
+    def compile(self, state, data: tuple | None = None, compiler_options: dict | None = None) -> None:
         """Compiles the chunk for `state`'s (and `data`'s) shapes, once (ahead of time where the
-        backend can)."""
+        backend can; `compiler_options` are XLA's, for that compile)."""
         if self._compiled is None:
             mapped = self.par.map(make_chunk(self.algorithm.update), donate=True)
-            self._compiled = self.par.compile(mapped, state, self._length(1), *(self.data if data is None else data))
+            self._compiled = self.par.compile(mapped, state, self._length(1), *(self.data if data is None else data),
+                                              compiler_options=compiler_options)
 
     def _length(self, n: int):
         return self.par.replicate(np.int32(n))
@@ -676,6 +677,11 @@ def summary(cfg, log: RunLog, last: dict, done: int, unit: str, steps: int | Non
         if last.get(key) is not None:
             values[key.split("/")[1]] = last[key]
     values["startup"] = {k: round(v, 2) for k, v in log.timeline.items()}
+    # The allocator's high-water mark on this process's first device, where the backend keeps
+    # one (GPUs): the programs' buffers, and any that XLA's autotuner took while compiling.
+    peak = (jax.local_devices()[0].memory_stats() or {}).get("peak_bytes_in_use")
+    if peak:
+        values["device_memory_peak_bytes"] = int(peak)
     values["run_dir"] = str(run_dir)
     values["files"] = "config.json, metrics.jsonl, summary.json, TensorBoard events, checkpoints/" + \
         (", best/" if cfg.eval_every else "")
