@@ -55,6 +55,12 @@ def test_throughput_mode_takes_the_smallest_size_within_5_percent_of_the_best():
     chosen = cfg.num_envs // 8
     assert chosen in rates and max(rates.values()) * 0.95 <= rates[chosen]
     assert all(rates[n] < 0.95 * max(rates.values()) for n in rates if n < chosen)
+    # The size between the fastest x4 step and the next one was considered, and probed if it fit.
+    steps = {autoscale.MIN_PER_DEVICE * 4 ** k for k in range(10)}
+    fastest = max((n for n in rates if n in steps), key=rates.get)
+    between = rows[2 * fastest]
+    fits = between.compiled_bytes is not None and between.compiled_bytes <= 5 * 2**20
+    assert (2 * fastest in rates) == fits
 
 
 def test_the_choice_is_written_and_a_resume_reuses_it(tmp_path, capsys):
