@@ -127,13 +127,13 @@ class Parallel:
         return jax.make_array_from_single_device_arrays(
             (self.num_devices,) + local.shape[1:], self.sharding, [s.data for s in local.addressable_shards])
 
-    def compile(self, mapped: Callable, *args, compiler_options: dict | None = None) -> Callable:
-        """`mapped` (from `map`) compiled ahead of time for `args`, with XLA's `compiler_options`.
-        Across processes, pmap's ahead-of-time path expects process-local shapes while its call
-        takes global arrays, so there it compiles on the first call instead (with the defaults)."""
+    def compile(self, mapped: Callable, *args) -> Callable:
+        """`mapped` (from `map`) compiled ahead of time for `args`. Across processes, pmap's
+        ahead-of-time path expects process-local shapes while its call takes global arrays, so
+        there it compiles on the first call instead."""
         if self.backend == "pmap" and jax.process_count() > 1:
             return mapped
-        return mapped.lower(*args).compile(compiler_options)
+        return mapped.lower(*args).compile()
 
     def replicate(self, tree: Any) -> Any:
         """The same host value on every device (leading device axis added)."""

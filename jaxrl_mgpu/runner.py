@@ -143,13 +143,12 @@ class Trainer:
             return self.par.shard_runs(self.runs.keys(seed - self.cfg.seed))
         return self.par.replicate(np.asarray(jax.random.PRNGKey(seed)))
 
-    def compile(self, state, data: tuple | None = None, compiler_options: dict | None = None) -> None:
+    def compile(self, state, data: tuple | None = None) -> None:
         """Compiles the chunk for `state`'s (and `data`'s) shapes, once (ahead of time where the
-        backend can; `compiler_options` are XLA's, for that compile)."""
+        backend can)."""
         if self._compiled is None:
             mapped = self.par.map(make_chunk(self.algorithm.update), donate=True)
-            self._compiled = self.par.compile(mapped, state, self._length(1), *(self.data if data is None else data),
-                                              compiler_options=compiler_options)
+            self._compiled = self.par.compile(mapped, state, self._length(1), *(self.data if data is None else data))
 
     def _length(self, n: int):
         return self.par.replicate(np.int32(n))

@@ -1,8 +1,7 @@
 """Where a training run's device memory peaks, against XLA's analysis (issue 30). For one
 workload at one size on one GPU: the allocator's peak (`memory_stats()['peak_bytes_in_use']`)
 after each phase (compiling the chunk, building the initial state, running the chunk), next to
-`memory_analysis()` of the chunk (as compiled, and with XLA's autotuning off) and of the init
-program. Run it twice with the same
+`memory_analysis()` of the chunk and of the init program. Run it twice with the same
 --cache DIR: the second process loads the programs from JAX's compilation cache, so nothing is
 autotuned there, and its peak is the programs' alone.
     python3 experiments/gpu/memory_check.py --envs-per-device 65536 --cache /tmp/cc -- --config breakout-minatar"""
@@ -41,11 +40,6 @@ out["chunk_analysis"] = autoscale.compiled_bytes(trainer._compiled)
 m = trainer._compiled.memory_analysis()
 out["chunk_parts"] = {k: getattr(m, k) for k in ("argument_size_in_bytes", "output_size_in_bytes",
                                                   "temp_size_in_bytes", "alias_size_in_bytes")}
-# With XLA's autotuning off (the search once compiled so): another program, other bytes.
-untuned = runner.Trainer(cfg, par)
-untuned.compile(untuned.abstract_state(), compiler_options={"xla_gpu_autotune_level": 0} if device.platform == "gpu" else {})
-out["chunk_analysis_autotune_off"] = autoscale.compiled_bytes(untuned._compiled)
-del untuned
 init = par.map(trainer.algorithm.init).lower(trainer.key(cfg.seed)).compile()
 out["init_analysis"] = autoscale.compiled_bytes(init)
 out["peak_after_compile"] = peak()
