@@ -9,19 +9,27 @@ more data). DQN's replay batch stays as configured too.
 
 How (no out-of-memory trial ever runs):
 1. Memory from the compiler. The per-device training chunk is compiled for ONE device of this
-   host at a few sizes (powers of 4 from MIN_PER_DEVICE) and `compiled.memory_analysis()` gives
-   its argument + output + temporary - aliased bytes (the state is donated, so its input and
-   output share buffers). Bytes grow linearly with the size; a least-squares line through the
-   compiled sizes predicts the rest, and the largest size whose prediction fits
-   `--auto-scale-memory` of the device's memory (`memory_stats()['bytes_limit']`, XLA's
-   allocator limit) is the ceiling, confirmed by compiling it. A backend without a memory limit
-   (the CPU) uses the rule printed with the table: host RAM / local devices.
+   host at two sizes (1,024 and 4,096; 256 where those do not fit) and
+   `compiled.memory_analysis()` gives its argument + output + temporary - aliased bytes (the
+   state is donated, so its input and output share buffers). Bytes grow linearly with the size;
+   a least-squares line through the compiled sizes predicts the others, and no size is compiled
+   whose prediction exceeds `--auto-scale-memory` of the device's memory
+   (`memory_stats()['bytes_limit']`, XLA's allocator limit); a compile confirms each. A backend
+   without a memory limit (the CPU) uses the rule printed with the table: host RAM / local
+   devices.
 2. Throughput (`--auto-scale` = `--auto-scale throughput`, the default mode): steps/s
    saturates long before memory is full, and a bigger batch then buys nothing but fewer
-   updates. Every size that fits (x4 apart, up to the ceiling, compiled concurrently) runs a
-   short steady-state probe (DQN in its learning phase: `steady_state`), then the size between
-   the fastest and its next step (x2) if it fits, and the run takes the smallest size within 5%
-   of the best (steps/s need not grow monotonically). `memory` mode takes the ceiling itself.
+   updates. Each compile costs seconds to tens of seconds on a GPU (about 7 s for the DQN
+   chunk, 10-40 s for PPO's conv net on an H200, most of it the same at every size), so the
+   search climbs instead of compiling every size: each size gets a short steady-state probe
+   (DQN in its learning phase: `steady_state`), and the next size up (x4) is compiled and
+   probed while steps/s still grow, the next size fits and splits, and the sizes are not
+   `saturated` (an update's time modelled as a fixed part plus a part per environment, through
+   the two largest probes: the choice is already within 5% of the fastest any size can reach).
+   Where the climb stopped for another reason, the size between the fastest and its next step
+   (x2) is probed too; where the choice is the smallest size probed, the one below it is. The
+   run takes the smallest size within 5% of the fastest. `memory` mode takes the largest size
+   that fits (powers of 2, confirmed by its compile).
 
 The per-device program is the same on every device of a data-parallel run (weak scaling), so
 one device is probed. Process 0 decides and broadcasts its choice; the choice is written into
@@ -88,8 +96,10 @@ def memory_limit(device) -> tuple[int, str]:
 
 
 def fit_line(sizes: list[int], values: list[float]) -> Callable[[int], float]:
-    """Least squares bytes = a + b * size (exact through two points)."""
-    b, a = np.polyfit(np.asarray(sizes, float), np.asarray(values, float), 1) if len(sizes) > 1 else (0.0, values[0])
+    """Least squares bytes = a + b * size (exact through two points; through the origin from one,
+    which over-estimates, as the fixed part is counted once per size)."""
+    b, a = np.polyfit(np.asarray(sizes, float), np.asarray(values, float), 1) if len(sizes) > 1 \
+        else (values[0] / sizes[0], 0.0)
     return lambda n: float(a + b * n)
 
 
@@ -119,6 +129,13 @@ def choose(cfg, par, module, log: Callable[[str], None] = print):
     rows: dict[int, Row] = {}
     trainers: dict[int, object] = {}
     phases: dict[str, float] = {}  # seconds the search spent compiling and probing (process 0)
+
+    def timed(phase: str, fn: Callable, *args):
+        t = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            phases[phase] = phases.get(phase, 0.0) + time.perf_counter() - t
 
     def compile_at(n: int):
         """The one-device trainer at n per device, compiled; None if the config cannot split."""
@@ -151,67 +168,48 @@ def choose(cfg, par, module, log: Callable[[str], None] = print):
             t = time.perf_counter()
             state = jax.block_until_ready(chunk(state)[0])
             times.append(time.perf_counter() - t)
-        rate = updates * trainer.steps_per_update / min(times)
-        rows[n].steps_per_s = rate
-        return rate
+        rows[n].steps_per_s = updates * trainer.steps_per_update / min(times)
+        trainers.pop(n)  # frees its program before the next compile and probe
 
-    candidates = [n for n in (MIN_PER_DEVICE * 4 ** k for k in range(10)) if n <= MAX_PER_DEVICE]
-    chosen = None
+    ladder = [n for n in (MIN_PER_DEVICE * 4 ** k for k in range(10)) if n <= MAX_PER_DEVICE]
+    chosen, stop = None, None
     if jax.process_index() == 0:
-        # Compile in two concurrent waves (XLA compiles outside the GIL; compiling one size after
-        # another took most of a 100 s search on an H200): the first sizes give the line, which
-        # predicts the rest, and only sizes predicted to fit are compiled.
-        first = candidates[:3]
-        compile_all(first, compile_at)
-        phases["compiling"] = time.perf_counter() - t0
-        compiled = fitting(first, rows, budget, trainers, device)
-        rest = []
-        if len(compiled) >= 2 and cfg.auto_scale == "throughput":
-            line = fit_line(compiled, [rows[m].compiled_bytes for m in compiled])
-            for n in candidates[3:]:
-                rows.setdefault(n, Row(n)).predicted_bytes = line(n)
-                if line(n) > budget:
-                    break  # never compile what cannot fit
-                rest.append(n)
-            t = time.perf_counter()
-            compile_all(rest, compile_at)
-            phases["compiling"] += time.perf_counter() - t
-            compiled = fitting(first + rest, rows, budget, trainers, device)
+        # The line through two compiles (together: XLA compiles outside the GIL): the second and
+        # third rungs, which the throughput search probes anyway; the first only if they do not fit.
+        timed("compiling", compile_all, ladder[1:3], compile_at)
+        compiled = fitting(ladder[1:3], rows, budget, trainers, device)
+        if len(compiled) < 2:
+            timed("compiling", compile_all, ladder[:1], compile_at)
+            compiled = fitting(ladder[:1] + compiled, rows, budget, trainers, device)
         if not compiled:
             raise ConfigError(f"--auto-scale: not even {MIN_PER_DEVICE} per device fits {cfg.auto_scale_memory:g} of "
                               f"the device's {limit / 2**30:.1f} GiB, or no size splits (see --num-minibatches)")
+        line = lambda: fit_line(compiled, [rows[m].compiled_bytes for m in compiled])  # noqa: E731
+
+        def compile_fits(n: int) -> bool:
+            """n compiled (unless the line says it cannot fit), split and within the budget."""
+            rows.setdefault(n, Row(n)).predicted_bytes = line()(n)
+            if rows[n].predicted_bytes > budget:
+                return False
+            if timed("compiling", compile_at, n) is None or not fits(n, rows, budget, device):
+                trainers.pop(n, None)
+                return False
+            compiled.append(n)
+            compiled.sort()
+            return True
+
         if cfg.auto_scale == "throughput":
-            # Every size that fits is probed: steps/s need not grow monotonically (DQN's did not).
-            t = time.perf_counter()
-            for n in compiled:
-                probe(n)
-                trainers.pop(n)  # frees its program before the next probe
-            # The steps are x4 apart: the size between the fastest and its next step (which may
-            # not fit or split: DQN's replay does not split over 262,144 environments, and
-            # 131,072 ran 1.5x as fast as 65,536 on an H200) is probed too, if it fits.
-            fastest = max(compiled, key=lambda m: rows[m].steps_per_s)
-            between = fastest * 2
-            if between <= MAX_PER_DEVICE and between not in compiled:
-                line = fit_line(compiled, [rows[m].compiled_bytes for m in compiled])
-                rows.setdefault(between, Row(between)).predicted_bytes = line(between)
-                if line(between) <= budget and compile_at(between) is not None:
-                    if rows[between].compiled_bytes <= budget:
-                        probe(between)
-                        compiled = sorted(compiled + [between])
-                    trainers.pop(between)
-            phases["probing"] = time.perf_counter() - t
-            best = max(rows[n].steps_per_s for n in compiled)
-            chosen = min(n for n in compiled if rows[n].steps_per_s >= (1 - WITHIN) * best)
+            chosen, stop = climb(compiled, rows, compile_fits, lambda n: timed("probing", probe, n))
         else:
             trainers.clear()
-            chosen = refine_ceiling(compiled, rows, budget, compile_at)
+            chosen = timed("compiling", refine_ceiling, compiled, rows, budget, compile_at)
     trainers.clear()
     chosen = parallel.broadcast_after("auto-scale", chosen)
     if chosen in rows:
         rows[chosen].chosen = True
     search_s = time.perf_counter() - t0
     if parallel.is_main():
-        log(table(cfg, list(rows.values()), limit, source, search_s, chosen, par.num_devices, phases))
+        log(table(cfg, list(rows.values()), limit, source, search_s, chosen, par.num_devices, phases, stop))
     return with_size(cfg, chosen, par.num_devices), sorted(rows.values(), key=lambda r: r.per_device)
 
 
@@ -222,6 +220,14 @@ def compile_all(sizes: list[int], compile_at: Callable) -> None:
             list(pool.map(compile_at, sizes))
 
 
+def fits(n: int, rows: dict, budget: float, device) -> bool:
+    """Whether the compiled size n is within the budget, by XLA's analysis."""
+    if rows[n].compiled_bytes is None:
+        raise ConfigError(f"--auto-scale: the {device.platform} backend gives no memory analysis of the "
+                          f"training chunk; set --num-envs by hand")
+    return rows[n].compiled_bytes <= budget
+
+
 def fitting(sizes: list[int], rows: dict, budget: float, trainers: dict, device) -> list[int]:
     """The sizes (ascending) that compiled within the budget; a size that does not fit (or cannot
     split) ends the list and frees the larger ones' programs."""
@@ -229,15 +235,72 @@ def fitting(sizes: list[int], rows: dict, budget: float, trainers: dict, device)
     for n in sizes:
         if n not in trainers:
             continue  # the config does not split at this size
-        if rows[n].compiled_bytes is None:
-            raise ConfigError(f"--auto-scale: the {device.platform} backend gives no memory analysis of the "
-                              f"training chunk; set --num-envs by hand")
-        if rows[n].compiled_bytes > budget:
+        if not fits(n, rows, budget, device):
             break
         fit.append(n)
     for n in [m for m in trainers if m not in fit]:
         trainers.pop(n)
     return fit
+
+
+def smallest_within(rates: dict[int, float]) -> int:
+    """The smallest size whose steps/s are within WITHIN of the fastest's."""
+    return min(n for n in rates if rates[n] >= (1 - WITHIN) * max(rates.values()))
+
+
+def saturated(rates: dict[int, float]) -> bool:
+    """Whether no larger size can be more than WITHIN faster than the current choice, by the
+    model of an update's time as a fixed part (launches, the host, the non-batched work) plus a
+    part per environment, through the two largest sizes probed: steps/s then approach
+    1 / (seconds per environment step) from below, and the choice is within WITHIN of that."""
+    if len(rates) < 2:
+        return False
+    small, large = sorted(rates)[-2:]
+    per_env = (large / rates[large] - small / rates[small]) / (large - small)
+    return per_env > 0 and rates[smallest_within(rates)] >= (1 - WITHIN) / per_env
+
+
+def climb(compiled: list[int], rows: dict, compile_fits: Callable[[int], bool],
+          probe: Callable[[int], None]) -> tuple[int, str]:
+    """throughput mode: probe the compiled sizes, then x4 larger ones while steps/s still grow and
+    are not `saturated`, and while they fit; then the size between the fastest and its next step
+    (x2), unless the climb stopped at saturation; then smaller sizes while the choice is the
+    smallest probed. Returns the smallest size within WITHIN of the fastest, and why the climb
+    stopped (for the table)."""
+    for n in compiled:
+        probe(n)
+
+    def rates() -> dict[int, float]:
+        return {n: rows[n].steps_per_s for n in rows if rows[n].steps_per_s is not None}
+
+    while True:
+        top, fastest = max(rates()), max(rates(), key=rates().get)
+        if fastest != top:
+            stop = f"{top:,} was slower than {fastest:,}"
+            break
+        if saturated(rates()):
+            stop = f"saturated at {top:,} (steps/s against the size's fixed + per-environment model)"
+            break
+        if top * 4 > MAX_PER_DEVICE or not compile_fits(top * 4):
+            stop = f"{top * 4:,} " + ("is over the maximum" if top * 4 > MAX_PER_DEVICE else "does not fit or split")
+            break
+        probe(top * 4)
+    # The steps are x4 apart: where the climb did not stop at saturation, the size between the
+    # fastest and its next step may be faster still (DQN's replay does not split over 262,144
+    # environments, and 131,072 ran 1.5x as fast as 65,536 on an H200).
+    between = fastest * 2
+    if not stop.startswith("saturated") and between <= MAX_PER_DEVICE and between not in rates() \
+            and compile_fits(between):
+        probe(between)
+    chosen = smallest_within(rates())
+    while chosen == min(rates()) and chosen // 4 >= MIN_PER_DEVICE:  # a smaller size might be within too
+        if not compile_fits(chosen // 4):
+            break
+        probe(chosen // 4)
+        if smallest_within(rates()) == chosen:
+            break
+        chosen = smallest_within(rates())
+    return chosen, stop
 
 
 def refine_ceiling(compiled: list[int], rows: dict, budget: float, compile_at: Callable) -> int:
@@ -256,7 +319,7 @@ def refine_ceiling(compiled: list[int], rows: dict, budget: float, compile_at: C
 
 
 def table(cfg, rows: list[Row], limit: int, source: str, search_s: float, chosen: int, devices: int,
-          phases: dict | None = None) -> str:
+          phases: dict | None = None, stop: str | None = None) -> str:
     what = "sequences" if knob(cfg) == "ad_batch_size" else "envs"
     lines = [f"auto-scale ({cfg.auto_scale}): {what} per device, memory budget {cfg.auto_scale_memory:g} x "
              f"{limit / 2**30:.1f} GiB ({source})",
@@ -274,4 +337,6 @@ def table(cfg, rows: list[Row], limit: int, source: str, search_s: float, chosen
     rule = ("the smallest within 5% of the fastest" if cfg.auto_scale == "throughput" else "the largest that fits")
     lines.append(f"  chose {chosen:,} per device ({rule}), {chosen * devices:,} over {devices} device(s), in "
                  f"{search_s:.1f} s{spent}; minibatches, epochs and lr as configured (minibatches grow with the batch)")
+    if stop:
+        lines.append(f"  the climb stopped: {stop}")
     return "\n".join(lines)
