@@ -9,7 +9,7 @@ more data). DQN's replay batch stays as configured too.
 
 How (no out-of-memory trial ever runs):
 1. Memory from the compiler. The per-device training chunk is compiled for ONE device of this
-   host at two sizes (1,024 and 4,096; 256 where those do not fit) and
+   host at two sizes (1,024 and 16,384; 4,096 or 256 where those do not fit) and
    `compiled.memory_analysis()` gives its argument + output + temporary - aliased bytes (the
    state is donated, so its input and output share buffers). Bytes grow linearly with the size;
    a least-squares line through the compiled sizes predicts the others, and no size is compiled
@@ -19,17 +19,17 @@ How (no out-of-memory trial ever runs):
    devices.
 2. Throughput (`--auto-scale` = `--auto-scale throughput`, the default mode): steps/s
    saturates long before memory is full, and a bigger batch then buys nothing but fewer
-   updates. Each compile costs seconds to tens of seconds on a GPU (about 7 s for the DQN
-   chunk, 10-40 s for PPO's conv net on an H200, most of it the same at every size), so the
-   search climbs instead of compiling every size: each size gets a short steady-state probe
-   (DQN in its learning phase: `steady_state`), and the next size up (x4) is compiled and
-   probed while steps/s still grow, the next size fits and splits, and the sizes are not
-   `saturated` (an update's time modelled as a fixed part plus a part per environment, through
-   the two largest probes: the choice is already within 5% of the fastest any size can reach).
-   Where the climb stopped for another reason, the size between the fastest and its next step
-   (x2) is probed too; where the choice is the smallest size probed, the one below it is. The
-   run takes the smallest size within 5% of the fastest. `memory` mode takes the largest size
-   that fits (powers of 2, confirmed by its compile).
+   updates. Each compile costs seconds to tens of seconds on a GPU (on an H200 about 7 s for
+   the DQN chunk and 13 s for CartPole's; for PPO's conv net 20-40 s, most of it the
+   autotuning of its convolutions at each size's shapes), so the search climbs rather than compiling every size.
+   Each size gets a short steady-state probe (DQN in its learning phase: `steady_state`). The
+   next size up is where a model of an update's time (a fixed part plus a part per
+   environment, through the sizes probed) puts steps/s at 95% of their limit, 4x to 16x the
+   largest so far (half that where it does not fit or split); the climb goes on while each step
+   up is more than 5% faster than every smaller size. Then the sizes below the choice whose
+   interpolated steps/s might be within 5% of the fastest are probed too, and the run takes
+   the smallest size within 5% of the fastest. `memory` mode takes the largest size that fits
+   (powers of 2, confirmed by its compile).
 
 The per-device program is the same on every device of a data-parallel run (weak scaling), so
 one device is probed. Process 0 decides and broadcasts its choice; the choice is written into
@@ -53,6 +53,7 @@ from jaxrl_mgpu.runner import Trainer
 
 MIN_PER_DEVICE = 2 ** 8
 MAX_PER_DEVICE = 2 ** 18
+FIRST = (2 ** 10, 2 ** 14)  # the first two sizes compiled (together): the line, and the first probes
 WITHIN = 0.05           # throughput: the smallest size within 5% of the best
 PROBE_S = 0.25          # a timed probe call runs about this long (at least one update)
 PROBE_MAX_UPDATES = 64
@@ -146,9 +147,11 @@ def choose(cfg, par, module, log: Callable[[str], None] = print):
             return None
         trainer = Trainer(c, one, split=split)
         t = time.perf_counter()
-        trainer.compile(trainer.abstract_state())
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the initial state's program beside it
+            init = pool.submit(trainer.compile_init)
+            trainer.compile(trainer.abstract_state())
+            init.result()
         rows.setdefault(n, Row(n)).compile_s = time.perf_counter() - t
-        trainer.compile_init()  # here, in parallel, rather than before its probe
         rows.setdefault(n, Row(n)).compiled_bytes = compiled_bytes(trainer._compiled)
         trainers[n] = trainer
         return trainer
@@ -171,16 +174,17 @@ def choose(cfg, par, module, log: Callable[[str], None] = print):
         rows[n].steps_per_s = updates * trainer.steps_per_update / min(times)
         trainers.pop(n)  # frees its program before the next compile and probe
 
-    ladder = [n for n in (MIN_PER_DEVICE * 4 ** k for k in range(10)) if n <= MAX_PER_DEVICE]
     chosen, stop = None, None
     if jax.process_index() == 0:
         # The line through two compiles (together: XLA compiles outside the GIL): the second and
         # third rungs, which the throughput search probes anyway; the first only if they do not fit.
-        timed("compiling", compile_all, ladder[1:3], compile_at)
-        compiled = fitting(ladder[1:3], rows, budget, trainers, device)
-        if len(compiled) < 2:
-            timed("compiling", compile_all, ladder[:1], compile_at)
-            compiled = fitting(ladder[:1] + compiled, rows, budget, trainers, device)
+        timed("compiling", compile_all, FIRST, compile_at)
+        compiled = fitting(FIRST, rows, budget, trainers, device)
+        # Where the first sizes do not both fit and split: 4,096 (if one of them did), then 256.
+        for smaller, needs_one in ((2 ** 12, True), (MIN_PER_DEVICE, False)):
+            if len(compiled) < 2 and (compiled or not needs_one):
+                timed("compiling", compile_at, smaller)
+                compiled = fitting(sorted({smaller, *compiled}), rows, budget, trainers, device)
         if not compiled:
             raise ConfigError(f"--auto-scale: not even {MIN_PER_DEVICE} per device fits {cfg.auto_scale_memory:g} of "
                               f"the device's {limit / 2**30:.1f} GiB, or no size splits (see --num-minibatches)")
@@ -188,6 +192,8 @@ def choose(cfg, par, module, log: Callable[[str], None] = print):
 
         def compile_fits(n: int) -> bool:
             """n compiled (unless the line says it cannot fit), split and within the budget."""
+            if rows.get(n, Row(n)).compiled_bytes is not None:  # compiled before: probed, or did not fit
+                return False
             rows.setdefault(n, Row(n)).predicted_bytes = line()(n)
             if rows[n].predicted_bytes > budget:
                 return False
@@ -248,25 +254,57 @@ def smallest_within(rates: dict[int, float]) -> int:
     return min(n for n in rates if rates[n] >= (1 - WITHIN) * max(rates.values()))
 
 
-def saturated(rates: dict[int, float]) -> bool:
-    """Whether no larger size can be more than WITHIN faster than the current choice, by the
-    model of an update's time as a fixed part (launches, the host, the non-batched work) plus a
-    part per environment, through the two largest sizes probed: steps/s then approach
-    1 / (seconds per environment step) from below, and the choice is within WITHIN of that."""
-    if len(rates) < 2:
-        return False
-    small, large = sorted(rates)[-2:]
-    per_env = (large / rates[large] - small / rates[small]) / (large - small)
-    return per_env > 0 and rates[smallest_within(rates)] >= (1 - WITHIN) / per_env
+def per_env_model(rates: dict[int, float]) -> tuple[float, float] | None:
+    """An update's time per env step at size n as `fixed + per_env * n` (launches, the host and
+    the work that does not grow with the batch, plus the work per environment), so steps/s
+    approach 1 / per_env from below. per_env is the smallest slope between sizes probed one after
+    another, the most optimistic (steps/s grew faster than one line at some sizes on an H200);
+    None where time did not grow with the size (all fixed: far from saturation)."""
+    sizes = sorted(rates)
+    slopes = [(b / rates[b] - a / rates[a]) / (b - a) for a, b in zip(sizes, sizes[1:])]
+    slopes = [x for x in slopes if x > 0]
+    if not slopes:
+        return None
+    top = sizes[-1]
+    return top / rates[top] - min(slopes) * top, min(slopes)
+
+
+def next_size(rates: dict[int, float]) -> int:
+    """The size to probe after the largest so far: the power of 2 where `per_env_model` puts
+    steps/s at 95% of their limit (fixed / per_env x 19), at least 4x and at most 16x the
+    largest (16x where time did not grow with the size)."""
+    top = max(rates)
+    model = per_env_model(rates) if len(rates) > 1 else None
+    target = 16 * top if model is None else 19 * max(model[0], 0.0) / model[1]
+    return min(max(4 * top, 1 << max(int(np.ceil(np.log2(max(target, 1.0)))), 0)), 16 * top)
+
+
+def between(rates: dict[int, float], chosen: int) -> int | None:
+    """The smallest power of 2 between the choice and the largest size probed below it whose
+    steps/s, interpolated (time per update linear in the size between the two), would be within
+    WITHIN of the fastest: that size is probed next. Where nothing below the choice was probed,
+    half the choice (not under MIN_PER_DEVICE)."""
+    below = [n for n in rates if n < chosen]
+    if not below:
+        return chosen // 2 if chosen // 2 >= MIN_PER_DEVICE else None
+    low = max(below)
+    t_low, t_chosen = low / rates[low], chosen / rates[chosen]
+    for k in range(int(np.log2(low)) + 1, int(np.log2(chosen))):
+        n = 2 ** k
+        rate = n / (t_low + (t_chosen - t_low) * (n - low) / (chosen - low))
+        if rate >= (1 - WITHIN) * max(rates.values()):
+            return n
+    return None
 
 
 def climb(compiled: list[int], rows: dict, compile_fits: Callable[[int], bool],
           probe: Callable[[int], None]) -> tuple[int, str]:
-    """throughput mode: probe the compiled sizes, then x4 larger ones while steps/s still grow and
-    are not `saturated`, and while they fit; then the size between the fastest and its next step
-    (x2), unless the climb stopped at saturation; then smaller sizes while the choice is the
-    smallest probed. Returns the smallest size within WITHIN of the fastest, and why the climb
-    stopped (for the table)."""
+    """throughput mode: probe the compiled sizes, then larger ones (`next_size`, or half of it
+    where that does not fit or split, down to 2x) while each step up is more than WITHIN faster
+    than every smaller size (past that, more size buys less than WITHIN: returns diminish); where
+    the last step was slower, the size between the fastest and it; then the sizes below the
+    choice that `between` says might be within WITHIN of the fastest too. Returns the smallest
+    size within WITHIN of the fastest, and why the climb stopped (for the table)."""
     for n in compiled:
         probe(n)
 
@@ -277,26 +315,24 @@ def climb(compiled: list[int], rows: dict, compile_fits: Callable[[int], bool],
         top, fastest = max(rates()), max(rates(), key=rates().get)
         if fastest != top:
             stop = f"{top:,} was slower than {fastest:,}"
+            if 2 * fastest < top and compile_fits(2 * fastest):
+                probe(2 * fastest)
             break
-        if saturated(rates()):
-            stop = f"saturated at {top:,} (steps/s against the size's fixed + per-environment model)"
+        if smallest_within(rates()) != top:
+            stop = f"{top:,} was less than {WITHIN:.0%} faster than {smallest_within(rates()):,}"
             break
-        if top * 4 > MAX_PER_DEVICE or not compile_fits(top * 4):
-            stop = f"{top * 4:,} " + ("is over the maximum" if top * 4 > MAX_PER_DEVICE else "does not fit or split")
+        n = next_size(rates())
+        # DQN's replay does not split over 262,144 environments on one device, where 131,072 ran
+        # 1.5x as fast as 65,536 on an H200: where a size does not fit or split, half of it is next.
+        while n > top and not (n <= MAX_PER_DEVICE and compile_fits(n)):
+            n //= 2
+        if n == top:
+            stop = f"{2 * top:,} " + ("is over the maximum" if 2 * top > MAX_PER_DEVICE else "does not fit or split")
             break
-        probe(top * 4)
-    # The steps are x4 apart: where the climb did not stop at saturation, the size between the
-    # fastest and its next step may be faster still (DQN's replay does not split over 262,144
-    # environments, and 131,072 ran 1.5x as fast as 65,536 on an H200).
-    between = fastest * 2
-    if not stop.startswith("saturated") and between <= MAX_PER_DEVICE and between not in rates() \
-            and compile_fits(between):
-        probe(between)
+        probe(n)
     chosen = smallest_within(rates())
-    while chosen == min(rates()) and chosen // 4 >= MIN_PER_DEVICE:  # a smaller size might be within too
-        if not compile_fits(chosen // 4):
-            break
-        probe(chosen // 4)
+    while (n := between(rates(), chosen)) is not None and compile_fits(n):
+        probe(n)
         if smallest_within(rates()) == chosen:
             break
         chosen = smallest_within(rates())
