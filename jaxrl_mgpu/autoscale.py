@@ -123,7 +123,9 @@ def choose(cfg, par, module, log: Callable[[str], None] = print):
     """The config with the knob chosen (on process 0, broadcast to all), and the search's rows
     (process 0's; the others have only the chosen one). `log` gets the table."""
     t0 = time.perf_counter()
-    one = parallel.this_device()
+    # A one-device run probes its own program (so training then finds the chosen size's chunk in
+    # the compilation cache); otherwise one device of this host stands for each.
+    one = par if par.num_devices == 1 else parallel.this_device()
     device = one.devices[0]
     limit, source = memory_limit(device)
     budget = cfg.auto_scale_memory * limit
