@@ -21,8 +21,8 @@ How (no out-of-memory trial ever runs):
    saturates long before memory is full, and a bigger batch then buys nothing but fewer
    updates. Each compile costs seconds to tens of seconds on a GPU (on an H200 about 7 s for
    the DQN chunk and 13 s for CartPole's; for PPO's conv net 20-40 s, most of it the
-   autotuning of its convolutions at each size's shapes), so the search climbs rather than compiling every size.
-   Each size gets a short steady-state probe (DQN in its learning phase: `steady_state`). The
+   autotuning of its convolutions at each size's shapes), so the search climbs rather than
+   compiling every size. Each size gets a short steady-state probe (DQN in its learning phase: `steady_state`). The
    next size up is where a model of an update's time (a fixed part plus a part per
    environment, through the sizes probed) puts steps/s at 95% of their limit, 4x to 16x the
    largest so far (half that where it does not fit or split); the climb goes on while each step
@@ -158,8 +158,8 @@ def choose(cfg, par, module, log: Callable[[str], None] = print):
         trainers[n] = trainer
         return trainer
 
-    def probe(n: int) -> float:
-        """Steps/s at n: one warm-up update, then PROBE_REPEATS calls of as many updates as
+    def probe(n: int) -> None:
+        """Steps/s at n (into its row): one warm-up update, then PROBE_REPEATS calls of as many updates as
         take about PROBE_S (one, at sizes where an update takes longer: the probe of a large
         size costs about three of its updates, not a fixed count of them)."""
         trainer = trainers[n]
@@ -178,19 +178,22 @@ def choose(cfg, par, module, log: Callable[[str], None] = print):
 
     chosen, stop = None, None
     if jax.process_index() == 0:
-        # The line through two compiles (together: XLA compiles outside the GIL): the second and
-        # third rungs, which the throughput search probes anyway; the first only if they do not fit.
+        # The line through two compiles (together: XLA compiles outside the GIL), which are also
+        # the first probes; where they do not both fit and split, 4,096 (beside the one that
+        # did), then 256.
         timed("compiling", compile_all, FIRST, compile_at)
         compiled = fitting(FIRST, rows, budget, trainers, device)
-        # Where the first sizes do not both fit and split: 4,096 (if one of them did), then 256.
-        for smaller, needs_one in ((2 ** 12, True), (MIN_PER_DEVICE, False)):
-            if len(compiled) < 2 and (compiled or not needs_one):
-                timed("compiling", compile_at, smaller)
-                compiled = fitting(sorted({smaller, *compiled}), rows, budget, trainers, device)
+        if len(compiled) == 1:
+            timed("compiling", compile_at, 2 ** 12)
+            compiled = fitting(sorted({2 ** 12, *compiled}), rows, budget, trainers, device)
+        if len(compiled) < 2:
+            timed("compiling", compile_at, MIN_PER_DEVICE)
+            compiled = fitting(sorted({MIN_PER_DEVICE, *compiled}), rows, budget, trainers, device)
         if not compiled:
             raise ConfigError(f"--auto-scale: not even {MIN_PER_DEVICE} per device fits {cfg.auto_scale_memory:g} of "
                               f"the device's {limit / 2**30:.1f} GiB, or no size splits (see --num-minibatches)")
-        line = lambda: fit_line(compiled, [rows[m].compiled_bytes for m in compiled])  # noqa: E731
+        def line() -> Callable[[int], float]:
+            return fit_line(compiled, [rows[m].compiled_bytes for m in compiled])
 
         def compile_fits(n: int) -> bool:
             """n compiled (unless the line says it cannot fit), split and within the budget."""
@@ -275,10 +278,9 @@ def next_size(rates: dict[int, float]) -> int:
     """The size to probe after the largest so far: the power of 2 where `per_env_model` puts
     steps/s at 95% of their limit (fixed / per_env x 19), at least 4x and at most 16x the
     largest (16x where time did not grow with the size)."""
-    top = max(rates)
-    model = per_env_model(rates) if len(rates) > 1 else None
+    top, model = max(rates), per_env_model(rates)
     target = 16 * top if model is None else 19 * max(model[0], 0.0) / model[1]
-    return min(max(4 * top, 1 << max(int(np.ceil(np.log2(max(target, 1.0)))), 0)), 16 * top)
+    return int(np.clip(2 ** np.ceil(np.log2(max(target, 1.0))), 4 * top, 16 * top))
 
 
 def between(rates: dict[int, float], chosen: int) -> int | None:
