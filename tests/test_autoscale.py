@@ -74,21 +74,24 @@ def test_throughput_mode_takes_the_smallest_size_within_5_percent_of_the_best():
 
 def test_the_climb_on_rates_measured_on_an_h200():
     # Steps/s from the probes and sweeps of experiments/RESULTS.md (issue 30), one H200.
-    # PPO Breakout-MinAtar: from 1,024 and 16,384 the model jumps to 65,536, where steps/s gain
-    # under 5%; 8,192 interpolates to within 5% of the fastest and is probed; 4,096 does not.
+    # PPO Breakout-MinAtar: from 1,024 and 16,384 the model puts 16,384 at 95% of the limit
+    # already, so 2x (32,768), where steps/s gain under 5%; 8,192 interpolates to within 5% of
+    # the fastest and is probed; 4,096 does not.
     breakout = {1024: 2.267e6, 16384: 3.121e6}
-    assert autoscale.next_size(breakout) == 65536
-    breakout[65536] = 3.14e6
+    assert autoscale.next_size(breakout) == 32768
+    breakout[32768] = 3.15e6
     assert autoscale.smallest_within(breakout) == 16384 and autoscale.between(breakout, 16384) == 8192
     breakout[8192] = 3.01e6
     assert autoscale.smallest_within(breakout) == 8192 and autoscale.between(breakout, 8192) is None
-    # PPO CartPole: still >5% faster at 65,536, so 262,144 (the maximum), then 131,072 between.
+    # PPO CartPole: still >5% faster at 65,536 and at 131,072; 262,144 (the maximum) is not.
     cartpole = {1024: 23.12e6, 16384: 75.6e6}
     assert autoscale.next_size(cartpole) == 65536
-    cartpole[65536] = 86.0e6
-    assert autoscale.smallest_within(cartpole) == 65536 and autoscale.next_size(cartpole) == 262144
+    cartpole[65536] = 86.0e6  # the model: 95% of its limit already, so 2x
+    assert autoscale.smallest_within(cartpole) == 65536 and autoscale.next_size(cartpole) == 131072
+    cartpole[131072] = 90.9e6  # 5.7% faster: on, 4x (over the maximum: 262,144 in climb)
+    assert autoscale.smallest_within(cartpole) == 131072 and autoscale.next_size(cartpole) == 524288
     cartpole[262144] = 91.7e6
-    assert autoscale.between(cartpole, 262144) == 131072
+    assert autoscale.smallest_within(cartpole) == 131072 and autoscale.between(cartpole, 131072) is None
     # DQN: far from saturation, a 16x jump (262,144, which does not split: 131,072 is next).
     dqn = {1024: 0.648e6, 16384: 8.38e6}
     assert autoscale.next_size(dqn) == 262144
