@@ -60,7 +60,7 @@ def test_throughput_mode_takes_the_smallest_size_within_5_percent_of_the_best():
     stop = table.split("the climb stopped: ")[1]
     top = max(rates)
     if "less than 5% faster" in stop:
-        assert autoscale.smallest_within(rates) < top
+        assert autoscale.smallest_within(rates) < top and autoscale.doubling_gain(rates) < 0.025
     elif "does not fit or split" in stop:
         assert 2 * top in rows and 2 * top not in rates
     elif "was slower" in stop:
@@ -83,14 +83,18 @@ def test_the_climb_on_rates_measured_on_an_h200():
     assert autoscale.smallest_within(breakout) == 16384 and autoscale.between(breakout, 16384) == 8192
     breakout[8192] = 3.01e6
     assert autoscale.smallest_within(breakout) == 8192 and autoscale.between(breakout, 8192) is None
-    # PPO CartPole: still >5% faster at 65,536 and at 131,072; 262,144 (the maximum) is not.
+    # PPO CartPole (the cold search's probes): >5% faster at 65,536, >2.5% per doubling at
+    # 131,072, 262,144 (the maximum) is neither.
     cartpole = {1024: 23.12e6, 16384: 75.6e6}
     assert autoscale.next_size(cartpole) == 65536
-    cartpole[65536] = 86.0e6  # the model: 95% of its limit already, so 2x
+    cartpole[65536] = 86.4e6  # the model: 95% of its limit already, so 2x
     assert autoscale.smallest_within(cartpole) == 65536 and autoscale.next_size(cartpole) == 131072
-    cartpole[131072] = 90.9e6  # 5.7% faster: on, 4x (over the maximum: 262,144 in climb)
-    assert autoscale.smallest_within(cartpole) == 131072 and autoscale.next_size(cartpole) == 524288
+    # 4.5% faster: within 5%, but more than 2.5% per doubling, so on (2x again), to 1.5% more.
+    cartpole[131072] = 90.3e6
+    assert autoscale.smallest_within(cartpole) == 65536 and autoscale.doubling_gain(cartpole) > 0.025
+    assert autoscale.next_size(cartpole) == 262144
     cartpole[262144] = 91.7e6
+    assert autoscale.doubling_gain(cartpole) < 0.025
     assert autoscale.smallest_within(cartpole) == 131072 and autoscale.between(cartpole, 131072) is None
     # DQN: far from saturation, a 16x jump (262,144, which does not split: 131,072 is next).
     dqn = {1024: 0.648e6, 16384: 8.38e6}
