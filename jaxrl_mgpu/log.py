@@ -138,8 +138,10 @@ class RunLog:
         parts = []
         if self.episodic:
             ret = row.get("episode_return")
+            gone = 0 if per_run is None else sum("diverged_at" in r for r in per_run)
             parts.append("return " + ("n/a (no episode ended)" if ret is None else f"{ret:.1f}")
-                         + ("" if per_run is None else f" (mean of {len(per_run)} runs)"))
+                         + ("" if per_run is None else f" (mean of {len(per_run) - gone} runs"
+                            + (f"; {gone} diverged)" if gone else ")")))
         if row.get("eval/episode_return") is not None:
             parts.append(f"eval {row['eval/episode_return']:.1f}")
         parts += [f"{label} {row[key]:{fmt}}" for label, key, fmt in CONSOLE if row.get(key) is not None]
@@ -166,7 +168,8 @@ class RunLog:
         merged summaries are): an event per scalar made 2,800 events per log point of 256 runs."""
         from tensorboardX.proto.summary_pb2 import Summary  # loaded with the writers
         values = [Summary.Value(tag=k, simple_value=v) for k, v in row.items()
-                  if k not in ("update", self.unit) and k not in skip and isinstance(v, (int, float))]
+                  if k not in ("update", self.unit, "diverged_at") and k not in skip
+                  and isinstance(v, (int, float))]
         tb.add_summary(Summary(value=values), row[self.unit])
 
     def summary(self, values: dict) -> None:

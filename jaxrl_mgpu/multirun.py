@@ -25,10 +25,11 @@ import dataclasses
 import itertools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mgpu.algos import mappo
-from jaxrl_mgpu.algos.base import Algorithm
+from jaxrl_mgpu.algos.base import Algorithm, all_finite
 from jaxrl_mgpu.config import ConfigError, parse_sweep
 from jaxrl_mgpu.parallel import Parallel
 
@@ -98,7 +99,15 @@ def algorithm(cfg, module, env, env_params, split, par: Parallel, runs: Runs) ->
         def one(state, run_values):
             # This run's swept values as the config's numbers: traced scalars, not constants.
             run_cfg = dataclasses.replace(cfg, **run_values)
-            return module.algorithm(run_cfg, env, env_params, split, par).update(state)
+            new, (losses, episodes) = module.algorithm(run_cfg, env, env_params, split, par).update(state)
+            # A run whose update went non-finite (a swept learning rate too large) keeps the state
+            # it had, keys included, so it stays where its single run would have stopped, and
+            # its later updates (the same computation again) count no episodes; the other runs
+            # go on. Its losses stay as computed: the host reads them (`finite` below) and says so.
+            ok = all_finite(losses, new.params)
+            new = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, state)
+            episodes = jax.tree.map(lambda x: jnp.where(ok, x, jnp.zeros_like(x)), episodes)
+            return new, (losses, episodes)
         return jax.vmap(one)(state, values)
 
     # The runs' initial states one after another (lax.map), not vmapped: a vmapped orthogonal
@@ -106,4 +115,4 @@ def algorithm(cfg, module, env, env_params, split, par: Parallel, runs: Runs) ->
     # inside it, and 128 CartPole runs deadlocked there on a 2-core machine. One run's init is
     # also exactly the single run's (an unbatched QR). It runs once.
     return dataclasses.replace(base, init=lambda keys: jax.lax.map(base.init, keys), update=update,
-                               data=(par.shard_runs(runs.values()),))
+                               data=(par.shard_runs(runs.values()),), finite=jax.vmap(all_finite))

@@ -37,7 +37,7 @@ from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu import multirun, parallel, runstats
 from jaxrl_mgpu.algos import ALGOS, module_for
-from jaxrl_mgpu.algos.base import Algorithm, Split
+from jaxrl_mgpu.algos.base import Algorithm, Split, all_finite
 from jaxrl_mgpu.checkpoint import CheckpointMismatch, Checkpoints
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.episodes import make_episodes, summarize
@@ -56,17 +56,16 @@ class NonFinite(RuntimeError):
     """A loss or parameter became NaN/inf."""
 
 
-def all_finite(tree) -> jax.Array:
-    return jnp.all(jnp.array([jnp.isfinite(x).all() for x in jax.tree.leaves(tree)]))
-
-
-def make_chunk(update: Callable) -> Callable:
+def make_chunk(update: Callable, finite: Callable | None = None) -> Callable:
     """A per-device function `(state, n, *data)` running `n` updates in one loop; `n` is an
     argument, not a shape, so one compiled program runs chunks of any length. `data`
-    (optional) is a read-only input every update sees, e.g. a dataset shard kept on the device."""
+    (optional) is a read-only input every update sees, e.g. a dataset shard kept on the device.
+    `finite` is the algorithm's (algos/base.Algorithm.finite): the chunk records the first
+    update where it said no (per run, where it answers per run)."""
     # Traced once: eval_shape below and every call in the loop hit jit's trace cache (the same
     # function at the same abstract arguments), instead of tracing the update twice.
     update = jax.jit(update)
+    finite = finite or all_finite
 
     def chunk(state, n, *data):
         # The accumulators' shapes, from the update's abstract trace (nothing is computed).
@@ -75,15 +74,15 @@ def make_chunk(update: Callable) -> Callable:
         def body(_, carry):
             state, loss_sum, episode_sum, done, first_bad = carry
             state, (losses, episodes) = update(state, *data)
-            finite = all_finite(losses) & all_finite(state.params)
-            first_bad = jnp.where((first_bad < 0) & ~finite, done, first_bad)
+            first_bad = jnp.where((first_bad < 0) & ~finite(losses, state.params), done, first_bad)
             return (state, jax.tree.map(jnp.add, loss_sum, losses), jax.tree.map(jnp.add, episode_sum, episodes),
                     done + 1, first_bad)
 
         # Counters made from `n`: under shard_map they must vary by device as the loop does.
         zero = jnp.zeros_like(n)
+        none_bad = jnp.broadcast_to(zero - 1, jax.eval_shape(finite, losses0, state.params).shape)
         state, loss_sum, episodes, _, first_bad = jax.lax.fori_loop(
-            0, n, body, (state, losses0, episodes0, zero, zero - 1))
+            0, n, body, (state, losses0, episodes0, zero, none_bad))
         losses = jax.tree.map(lambda x: x / jnp.maximum(n, 1).astype(x.dtype), loss_sum)
         return state, Chunk(losses, episodes, first_bad)
     return chunk
@@ -147,7 +146,7 @@ class Trainer:
         """Compiles the chunk for `state`'s (and `data`'s) shapes, once (ahead of time where the
         backend can)."""
         if self._compiled is None:
-            mapped = self.par.map(make_chunk(self.algorithm.update), donate=True)
+            mapped = self.par.map(make_chunk(self.algorithm.update, self.algorithm.finite), donate=True)
             self._compiled = self.par.compile(mapped, state, self._length(1), *(self.data if data is None else data))
 
     def _length(self, n: int):
@@ -193,17 +192,29 @@ class Trainer:
         return self._summarize(self.par.first(self._eval(params, key)))
 
 
-def read_chunk(par: Parallel, chunk: Chunk, first_update: int) -> dict:
+def read_chunk(par: Parallel, chunk: Chunk, first_update: int, diverged: dict | None = None) -> dict:
     """Device 0's copy of the (already all-reduced) chunk metrics, as plain numbers. With many
-    runs: each run's row under "runs", and their means (the console's line)."""
-    first_bad = par.first(chunk.first_bad)
-    if first_bad >= 0:
-        raise NonFinite(f"non-finite loss or parameters at update {first_update + int(first_bad)}")
+    runs: each run's row under "runs", and their means over the runs that have not diverged
+    (the console's line). A single run that goes non-finite raises NonFinite; with many runs,
+    `diverged` ({run: the update where it went non-finite}) gains the runs that did (their rows
+    say so: "diverged_at"), and NonFinite comes when every run has."""
     if par.runs is None:
+        first_bad = par.first(chunk.first_bad)
+        if first_bad >= 0:
+            raise NonFinite(f"non-finite loss or parameters at update {first_update + int(first_bad)}")
         return chunk_row(*par.first((chunk.losses, chunk.episodes)))
+    diverged = {} if diverged is None else diverged
+    for run, bad in enumerate(par.runs_of(chunk.first_bad)):
+        if bad >= 0:
+            diverged.setdefault(run, first_update + int(bad))
+    if len(diverged) == par.runs:
+        raise NonFinite(f"non-finite loss or parameters in every run (the last at update {max(diverged.values())})")
     losses, episodes = par.runs_of((chunk.losses, chunk.episodes))
     rows = [chunk_row(*jax.tree.map(lambda x: x[i], (losses, episodes))) for i in range(par.runs)]
-    means = {k: _mean([r[k] for r in rows]) for k in rows[0] if k != "episodes"}
+    live = [r for i, r in enumerate(rows) if i not in diverged]
+    means = {k: _mean([r[k] for r in live]) for k in rows[0] if k != "episodes"}
+    for run, update in diverged.items():
+        rows[run]["diverged_at"] = update
     return {**means, "episodes": sum(r["episodes"] for r in rows), "runs": rows}
 
 
@@ -258,10 +269,12 @@ POLL_S = 0.02  # a learner with nothing to learn from looks for new data this of
 
 
 def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks = Hooks(),
-          stop_at: int | None = None, feed: Feed | None = None) -> tuple[Any, dict, int]:
+          stop_at: int | None = None, feed: Feed | None = None,
+          diverged: dict[int, int] | None = None) -> tuple[Any, dict, int]:
     """Runs chunks until the last update (or `stop_at`, or a stop request); returns the final
     state, the last log row and the number of updates done. With a `feed` (a learner), each
-    chunk runs as many updates as the feed allows, on its data."""
+    chunk runs as many updates as the feed allows, on its data. `diverged`: with many runs,
+    those that went non-finite before `start_update` (a resume), {run: update}."""
     cfg = trainer.cfg
     end = trainer.end(stop_at)
     data = None if feed is None else feed.data
@@ -288,14 +301,21 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
     log.start(cfg.steps_at(start_update, per_update))
     clock = {"start": time.perf_counter(), "prev": time.perf_counter()}
     last_row: dict = {}
+    diverged = dict(diverged or {})  # many runs: {run: the update where it went non-finite}
 
     def emit(update: int, length: int, metrics: Chunk) -> None:
         nonlocal last_row
         first = update - length + 1
         what = f"updates {first}-{update}" + ("" if aot or first > start_update + 1 else
                                               " (compiled on this first call: pmap over several processes)")
+        known = len(diverged)
         with log.waiting(what):
-            row = read_chunk(trainer.par, metrics, first)  # blocks until that chunk is done
+            row = read_chunk(trainer.par, metrics, first, diverged)  # blocks until that chunk is done
+        for run in list(diverged)[known:]:
+            who = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                            for k, v in trainer.runs.describe(run).items())
+            log.print(f"  {who}: non-finite loss or parameters at update {diverged[run]}; this run stops there (it "
+                      f"keeps its last finite state), the other {trainer.runs.count - len(diverged)} go on")
         now = time.perf_counter()
         log.timeline.setdefault("first_chunk_s", now - clock["start"])
         last_row = {"update": update, unit: cfg.steps_at(update, per_update), **row,
@@ -623,7 +643,11 @@ def run(cfg, par: Parallel, layout: Split, changes: list[str], asynchronous=None
             hooks = Hooks(checkpoint=feed.checkpoint, stop_requested=stop)
         else:
             hooks = trainer_hooks(cfg, trainer, par, ckpts, stop)
-        state, last, done = train(trainer, log, state, start, hooks, stop_at=cfg.stop_at_update, feed=feed)
+        # A resumed run's diverged runs (their frozen state is in the checkpoint) keep the update
+        # where they went non-finite, from the rows logged before it.
+        diverged = runstats.diverged_runs(runstats.read_rows(run_dir / "metrics.jsonl")) if trainer.runs else {}
+        state, last, done = train(trainer, log, state, start, hooks, stop_at=cfg.stop_at_update, feed=feed,
+                                  diverged=diverged)
         if feed is not None:  # the last checkpoint, and unless stopped the marker that ends the collectors
             feed.finish(done, state, stopped=done < cfg.total_updates)
     except NonFinite as e:
@@ -646,6 +670,10 @@ def run(cfg, par: Parallel, layout: Split, changes: list[str], asynchronous=None
     else:
         steps = last.get(unit, cfg.steps_at(done, trainer.steps_per_update))
     values = summary(cfg, log, last, done, unit, steps, time.perf_counter() - t_start, run_dir)
+    diverged = [f"run {i} at update {r['diverged_at']}" for i, r in enumerate(last.get("runs", []))
+                if "diverged_at" in r]
+    if diverged:  # many runs: where each run that went non-finite did
+        values["diverged_runs"] = ", ".join(diverged)
     across = []
     if trainer.runs is not None and parallel.is_main():  # per configuration, across its seeds
         across = runstats.write(run_dir, trainer.runs.names, unit, cfg.target_return)

@@ -6,7 +6,9 @@ seeds whose final return is above --target-return, and a PNG of the learning cur
 across seeds, with a 95% bootstrap band).
 
 A run's final return is its `episode_return` in the last row of metrics.jsonl that has one (the
-mean return of the episodes that ended in the run's last logged chunk). Everything is read back
+mean return of the episodes that ended in the run's last logged chunk); a run that diverged
+(a non-finite loss or parameter: multirun.py stops it alone, and its rows say `diverged_at`)
+keeps the return it logged last before that, and the summary lists it. Everything is read back
 from metrics.jsonl, so a resumed run is summarised over all of its rows, and the module works on
 any run directory of many runs.
 """
@@ -65,6 +67,15 @@ def final_return(rows: list[dict], key: str = "episode_return") -> float:
     return float(values[-1]) if values else float("nan")
 
 
+def diverged_runs(rows: list[dict]) -> dict[int, int]:
+    """{run: the update where it went non-finite} of the runs whose rows say so."""
+    out: dict[int, int] = {}
+    for r in rows:
+        if r.get("diverged_at") is not None:
+            out[r["run"]] = min(r["diverged_at"], out.get(r["run"], r["diverged_at"]))
+    return out
+
+
 def summarize(rows: list[dict], swept: tuple[str, ...], target: float | None = None) -> list[dict]:
     """Per configuration: its swept values, seeds, and the statistics of the final returns."""
     out = []
@@ -77,6 +88,9 @@ def summarize(rows: list[dict], swept: tuple[str, ...], target: float | None = N
                  "final_return_iqm": _num(iqm(known)) if len(known) else None,
                  "final_return_iqm_ci95": [_num(v) for v in bootstrap_ci(known, iqm)],
                  "final_returns": [_num(v) for v in finals]}
+        diverged = diverged_runs([r for rs in runs.values() for r in rs])
+        if diverged:
+            entry["diverged"] = {str(run): update for run, update in sorted(diverged.items())}  # run: update
         if target is not None:
             # A run without a final return (no episode ended) is not above the target.
             entry["fraction_above_target"] = float(np.mean(np.nan_to_num(finals, nan=-np.inf) > target))
@@ -151,6 +165,9 @@ def lines(summary: list[dict], swept: tuple[str, ...]) -> list[str]:
                 f"[{_fmt(entry['final_return_iqm_ci95'][0])}, {_fmt(entry['final_return_iqm_ci95'][1])}]")
         if "fraction_above_target" in entry:
             text += f", {entry['fraction_above_target']:.0%} above {entry['target_return']:g}"
+        if "diverged" in entry:
+            text += (f"; {len(entry['diverged'])} diverged (" + ", ".join(
+                f"run {run} at update {update}" for run, update in entry["diverged"].items()) + ")")
         out.append(text)
     return out
 

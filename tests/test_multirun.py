@@ -85,7 +85,7 @@ def test_one_program_serves_every_sweep_value():
 
     def program(sweep):
         trainer = make_trainer(2, "shard_map", sweep=sweep, **SMALL)
-        mapped = trainer.par.map(runner.make_chunk(trainer.algorithm.update))
+        mapped = trainer.par.map(runner.make_chunk(trainer.algorithm.update, trainer.algorithm.finite))
         return mapped.lower(trainer.abstract_state(), trainer._length(1), *trainer.data).as_text()
 
     assert program("lr=1e-3,3e-4 ent_coef=0.0,0.5") == program("lr=7e-3,1e-5 ent_coef=0.25,0.125")
@@ -231,3 +231,49 @@ def test_dqn_runs_equal_their_single_runs():
         assert_trees_close(single.par.first(state1.params), jax.tree.map(lambda x: x[i], params), rtol=1e-5, atol=1e-6)
         assert_trees_close(single.par.first(chunk1.losses), jax.tree.map(lambda x: x[i], losses), rtol=1e-4, atol=1e-6)
     assert losses["epsilon"][1] != losses["epsilon"][2]  # the swept value reached the runs
+
+
+def test_a_run_that_diverges_stops_alone():
+    """--sweep lr=1e-3,1e30: the second run's first update is non-finite. It keeps its initial
+    state (where its single run stops with an error) and counts no episodes; the first run is
+    still its single run."""
+    multi = make_trainer(2, "shard_map", sweep="lr=1e-3,1e30", **SMALL)
+    initial = per_run(multi, multi.init_state().params)
+    state, chunk = run_updates(multi, 3)
+    assert per_run(multi, chunk.first_bad).tolist() == [-1, 0]
+    params, episodes = per_run(multi, state.params), per_run(multi, chunk.episodes)
+    assert_trees_close(jax.tree.map(lambda x: x[1], initial), jax.tree.map(lambda x: x[1], params), rtol=0, atol=0)
+    assert episodes.count[1] == 0 and episodes.count[0] > 0
+    single = make_trainer(1, lr=1e-3, **SMALL)
+    state1, _ = run_updates(single, 3)
+    assert_trees_close(single.par.first(state1.params), jax.tree.map(lambda x: x[0], params), rtol=1e-5, atol=1e-6)
+
+
+def test_the_command_line_reports_a_diverged_run_and_the_others_finish(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    argv = ["--num-seeds", "2", "--sweep", "lr=0.05,1e30", *CLI[4:], "--run-dir", str(run_dir)]
+    argv.remove("--lr"), argv.remove("0.05")
+    assert run(*argv) == 0
+    out = capsys.readouterr().out
+    rows = metrics(run_dir)
+    assert {r["run"] for r in rows if "diverged_at" in r} == {2, 3}  # the lr 1e30 runs, and only they
+    at = {r["run"]: r["diverged_at"] for r in rows if "diverged_at" in r}
+    assert all(r["diverged_at"] == at[r["run"]] for r in rows if r["run"] >= 2)
+    for run_ in (2, 3):  # said once, when it happened
+        assert out.count(f"run {run_}, seed {run_ - 2}, lr 1e+30: non-finite loss or parameters at update "
+                         f"{at[run_]}; this run stops there") == 1, out
+    assert all(r["episode_return"] is not None and "diverged_at" not in r for r in rows if r["run"] < 2)
+    assert "(mean of 2 runs; 2 diverged)" in out
+    summary = json.loads((run_dir / "runs_summary.json").read_text())
+    assert [s.get("diverged") for s in summary] == [None, {"2": at[2], "3": at[3]}]
+    assert f"2 diverged (run 2 at update {at[2]}, run 3 at update {at[3]})" in out
+    assert json.loads((run_dir / "summary.json").read_text())["diverged_runs"] == \
+        f"run 2 at update {at[2]}, run 3 at update {at[3]}"
+    # Stopped before the divergence and resumed after it: the same rows as without the stop.
+    part = tmp_path / "part"
+    assert run(*argv[:-1], str(part), "--stop-at-update", str(at[2])) == 0
+    assert run(*argv[:-1], str(part), "--resume") == 0
+    assert metrics(part) == rows
+    # Every run non-finite: the run stops with the one-line error of a single run.
+    assert run(*[a if a != "lr=0.05,1e30" else "lr=1e30,1e31" for a in argv[:-1]], str(tmp_path / "all")) == 1
+    assert "non-finite loss or parameters in every run" in capsys.readouterr().err

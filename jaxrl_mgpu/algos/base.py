@@ -11,6 +11,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+import jax
+import jax.numpy as jnp
+
 
 @dataclasses.dataclass(frozen=True)
 class Algorithm:
@@ -26,6 +29,15 @@ class Algorithm:
     # Evaluation episodes other than episodes.make_episodes (multi-agent games):
     # (total, num_devices, greedy) -> (per-device (params, key) -> sums, sums -> dict with mean_return)
     evaluation: Callable | None = None
+    # (losses, params) -> whether the update's numbers are finite: a bool, or one per run where
+    # the state holds many (multirun.py: there a run that goes non-finite stops alone). None:
+    # all_finite of both.
+    finite: Callable | None = None
+
+
+def all_finite(*trees) -> Any:
+    """Whether every number in `trees` is finite (a traced bool)."""
+    return jnp.all(jnp.array([jnp.isfinite(x).all() for t in trees for x in jax.tree.leaves(t)]))
 
 
 class Split(dict):
