@@ -155,7 +155,7 @@ def choose(cfg, par, module, log: Callable[[str], None] = print):
             trainer.compile(trainer.abstract_state())
             init.result()
         rows.setdefault(n, Row(n)).compile_s = time.perf_counter() - t
-        rows.setdefault(n, Row(n)).compiled_bytes = compiled_bytes(trainer._compiled)
+        rows.setdefault(n, Row(n)).compiled_bytes = compiled_bytes(trainer.compiled)
         trainers[n] = trainer
         return trainer
 

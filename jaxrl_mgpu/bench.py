@@ -115,7 +115,7 @@ def measure(cfg, devices: int, updates: int, repeats: int, profile: str | None =
     # XLA's analysis of the chunk (per device) against the allocator's peak: what --auto-scale
     # predicts from, and whether it holds.
     stats = par.local_devices[0].memory_stats() or {}
-    return {**row, "compiled_bytes": autoscale.compiled_bytes(trainer._compiled),
+    return {**row, "compiled_bytes": autoscale.compiled_bytes(trainer.compiled),
             "peak_bytes_in_use": stats.get("peak_bytes_in_use")}
 
 

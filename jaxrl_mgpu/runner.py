@@ -142,6 +142,11 @@ class Trainer:
             return self.par.shard_runs(self.runs.keys(seed - self.cfg.seed))
         return self.par.replicate(np.asarray(jax.random.PRNGKey(seed)))
 
+    @property
+    def compiled(self):
+        """The compiled chunk (for its memory analysis: autoscale, bench), None before `compile`."""
+        return self._compiled
+
     def compile(self, state, data: tuple | None = None) -> None:
         """Compiles the chunk for `state`'s (and `data`'s) shapes, once (ahead of time where the
         backend can)."""

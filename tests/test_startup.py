@@ -69,9 +69,9 @@ def test_one_program_runs_chunks_of_every_length():
         before = int(trainer.par.first(state.update))
         state, _ = trainer.chunk_fn(length, state)(state)
         assert int(trainer.par.first(state.update)) == before + length
-    compiled = trainer._compiled
+    compiled = trainer.compiled
     trainer.chunk_fn(5, state)
-    assert trainer._compiled is compiled  # one program, whatever the length
+    assert trainer.compiled is compiled  # one program, whatever the length
 
 
 def test_a_total_that_is_not_a_multiple_of_log_every_compiles_once(tmp_path):

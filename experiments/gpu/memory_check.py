@@ -36,8 +36,8 @@ trainer = runner.Trainer(cfg, par)
 t = time.perf_counter()
 trainer.compile(trainer.abstract_state())
 out["compile_s"] = round(time.perf_counter() - t, 1)
-out["chunk_analysis"] = autoscale.compiled_bytes(trainer._compiled)
-m = trainer._compiled.memory_analysis()
+out["chunk_analysis"] = autoscale.compiled_bytes(trainer.compiled)
+m = trainer.compiled.memory_analysis()
 out["chunk_parts"] = {k: getattr(m, k) for k in ("argument_size_in_bytes", "output_size_in_bytes",
                                                   "temp_size_in_bytes", "alias_size_in_bytes")}
 init = par.map(trainer.algorithm.init).lower(trainer.key(cfg.seed)).compile()
