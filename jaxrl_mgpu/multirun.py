@@ -100,14 +100,17 @@ def algorithm(cfg, module, env, env_params, split, par: Parallel, runs: Runs) ->
             # This run's swept values as the config's numbers: traced scalars, not constants.
             run_cfg = dataclasses.replace(cfg, **run_values)
             new, (losses, episodes) = module.algorithm(run_cfg, env, env_params, split, par).update(state)
-            # A run whose update went non-finite (a swept learning rate too large) keeps the state
-            # it had, keys included, so it stays where its single run would have stopped, and
-            # its later updates (the same computation again) count no episodes; the other runs
-            # go on. Its losses stay as computed: the host reads them (`finite` below) and says so.
+            # A run whose update went non-finite (a swept learning rate too large) keeps the
+            # parameters it had and gets a NaN optimizer state, so every later update of it is
+            # non-finite too (a mark a checkpoint keeps): it never learns again, and its last
+            # finite policy goes on acting, its returns logged. The other runs go on. Only these
+            # two small parts are chosen per run: choosing the whole state copied DQN's replay
+            # every update (4 seeds of the Breakout-MinAtar preset 6% slower on an H200).
             ok = all_finite(losses, new.params)
-            new = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, state)
-            episodes = jax.tree.map(lambda x: jnp.where(ok, x, jnp.zeros_like(x)), episodes)
-            return new, (losses, episodes)
+            params = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new.params, state.params)
+            opt_state = jax.tree.map(lambda x: jnp.where(ok, x, jnp.nan) if jnp.issubdtype(x.dtype, jnp.floating)
+                                     else x, new.opt_state)
+            return new._replace(params=params, opt_state=opt_state), (losses, episodes)
         return jax.vmap(one)(state, values)
 
     # The runs' initial states one after another (lax.map), not vmapped: a vmapped orthogonal
@@ -115,4 +118,5 @@ def algorithm(cfg, module, env, env_params, split, par: Parallel, runs: Runs) ->
     # inside it, and 128 CartPole runs deadlocked there on a 2-core machine. One run's init is
     # also exactly the single run's (an unbatched QR). It runs once.
     return dataclasses.replace(base, init=lambda keys: jax.lax.map(base.init, keys), update=update,
-                               data=(par.shard_runs(runs.values()),), finite=jax.vmap(all_finite))
+                               data=(par.shard_runs(runs.values()),),
+                               finite=jax.vmap(lambda losses, state: all_finite(losses, state.params, state.opt_state)))

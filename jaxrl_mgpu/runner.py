@@ -65,7 +65,7 @@ def make_chunk(update: Callable, finite: Callable | None = None) -> Callable:
     # Traced once: eval_shape below and every call in the loop hit jit's trace cache (the same
     # function at the same abstract arguments), instead of tracing the update twice.
     update = jax.jit(update)
-    finite = finite or all_finite
+    finite = finite or (lambda losses, state: all_finite(losses, state.params))
 
     def chunk(state, n, *data):
         # The accumulators' shapes, from the update's abstract trace (nothing is computed).
@@ -74,13 +74,13 @@ def make_chunk(update: Callable, finite: Callable | None = None) -> Callable:
         def body(_, carry):
             state, loss_sum, episode_sum, done, first_bad = carry
             state, (losses, episodes) = update(state, *data)
-            first_bad = jnp.where((first_bad < 0) & ~finite(losses, state.params), done, first_bad)
+            first_bad = jnp.where((first_bad < 0) & ~finite(losses, state), done, first_bad)
             return (state, jax.tree.map(jnp.add, loss_sum, losses), jax.tree.map(jnp.add, episode_sum, episodes),
                     done + 1, first_bad)
 
         # Counters made from `n`: under shard_map they must vary by device as the loop does.
         zero = jnp.zeros_like(n)
-        none_bad = jnp.broadcast_to(zero - 1, jax.eval_shape(finite, losses0, state.params).shape)
+        none_bad = jnp.broadcast_to(zero - 1, jax.eval_shape(finite, losses0, state).shape)
         state, loss_sum, episodes, _, first_bad = jax.lax.fori_loop(
             0, n, body, (state, losses0, episodes0, zero, none_bad))
         losses = jax.tree.map(lambda x: x / jnp.maximum(n, 1).astype(x.dtype), loss_sum)
@@ -319,8 +319,9 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
         for run in list(diverged)[known:]:
             who = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
                             for k, v in trainer.runs.describe(run).items())
-            log.print(f"  {who}: non-finite loss or parameters at update {diverged[run]}; this run stops there (it "
-                      f"keeps its last finite state), the other {trainer.runs.count - len(diverged)} go on")
+            log.print(f"  {who}: non-finite loss or parameters at update {diverged[run]}; this run stops learning "
+                      f"there (its last finite parameters go on acting), the other {trainer.runs.count - len(diverged)} "
+                      f"go on")
         now = time.perf_counter()
         log.timeline.setdefault("first_chunk_s", now - clock["start"])
         last_row = {"update": update, unit: cfg.steps_at(update, per_update), **row,

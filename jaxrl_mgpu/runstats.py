@@ -7,8 +7,8 @@ across seeds, with a 95% bootstrap band).
 
 A run's final return is its `episode_return` in the last row of metrics.jsonl that has one (the
 mean return of the episodes that ended in the run's last logged chunk); a run that diverged
-(a non-finite loss or parameter: multirun.py stops it alone, and its rows say `diverged_at`)
-keeps the return it logged last before that, and the summary lists it. Everything is read back
+(a non-finite loss or parameter: multirun.py stops its learning alone, and its rows say
+`diverged_at`) is summarised by the returns its last finite parameters reach, and listed. Everything is read back
 from metrics.jsonl, so a resumed run is summarised over all of its rows, and the module works on
 any run directory of many runs.
 """

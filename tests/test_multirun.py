@@ -235,17 +235,20 @@ def test_dqn_runs_equal_their_single_runs():
 
 def test_a_run_that_diverges_stops_alone():
     """--sweep lr=1e-3,1e30: the second run's first update is non-finite. It keeps its initial
-    state (where its single run stops with an error) and counts no episodes; the first run is
-    still its single run."""
+    parameters (where its single run stops with an error), for good: its optimizer state is
+    NaN, so every later update is rejected too. The first run is still its single run."""
     multi = make_trainer(2, "shard_map", sweep="lr=1e-3,1e30", **SMALL)
     initial = per_run(multi, multi.init_state().params)
     state, chunk = run_updates(multi, 3)
     assert per_run(multi, chunk.first_bad).tolist() == [-1, 0]
-    params, episodes = per_run(multi, state.params), per_run(multi, chunk.episodes)
+    state, chunk = multi.chunk_fn(2, state)(state)
+    assert per_run(multi, chunk.first_bad).tolist() == [-1, 0]  # still: every update of it
+    params, opt_state = per_run(multi, state.params), per_run(multi, state.opt_state)
     assert_trees_close(jax.tree.map(lambda x: x[1], initial), jax.tree.map(lambda x: x[1], params), rtol=0, atol=0)
-    assert episodes.count[1] == 0 and episodes.count[0] > 0
+    floats = [x for x in jax.tree.leaves(opt_state) if np.issubdtype(x.dtype, np.floating)]
+    assert all(np.isnan(x[1]).all() and np.isfinite(x[0]).all() for x in floats)
     single = make_trainer(1, lr=1e-3, **SMALL)
-    state1, _ = run_updates(single, 3)
+    state1, _ = run_updates(single, 5)
     assert_trees_close(single.par.first(state1.params), jax.tree.map(lambda x: x[0], params), rtol=1e-5, atol=1e-6)
 
 
@@ -261,7 +264,7 @@ def test_the_command_line_reports_a_diverged_run_and_the_others_finish(tmp_path,
     assert all(r["diverged_at"] == at[r["run"]] for r in rows if r["run"] >= 2)
     for run_ in (2, 3):  # said once, when it happened
         assert out.count(f"run {run_}, seed {run_ - 2}, lr 1e+30: non-finite loss or parameters at update "
-                         f"{at[run_]}; this run stops there") == 1, out
+                         f"{at[run_]}; this run stops learning there") == 1, out
     assert all(r["episode_return"] is not None and "diverged_at" not in r for r in rows if r["run"] < 2)
     assert "(mean of 2 runs; 2 diverged)" in out
     summary = json.loads((run_dir / "runs_summary.json").read_text())

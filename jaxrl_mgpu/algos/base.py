@@ -29,9 +29,9 @@ class Algorithm:
     # Evaluation episodes other than episodes.make_episodes (multi-agent games):
     # (total, num_devices, greedy) -> (per-device (params, key) -> sums, sums -> dict with mean_return)
     evaluation: Callable | None = None
-    # (losses, params) -> whether the update's numbers are finite: a bool, or one per run where
+    # (losses, state) -> whether an update's numbers are finite: a bool, or one per run where
     # the state holds many (multirun.py: there a run that goes non-finite stops alone). None:
-    # all_finite of both.
+    # all_finite of the losses and the parameters.
     finite: Callable | None = None
 
 
