@@ -19,10 +19,10 @@ How (no out-of-memory trial ever runs):
    devices.
 2. Throughput (`--auto-scale` = `--auto-scale throughput`, the default mode): steps/s
    saturates long before memory is full, and a bigger batch then buys nothing but fewer
-   updates. Each compile costs seconds to tens of seconds on a GPU (on an H200 about 7 s for
-   the DQN chunk and 13 s for CartPole's; for PPO's conv net 20-40 s, most of it the
-   autotuning of its convolutions at each size's shapes), so the search climbs rather than
-   compiling every size. Each size gets a short steady-state probe (DQN in its learning
+   updates. Each compile costs seconds to tens of seconds on a GPU (on an H200 8-23 s for
+   the DQN chunk, 11-13 s for CartPole's, 18-42 s for Breakout PPO's conv net, over half of it
+   XLA's autotuning of GEMMs and convolutions at each size's shapes: experiments/RESULTS.md),
+   so the search climbs rather than compiling every size. Each size gets a short steady-state probe (DQN in its learning
    phase: `steady_state`). The next size up is where a model of an update's time (a fixed part
    plus a part per environment, through the sizes probed) puts steps/s at 95% of their limit,
    4x to 16x the largest so far (2x where the model says the largest is there already; half
