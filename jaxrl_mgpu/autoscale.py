@@ -22,8 +22,8 @@ How (no out-of-memory trial ever runs):
    updates. Each compile costs seconds to tens of seconds on a GPU (on an H200 8-23 s for
    the DQN chunk, 11-13 s for CartPole's, 18-42 s for Breakout PPO's conv net, over half of it
    XLA's autotuning of GEMMs and convolutions at each size's shapes: experiments/RESULTS.md),
-   so the search climbs rather than compiling every size. Each size gets a short steady-state probe (DQN in its learning
-   phase: `steady_state`). The next size up is where a model of an update's time (a fixed part
+   so the search climbs rather than compiling every size. Each size gets a short steady-state
+   probe (DQN in its learning phase: `steady_state`). The next size up is where a model of an update's time (a fixed part
    plus a part per environment, through the sizes probed) puts steps/s at 95% of their limit,
    4x to 16x the largest so far (2x where the model says the largest is there already; half
    that where it does not fit or split); the climb goes on while each step up is more than 5%
@@ -320,9 +320,9 @@ def climb(compiled: list[int], rows: dict, compile_fits: Callable[[int], bool],
     where that does not fit or split, down to 2x) while each step up is more than WITHIN faster
     than every smaller size, or more than WITHIN / 2 per doubling (past that, returns diminish:
     on an H200 CartPole's probes gained 7%, 4.6% and 1.5% per doubling from 16,384 to 262,144,
-    and 131,072 is within 5% of the best, 65,536 is not); where
-    the last step was slower, the size between the fastest and it; then the sizes below the
-    choice that `between` says might be within WITHIN of the fastest too. Returns the smallest
+    and 131,072 is within 5% of the best, 65,536 is not); where the last step was slower, the
+    size between the fastest and it; then the sizes below the choice that `between` says might
+    be within WITHIN of the fastest too. Returns the smallest
     size within WITHIN of the fastest, and why the climb stopped (for the table)."""
     for n in compiled:
         probe(n)

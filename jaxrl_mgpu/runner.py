@@ -676,10 +676,10 @@ def run(cfg, par: Parallel, layout: Split, changes: list[str], asynchronous=None
     else:
         steps = last.get(unit, cfg.steps_at(done, trainer.steps_per_update))
     values = summary(cfg, log, last, done, unit, steps, time.perf_counter() - t_start, run_dir)
-    diverged = [f"run {i} at update {r['diverged_at']}" for i, r in enumerate(last.get("runs", []))
-                if "diverged_at" in r]
-    if diverged:  # many runs: where each run that went non-finite did
-        values["diverged_runs"] = ", ".join(diverged)
+    stopped_runs = [f"run {i} at update {r['diverged_at']}" for i, r in enumerate(last.get("runs", []))
+                    if "diverged_at" in r]
+    if stopped_runs:  # many runs: where each run that went non-finite did
+        values["diverged_runs"] = ", ".join(stopped_runs)
     across = []
     if trainer.runs is not None and parallel.is_main():  # per configuration, across its seeds
         across = runstats.write(run_dir, trainer.runs.names, unit, cfg.target_return)

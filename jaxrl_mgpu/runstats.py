@@ -8,9 +8,9 @@ across seeds, with a 95% bootstrap band).
 A run's final return is its `episode_return` in the last row of metrics.jsonl that has one (the
 mean return of the episodes that ended in the run's last logged chunk); a run that diverged
 (a non-finite loss or parameter: multirun.py stops its learning alone, and its rows say
-`diverged_at`) is summarised by the returns its last finite parameters reach, and listed. Everything is read back
-from metrics.jsonl, so a resumed run is summarised over all of its rows, and the module works on
-any run directory of many runs.
+`diverged_at`) is summarised by the returns its last finite parameters reach, and listed.
+Everything is read back from metrics.jsonl, so a resumed run is summarised over all of its
+rows, and the module works on any run directory of many runs.
 """
 
 from __future__ import annotations
