@@ -5,8 +5,10 @@ the sizes one after another, `par` all at once on threads (as the search's first
     python3 experiments/gpu/compile_time.py par 65536,131072 -- --env CartPole-v1
 Where XLA's time goes: run it with TF_CPP_MIN_LOG_LEVEL=0
 TF_CPP_VMODULE=gpu_compiler=1,hlo_pass_pipeline=1 and read the "time:" lines of the chunk's
-module (jit_per_device): `config-assigner` is the autotuning, `RunBackend` LLVM and ptxas."""
+module (jit_per_device): `config-assigner` is the autotuning, `RunBackend` LLVM and ptxas.
+The CPU seconds (all threads, the whole process) against the wall time say how parallel it is."""
 import concurrent.futures
+import resource
 import sys
 import time
 
@@ -26,6 +28,12 @@ jax.numpy.ones(1).block_until_ready()  # the backend is up before the clock star
 start = time.perf_counter()
 
 
+def cpu_s() -> float:
+    """CPU seconds of this process so far, every thread's (how parallel XLA's compile is)."""
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
+
+
 def compile_at(n: int) -> None:
     """The search's program at n per device (autoscale.compile_at), lowered and compiled."""
     c = autoscale.steady_state(autoscale.with_size(cfg, n, 1))
@@ -33,11 +41,11 @@ def compile_at(n: int) -> None:
     t = time.perf_counter()
     mapped = trainer.par.map(make_chunk(trainer.algorithm.update, trainer.algorithm.finite), donate=True)
     lowered = mapped.lower(trainer.abstract_state(), trainer._length(1), *trainer.data)
-    t_lowered = time.perf_counter()
+    t_lowered, cpu = time.perf_counter(), cpu_s()
     lowered.compile()
     done = time.perf_counter()
     print(f"{n:,} per device: lowering {t_lowered - t:.2f} s, compiling {done - t_lowered:.2f} s "
-          f"(done {done - start:.1f} s after the start)", flush=True)
+          f"({cpu_s() - cpu:.1f} CPU s; done {done - start:.1f} s after the start)", flush=True)
 
 
 if mode == "seq":
