@@ -151,6 +151,11 @@ class Config:
                            choices=("pmap", "shard_map"))
     devices: int | None = option(None, "use the first k local devices of each host (default: all)")
     log_every: int = option(10, "updates per compiled chunk and per log point")
+    profile: str | None = option(None, "write a jax.profiler trace of two log intervals of training under this "
+                                       "directory, one per process (TensorBoard's profile plugin or Perfetto open it; "
+                                       "experiments/gpu/trace_summary.py sums it)")
+    profile_from: int | None = option(None, "the update after which the --profile trace starts (default: the end of "
+                                            "the first log interval, so that compiling and warming up are left out)")
     # several hosts (jax.distributed); with none of these flags JAX detects SLURM / Open MPI
     coordinator_address: str | None = option(None, "host:port of process 0, the same on every process")
     num_processes: int | None = option(None, "processes in the job (one per host, or one per GPU group)")
@@ -236,7 +241,7 @@ RANGES = {
                "stop_at_update",
                "eval_episodes"),
     NON_NEGATIVE: ("ent_coef", "vf_coef", "learning_starts", "eps_decay_steps", "process_id", "checkpoint_every",
-                   "resumed_update", "resumed_steps",
+                   "resumed_update", "resumed_steps", "profile_from",
                    "eval_every"),
     UNIT: ("gamma", "gae_lambda", "eps_start", "eps_end", "samples_per_insert_tolerance"),
     UNIT_OPEN: ("tau", "auto_scale_memory"),
@@ -287,6 +292,8 @@ APPLIES = {
     **dict.fromkeys(("store_max_episodes", "collect_before_checkpoint", "shard_steps", "collector_id",
                      "samples_per_insert", "samples_per_insert_tolerance"), _ASYNC),
     "target_return": ("many runs (--num-seeds > 1 or --sweep)", lambda c: c.num_seeds > 1 or bool(c.sweep)),
+    "profile": ("training (--mode both or learn)", lambda c: c.mode != "collect"),
+    "profile_from": ("--profile", lambda c: c.profile is not None),
 }
 
 
@@ -462,7 +469,8 @@ RESUMABLE = ("total_timesteps", "num_updates", "num_envs", "lr", "max_grad_norm"
 # Options of one invocation, not of the run: a resume takes them from its own command line (or
 # their defaults), never from the saved config.
 PER_INVOCATION = ("stop_at_update", "devices", "coordinator_address", "num_processes", "process_id",
-                  "local_device_ids", "failure_timeout", "resume", "run_dir", "config", "compile_cache")
+                  "local_device_ids", "failure_timeout", "resume", "run_dir", "config", "compile_cache", "profile",
+                  "profile_from")
 
 
 def resumed(saved: dict, given: dict, state_keys=()) -> tuple[Config, list[str]]:

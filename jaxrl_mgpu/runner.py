@@ -273,6 +273,39 @@ class Feed(Protocol):
 POLL_S = 0.02  # a learner with nothing to learn from looks for new data this often
 
 
+class Profile:
+    """--profile DIR: a jax.profiler trace of the updates after `start` up to `stop`, two log
+    intervals (by default those after the first, so that compiling and warming up stay out of
+    it; --profile-from moves them); each process writes its own (DIR/process_<i> where there
+    are several). The trace starts and stops between chunks, with the device caught up (this
+    drains the pipeline of chunks twice: profiling only)."""
+
+    def __init__(self, directory: str, start: int, stop: int, first_update: int, log):
+        # (run() checked that the directory can be made)
+        self.directory = directory if jax.process_count() == 1 else f"{directory}/process_{jax.process_index()}"
+        self.start, self.stop, self.first_update, self.log = start, stop, first_update, log
+        self.on, self.started_at = False, None
+
+    def at(self, update: int, state) -> None:
+        """Called before the chunk that begins after `update` is dispatched."""
+        if self.started_at is None and self.start <= update < self.stop:
+            jax.block_until_ready(state)
+            jax.profiler.start_trace(self.directory)
+            self.on, self.started_at = True, update
+        elif self.on and update >= self.stop:
+            self.close(update, state)
+
+    def close(self, update: int, state) -> None:
+        if self.on:
+            jax.block_until_ready(state)
+            jax.profiler.stop_trace()
+            self.on = False
+            self.log.print(f"  profile of updates {self.started_at + 1}-{update} written under {self.directory}")
+        elif self.started_at is None:
+            self.log.print(f"  --profile: this run did updates {self.first_update + 1}-{update}, none of those to "
+                           f"profile ({self.start + 1}-{self.stop}); nothing was traced")
+
+
 def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks = Hooks(),
           stop_at: int | None = None, feed: Feed | None = None,
           diverged: dict[int, int] | None = None) -> tuple[Any, dict, int]:
@@ -307,6 +340,10 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
     clock = {"start": time.perf_counter(), "prev": time.perf_counter()}
     last_row: dict = {}
     diverged = dict(diverged or {})  # many runs: {run: the update where it went non-finite}
+    profile = None
+    if cfg.profile:
+        first = start_update + cfg.log_every - start_update % cfg.log_every if cfg.profile_from is None else cfg.profile_from
+        profile = Profile(cfg.profile, first, first + 2 * cfg.log_every, start_update, log)
 
     def emit(update: int, length: int, metrics: Chunk) -> None:
         nonlocal last_row
@@ -352,6 +389,8 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
     # the last, and a learner's feed takes in data (feed.poll) while the device learns.
     update, pending, written = start_update, None, {"update": start_update}
     while update < end:
+        if profile is not None:
+            profile.at(update, state)
         length = trainer.next_length(update, end)  # a feed may allow fewer updates, never more
         if feed is not None:
             allowed = feed.poll(update)
@@ -391,6 +430,8 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
             break
     if pending is not None:
         settle(pending)
+    if profile is not None:  # the run ended inside the profiled updates, or before them
+        profile.close(update, state)
     return state, last_row, update
 
 
@@ -482,18 +523,19 @@ def resolve(cfg, given: dict):
         raise ConfigError(f"--resume: {path / 'config.json'} was written by another version ({e})") from None
 
 
-def check_writable(path: Path) -> None:
-    """A ConfigError unless `path` can be created as a directory (checked by creating and
-    removing a temporary one in its nearest existing parent: nothing is left behind)."""
+def check_writable(path: Path, flag: str = "--run-dir") -> None:
+    """A ConfigError unless `path` can be created as a directory, or is one we may write in
+    (checked by creating and removing a temporary one in it or in its nearest existing parent:
+    nothing is left behind)."""
     parent = path.absolute()
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir():
-        raise ConfigError(f"--run-dir {path}: {parent} is a file, not a directory")
+        raise ConfigError(f"{flag} {path}: {parent} is a file, not a directory")
     try:
         os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".jaxrl_mgpu-check-"))
     except OSError as e:
-        raise ConfigError(f"--run-dir {path}: cannot create it in {parent} ({e.strerror})") from None
+        raise ConfigError(f"{flag} {path}: cannot create it in {parent} ({e.strerror})") from None
 
 
 def plan_run_dir(cfg) -> tuple[Path, int | None]:
@@ -578,6 +620,8 @@ def run(cfg, par: Parallel, layout: Split, changes: list[str], asynchronous=None
     same loop. Returns the exit code."""
     entered = time.monotonic()
     run_dir, resume_step = plan_run_dir(cfg)
+    if cfg.profile:
+        check_writable(Path(cfg.profile), "--profile")
     cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
     learner = cfg.mode == "learn"
     if resume_step is not None:

@@ -10,7 +10,9 @@
 # COLLECTORS=cpu runs the collectors on the host's CPU (JAX_PLATFORMS=cpu) and only the learner on
 # GPU 0: a one-GPU stand-in that loads the learner as collectors on other GPUs do.
 # LEARNER_CPUS=0-3 COLLECTOR_CPUS=4-15 pins them to host cores (taskset), so that collectors on
-# the CPU do not take the learner's host thread's cores.
+# the CPU do not take the learner's host thread's cores. PROFILE=U has each learner write a
+# jax.profiler trace of two log intervals after iteration U (train --profile --profile-from U) to
+# $OUT/trace_<case>, for experiments/gpu/trace_summary.py.
 # DRY=1 runs the same commands at toy sizes on a CPU machine (GPU pinning off).
 source experiments/gpu/setup.sh
 set -o pipefail
@@ -29,7 +31,8 @@ Q="--config breakout-minatar-dqn --num-envs 256 --log-every 5 --checkpoint-every
 
 split() {  # $1 collectors, $2 name, rest: learner options
   local n=$1 name=$2 run=$R/$2; shift 2
-  gpu 0 ${LEARNER_CPUS:+taskset -c $LEARNER_CPUS} timeout $T python3 -m jaxrl_mgpu.train $Q --run-dir $run --mode learn "$@" > $OUT/rate_${name}_learner.log 2>&1 &
+  gpu 0 ${LEARNER_CPUS:+taskset -c $LEARNER_CPUS} timeout $T python3 -m jaxrl_mgpu.train $Q --run-dir $run --mode learn \
+      ${PROFILE:+--profile $OUT/trace_$name --profile-from $PROFILE} "$@" > $OUT/rate_${name}_learner.log 2>&1 &
   local pids=($!)
   for c in $(seq 1 $n); do
     # several collectors on one GPU share its memory

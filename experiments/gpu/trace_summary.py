@@ -1,7 +1,7 @@
 """Where a jax.profiler trace spends device time: `python experiments/gpu/trace_summary.py DIR...`
 prints, per trace under each DIR, the kernels per profiled call, device busy time against the
 wall span of the device events, and the top kernels by time (from the .trace.json.gz that
-`bench --profile` writes). `--host` reads the CPU events instead (for a CPU-only trace);
+`bench --profile` or `train --profile` writes). `--host` reads the CPU events instead (for a CPU-only trace);
 `--all` lists every kernel, not the top 25."""
 import collections
 import glob
