@@ -270,12 +270,12 @@ def test_rate_limiter_semantics():
     # at the bottom of the band (plus slack), or has that much unread in the store.
     progress = {"samples_per_insert": 32, "tolerance": 0.1, "learning_starts": 512, "samples": 32 * 0.9 * 10_000,
                 "received": 10_000, "largest_shard": 256}
-    assert rate.collectors_may_write(progress, unread_steps=0, shard_steps=256, learning_starts=512)
-    assert not rate.collectors_may_write({**progress, "received": 10_000 + 512 + 4 * 256 + 1}, 0, 256, 512)
-    assert not rate.collectors_may_write(progress, unread_steps=4 * 256 + 1, shard_steps=256, learning_starts=512)
+    assert rate.hold_back(progress, unread_steps=0, shard_steps=256, learning_starts=512) is None
+    assert rate.hold_back({**progress, "received": 10_000 + 512 + 4 * 256 + 1}, 0, 256, 512) == rate.SAMPLES
+    assert rate.hold_back(progress, unread_steps=4 * 256 + 1, shard_steps=256, learning_starts=512) == rate.READING
     # No learner yet: the store fills up to what learning starts with, plus the slack, no more.
-    assert rate.collectors_may_write(None, unread_steps=512 + 4 * 256, shard_steps=256, learning_starts=512)
-    assert not rate.collectors_may_write(None, unread_steps=512 + 4 * 256 + 1, shard_steps=256, learning_starts=512)
+    assert rate.hold_back(None, unread_steps=512 + 4 * 256, shard_steps=256, learning_starts=512) is None
+    assert rate.hold_back(None, unread_steps=512 + 4 * 256 + 1, shard_steps=256, learning_starts=512) == rate.START
 
 
 def test_ingest_is_bounded_and_in_large_blocks():
@@ -320,6 +320,11 @@ def test_ten_collectors_started_before_the_learner_do_not_flood_it(tmp_path):
     last = rows[-1]
     assert last["update"] == 150
     assert last["async/samples_per_insert"] <= 32 * 1.1 + 256 / last["async/inserted"]
+    # They waited for the learner to start, and their waits add up by reason.
+    assert sum(r["async/collector_wait_s/start"] for r in rows) > 0
+    for r in rows:
+        assert r["async/collector_wait_s"] == pytest.approx(
+            sum(r[f"async/collector_wait_s/{why}"] for why in rate.HOLD_REASONS))
     # Nothing lost: what each collector wrote is what the learner received from it plus its
     # shards still in the store that the learner never took.
     taken, unread = consumed_by_collector(run_dir)

@@ -57,11 +57,12 @@ span = last["time"] - first["time"]
 rate = lambda k: ((last.get(k) or 0) - (first.get(k) or 0)) / span
 waited = sum(r.get("async/learner_wait_s") or 0 for r in steady[1:])
 collector_wait = sum(r.get("async/collector_wait_s") or 0 for r in steady[1:])
+why = {w: sum(r.get(f"async/collector_wait_s/{w}") or 0 for r in steady[1:]) for w in ("start", "reading", "samples")}
 ingest = sum(r.get("async/ingest_fraction") or 0 for r in steady[1:]) / (len(steady) - 1)
 print(f"{sys.argv[2]}: {rate('grad_steps'):.0f} grad steps/s, {rate('async/env_steps_received'):.0f} env steps/s received "
       f"over {span:.1f} s; samples/insert {last['async/samples_per_insert']:.2f} (target "
       f"{last['async/samples_per_insert_target']:g}); the learner waited {waited / span:.0%} of the time, "
-      f"collectors {collector_wait:.1f} s; ingest fraction {ingest:.3f}; queued {last['async/queued_transitions']}, "
+      f"collectors {collector_wait:.1f} s ({', '.join(f'{w} {t:.1f}' for w, t in why.items())}); ingest fraction {ingest:.3f}; queued {last['async/queued_transitions']}, unread {last.get('async/unread_transitions')}, "
       f"return {last.get('episode_return')}")
 PY
 }

@@ -52,7 +52,7 @@ from jaxrl_mgpu.algos import ad
 from jaxrl_mgpu.algos.base import Algorithm, Split
 from jaxrl_mgpu.asynchronous import rate
 from jaxrl_mgpu.asynchronous.ledger import COLLECTOR_LOG_S, DONE_MARKER, StoreFeed, collector_name, collector_seed
-from jaxrl_mgpu.asynchronous.store import Store
+from jaxrl_mgpu.asynchronous.store import Store, waited_meta
 from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.data import rlds
@@ -281,18 +281,17 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     log.print(f"collector {name}: tabular-q-{cfg.ad_source} source learners on {cfg.ad_history_tasks} {cfg.env} "
               f"train goals x {cfg.ad_history_steps} steps per shard, into {store.root}")
     total, shards, since = 0, 0, 0
-    paused_from, waited = None, 0.0  # back-pressure: since when, and how long since the last shard
+    waited = dict.fromkeys(rate.HOLD_REASONS, 0.0)  # back-pressure since the last shard, by reason
     shard_steps = cfg.ad_history_tasks * cfg.ad_history_steps
     while not stop() and not (run_dir / DONE_MARKER).exists():
         progress = rate.read_progress(run_dir)
         unread = store.unread_steps(progress and progress.get("last_consumed"))
-        if not rate.collectors_may_write(progress, unread, shard_steps, shard_steps):
-            # back-pressure: the learner is behind its samples per insert, or behind in reading
-            paused_from = paused_from or time.monotonic()
+        why = rate.hold_back(progress, unread, shard_steps, shard_steps)
+        if why is not None:  # back-pressure
+            pause_start = time.monotonic()
             time.sleep(rate.PUBLISH_S)
+            waited[why] += time.monotonic() - pause_start
             continue
-        if paused_from is not None:
-            waited, paused_from = waited + time.monotonic() - paused_from, None
         # Each (collector, batch) draws its own goals and learner keys: collectors with other
         # ids, and later batches, learn new tasks rather than repeating one another.
         stream = np.random.default_rng([cfg.seed, collector_seed(name), batch])
@@ -301,9 +300,9 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
         h = histories.run(cfg.env, goals, cfg.ad_history_steps, key_seed, source, par)
         # "seed" is the goal split's (what evaluation reads); the learners' keys come from key_seed.
         meta = {**histories.source_metadata(cfg.env, source, len(goals), cfg.ad_history_steps, cfg.seed, "train"),
-                "batch": batch, "key_seed": key_seed, "waited_s": waited}
+                "batch": batch, "key_seed": key_seed, **waited_meta(waited)}
         store.write_histories(dataclasses.replace(h, metadata=meta), name)
-        waited = 0.0
+        waited = dict.fromkeys(rate.HOLD_REASONS, 0.0)
         total, shards, since = total + h.reward.size, shards + 1, since + 1
         if log.due("shards", COLLECTOR_LOG_S):
             returns = histories.episode_returns(h, env.episode_len).mean(0)

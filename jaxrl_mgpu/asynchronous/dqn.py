@@ -54,6 +54,9 @@ from jaxrl_mgpu.runs import params_template
 
 COUNTS = ("env_steps", "episodes")  # what the learner counts of each shard it receives
 WAITING_LOG_S = 60.0          # a collector waiting for the learner says so this often
+PAUSED_BECAUSE = {rate.START: "no learner yet; the store holds what it will start with",
+                  rate.READING: "it has not read the shards written so far",
+                  rate.SAMPLES: "behind its samples per insert"}
 BLOCK = 256                   # transitions per device per small replay insert (one compiled shape)
 LARGE_BLOCK = 4096            # ... and per large insert (a second compiled shape), while there are as many
 INSERT_BUDGET = 4 * LARGE_BLOCK   # transitions per device inserted per poll at most
@@ -310,10 +313,12 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
         log.print(f"collector {name}: following the learner's checkpoints in {run_dir} (waiting for the first)")
     partial: dict[int, list] = {}
     total, shard_index, waited_from = 0, 0, time.monotonic()
-    paused_from, waited = None, 0.0  # back-pressure: since when, and how long since the last shard
+    # back-pressure: since when, and how long since the last shard, by reason (rate.HOLD_REASONS)
+    paused_from, waited = None, dict.fromkeys(rate.HOLD_REASONS, 0.0)
     shard_transitions = cfg.num_envs * cfg.shard_steps
     window = {"shards": 0, "episodes": 0, "return_sum": 0.0}
     while not stop() and not (run_dir / DONE_MARKER).exists():
+        looked_from = time.monotonic()  # a pass that ends paused counts whole as waiting
         held = policy_step
         params, policy_step, eps = _follow(cfg, run_dir, par, params, policy_step, eps, log, stop)
         if params is None:
@@ -324,16 +329,16 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
             continue
         progress = rate.read_progress(run_dir)
         unread = store.unread_steps(progress and progress.get("last_consumed"))
-        if not rate.collectors_may_write(progress, unread, shard_transitions, cfg.learning_starts):
-            # back-pressure: the learner is behind its samples per insert, or behind in reading
-            paused_from = paused_from or time.monotonic()
+        why = rate.hold_back(progress, unread, shard_transitions, cfg.learning_starts)
+        if why is not None:  # back-pressure
+            paused_from = paused_from or looked_from
             if log.due("paused", WAITING_LOG_S):
                 log.print(f"collector {name}: paused {time.monotonic() - paused_from:.0f}s for the learner "
-                          f"(behind its samples per insert); {unread:,} transitions unread in the store")
+                          f"({PAUSED_BECAUSE[why]}); {unread:,} transitions unread in the store")
             time.sleep(rate.PUBLISH_S)
+            waited[why] += time.monotonic() - looked_from
             continue
-        if paused_from is not None:
-            waited, paused_from = waited + time.monotonic() - paused_from, None
+        paused_from = None
         if policy_step != held or on_devices is None:
             on_devices = par.replicate(params)
         key = par.replicate(np.asarray(jax.random.fold_in(base, shard_index + 1)))
@@ -341,8 +346,8 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
         episodes = _episodes(par, traj, partial)
         shard_index += 1
         if episodes:
-            store.write(episodes, name, policy_step, cfg.env, waited_s=waited)
-            waited = 0.0
+            store.write(episodes, name, policy_step, cfg.env, waited=waited)
+            waited = dict.fromkeys(rate.HOLD_REASONS, 0.0)
             total += sum(len(e["reward"]) for e in episodes)
             window["shards"] += 1
             window["episodes"] += len(episodes)

@@ -130,7 +130,8 @@ class StoreFeed:
                                   decode=self.decode)
         self.last_consumed, self.largest_shard, self.waiting_since = None, 0, None
         # What arrived since the last log point, and how the learner's host time went.
-        self.window = dict.fromkeys(("collector_wait_s", "learner_wait_s", "ingest_s"), 0)
+        self.window = dict.fromkeys(("collector_wait_s", "learner_wait_s", "ingest_s",
+                                     *(f"collector_wait_s/{why}" for why in rate.HOLD_REASONS)), 0)
         self.per_collector_window: dict[str, int] = {}
         self.steps_logged, self.logged_at = self.ledger.env_steps, time.perf_counter()
 
@@ -155,6 +156,8 @@ class StoreFeed:
             if new:
                 self.ledger.receive(shard.meta)
                 self.window["collector_wait_s"] += shard.meta.get("waited_s", 0.0)
+                for why, seconds in shard.meta.get("waited_for_s", {}).items():
+                    self.window[f"collector_wait_s/{why}"] += seconds
                 who = shard.meta["collector"]
                 self.per_collector_window[who] = self.per_collector_window.get(who, 0) + shard.meta["env_steps"]
             yield shard, new, data
@@ -183,7 +186,11 @@ class StoreFeed:
                "async/samples_per_insert": self.limiter.achieved(samples, inserts),
                "async/samples_per_insert_target": self.limiter.target,
                "async/inserted": inserts, "async/queued_transitions": queued,
+               # written to the store, not yet taken from the reader (collectors pause past a slack)
+               "async/unread_transitions": self.store.unread_steps(self.last_consumed),
                "async/learner_wait_s": w["learner_wait_s"], "async/collector_wait_s": w["collector_wait_s"],
+               # why collectors waited: no learner yet, shards it has not read, or its samples
+               **{f"async/collector_wait_s/{why}": w[f"collector_wait_s/{why}"] for why in rate.HOLD_REASONS},
                # the learner thread's share of the window spent taking in data (decoding is not
                # on it: the reader decodes in a thread or process of its own)
                "async/ingest_fraction": w["ingest_s"] / elapsed,

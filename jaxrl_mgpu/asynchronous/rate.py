@@ -66,19 +66,27 @@ class Limiter:
         return samples / inserted if inserted else None
 
 
-def collectors_may_write(progress: dict | None, unread_steps: int, shard_steps: int, learning_starts: int) -> bool:
-    """Whether a collector may write its next shard (of about `shard_steps` transitions), given
-    the learner's last progress and the transitions written to the store it has not read yet.
-    Before a learner has published any progress, collectors fill the store up to what it will
-    need to start learning (`learning_starts` transitions) plus the slack, and wait there."""
+# Why a collector waits before its next shard (each logged apart, `async/collector_wait_s/<why>`):
+START = "start"      # no learner has published progress, and the store holds what it will start with
+READING = "reading"  # the learner has not yet read the slack of shards written to the store
+SAMPLES = "samples"  # the learner has received more than its samples pay for (it is behind)
+HOLD_REASONS = (START, READING, SAMPLES)
+
+
+def hold_back(progress: dict | None, unread_steps: int, shard_steps: int, learning_starts: int) -> str | None:
+    """Why a collector should wait before writing its next shard (of about `shard_steps`
+    transitions), one of HOLD_REASONS, or None to write it; from the learner's last progress and
+    the transitions written to the store it has not read yet. Before a learner has published any
+    progress, collectors fill the store up to what it will need to start learning
+    (`learning_starts` transitions) plus the slack, and wait there."""
     if progress is None:
-        return unread_steps <= learning_starts + SLACK_SHARDS * shard_steps
+        return START if unread_steps > learning_starts + SLACK_SHARDS * shard_steps else None
     slack = SLACK_SHARDS * max(shard_steps, progress.get("largest_shard", 0))
     if unread_steps > slack:
-        return False  # the learner is not even reading as fast as collectors write
+        return READING  # the learner is not even reading as fast as collectors write
     low = (1 - progress["tolerance"]) * progress["samples_per_insert"]
     paid_for = progress["learning_starts"] + (progress["samples"] / low if low > 0 else float("inf"))
-    return progress["received"] <= paid_for + slack
+    return SAMPLES if progress["received"] > paid_for + slack else None
 
 
 class Progress:

@@ -49,6 +49,12 @@ class Shard(NamedTuple):
     meta: dict
 
 
+def waited_meta(waited: dict[str, float]) -> dict:
+    """A shard's record of its collector's back-pressure wait since its previous shard: in all,
+    and by reason (rate.HOLD_REASONS), for the learner's `async/collector_wait_s` metrics."""
+    return {"waited_s": float(sum(waited.values())), "waited_for_s": {k: float(v) for k, v in waited.items() if v}}
+
+
 def _features(obs: np.ndarray, action: np.ndarray) -> tfds.features.FeaturesDict:
     return tfds.features.FeaturesDict({
         "steps": rlds.steps_feature(obs, action),
@@ -62,7 +68,8 @@ class Store:
         self.root = Path(run_dir).absolute() / "store"
         self._meta: dict[str, dict] = {}  # shard name -> metadata, read once per shard
 
-    def write(self, episodes: list[dict], collector: str, policy_step: int, env: str, waited_s: float = 0.0) -> Path:
+    def write(self, episodes: list[dict], collector: str, policy_step: int, env: str,
+              waited: dict[str, float] | None = None) -> Path:
         """Writes complete episodes, each a dict of `observation` [n, ...], `action` [n],
         `reward` [n], `terminated` (bool: the episode ended for real, not by a time limit) and
         `final_observation` [...], as one new shard."""
@@ -72,7 +79,7 @@ class Store:
         meta = {"env": env, "collector": collector, "policy_step": int(policy_step), "episodes": len(episodes),
                 "env_steps": int(sum(len(e["reward"]) for e in episodes)),
                 "return_sum": float(sum(np.sum(e["reward"]) for e in episodes)), "created": time.time(),
-                "waited_s": float(waited_s)}  # the collector's back-pressure wait since its last shard
+                **waited_meta(waited or {})}
         first = episodes[0]
         features = _features(np.asarray(first["final_observation"]), np.asarray(first["action"][0]))
 
