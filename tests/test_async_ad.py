@@ -58,19 +58,21 @@ def rows(run_dir):
 def test_ad_learner_with_history_collectors_one_killed_and_a_restart(tmp_path):
     run_dir = tmp_path / "run"
     store = Store(run_dir)
-    learner = spawn("--mode", "learn", "--run-dir", str(run_dir), devices=2)
+    # Preempted long before the end of its first run (one chunk stays in flight, so it stops
+    # a chunk or two after the signal); the restart finishes the run at 40 updates.
+    learner = spawn("--mode", "learn", "--run-dir", str(run_dir), "--num-updates", "1000", devices=2)
     wait_until(lambda: (run_dir / "checkpoints").is_dir())  # collectors start after the learner
     c1 = spawn("--mode", "collect", "--run-dir", str(run_dir), "--collector-id", "c1")
     c2 = spawn("--mode", "collect", "--run-dir", str(run_dir), "--collector-id", "c2")
     wait_until(lambda: any(s.meta["collector"] == "c2" for s in store.shards()))
     c2.send_signal(signal.SIGKILL)  # killed midway: possibly mid-shard
     c2.wait()
-    wait_until(lambda: len(rows(run_dir)) >= 2)
+    wait_until(lambda: len(rows(run_dir)) >= 1)
     learner.send_signal(signal.SIGTERM)  # preempted: saves and exits 0
     out, _ = learner.communicate(timeout=60)
     assert learner.returncode == 0, out
     assert "waiting for learning histories" in out
-    learner = spawn("--mode", "learn", "--run-dir", str(run_dir), "--resume", devices=2)
+    learner = spawn("--mode", "learn", "--run-dir", str(run_dir), "--resume", "--num-updates", "40", devices=2)
     out, _ = learner.communicate(timeout=120)
     assert learner.returncode == 0, out
     assert "resumed the learner" in out
