@@ -284,14 +284,24 @@ def test_ingest_is_bounded_and_in_large_blocks():
                            np.ones(n, np.float32), np.zeros((n, 2), np.float32))
 
     big = async_dqn.LARGE_BLOCK
-    blocks, rest = async_dqn._host_blocks([transitions(5 * big + 300), transitions(10)], devices=2,
-                                           budget=async_dqn.INSERT_BUDGET)
+    shard = transitions(5 * big + 300)
+    blocks, rest = async_dqn._host_blocks([shard, transitions(10)], devices=2, budget=async_dqn.INSERT_BUDGET)
     sizes = [len(b.reward) for b in blocks]
     assert sum(sizes) <= async_dqn.INSERT_BUDGET * 2 and set(sizes) <= {2 * big, 2 * async_dqn.BLOCK}
     assert sizes[0] == 2 * big
     # Order is kept and nothing is lost: the blocks and the rest are the queue, in order.
     actions = np.concatenate([b.action for b in blocks] + [r.action for r in rest])
     np.testing.assert_array_equal(actions, np.concatenate([np.arange(5 * big + 300), np.arange(10)]))
+    # A block within one queued array is a view of it (a new shard is not copied whole).
+    assert np.shares_memory(blocks[0].obs, shard.obs)
+    # A block across queued arrays joins them, in order; small leftovers wait for more.
+    small = async_dqn.BLOCK
+    blocks, rest = async_dqn._host_blocks([transitions(small - 10), transitions(30)], devices=1, budget=4 * small)
+    assert [len(b.reward) for b in blocks] == [small] and [len(r.reward) for r in rest] == [20]
+    np.testing.assert_array_equal(blocks[0].action, np.concatenate([np.arange(small - 10), np.arange(10)]))
+    np.testing.assert_array_equal(rest[0].action, np.arange(10, 30))
+    blocks, rest = async_dqn._host_blocks([transitions(small - 1)], devices=1, budget=4 * small)
+    assert blocks == [] and [len(r.reward) for r in rest] == [small - 1]
 
 
 def test_ten_collectors_started_before_the_learner_do_not_flood_it(tmp_path):
