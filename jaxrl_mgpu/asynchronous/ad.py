@@ -281,7 +281,7 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     log.print(f"collector {name}: tabular-q-{cfg.ad_source} source learners on {cfg.ad_history_tasks} {cfg.env} "
               f"train goals x {cfg.ad_history_steps} steps per shard, into {store.root}")
     total, shards, since = 0, 0, 0
-    waited = dict.fromkeys(rate.HOLD_REASONS, 0.0)  # back-pressure since the last shard, by reason
+    waited = rate.no_waits()  # back-pressure since the last shard, by reason
     shard_steps = cfg.ad_history_tasks * cfg.ad_history_steps
     while not stop() and not (run_dir / DONE_MARKER).exists():
         progress = rate.read_progress(run_dir)
@@ -302,7 +302,7 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
         meta = {**histories.source_metadata(cfg.env, source, len(goals), cfg.ad_history_steps, cfg.seed, "train"),
                 "batch": batch, "key_seed": key_seed, **waited_meta(waited)}
         store.write_histories(dataclasses.replace(h, metadata=meta), name)
-        waited = dict.fromkeys(rate.HOLD_REASONS, 0.0)
+        waited = rate.no_waits()
         total, shards, since = total + h.reward.size, shards + 1, since + 1
         if log.due("shards", COLLECTOR_LOG_S):
             returns = histories.episode_returns(h, env.episode_len).mean(0)

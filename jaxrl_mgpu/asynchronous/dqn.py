@@ -325,7 +325,7 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     partial: dict[int, list] = {}
     total, shard_index, waited_from = 0, 0, time.monotonic()
     # back-pressure: since when, and how long since the last shard, by reason (rate.HOLD_REASONS)
-    paused_from, waited = None, dict.fromkeys(rate.HOLD_REASONS, 0.0)
+    paused_from, waited = None, rate.no_waits()
     shard_transitions = cfg.num_envs * cfg.shard_steps
     window = {"shards": 0, "episodes": 0, "return_sum": 0.0}
     while not stop() and not (run_dir / DONE_MARKER).exists():
@@ -358,7 +358,7 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
         shard_index += 1
         if episodes:
             store.write(episodes, name, policy_step, cfg.env, waited=waited)
-            waited = dict.fromkeys(rate.HOLD_REASONS, 0.0)
+            waited = rate.no_waits()
             total += sum(len(e["reward"]) for e in episodes)
             window["shards"] += 1
             window["episodes"] += len(episodes)

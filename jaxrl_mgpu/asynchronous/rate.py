@@ -73,6 +73,11 @@ SAMPLES = "samples"  # the learner has received more than its samples pay for (i
 HOLD_REASONS = (START, READING, SAMPLES)
 
 
+def no_waits() -> dict[str, float]:
+    """A collector's back-pressure seconds since its last shard, by reason: none yet."""
+    return dict.fromkeys(HOLD_REASONS, 0.0)
+
+
 def hold_back(progress: dict | None, unread_steps: int, shard_steps: int, learning_starts: int) -> str | None:
     """Why a collector should wait before writing its next shard (of about `shard_steps`
     transitions), one of HOLD_REASONS, or None to write it; from the learner's last progress and
