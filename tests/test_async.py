@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import time
+import types
 
 import jax
 import numpy as np
@@ -401,3 +402,52 @@ def test_shards_decoded_in_a_process_equal_the_thread_read_and_errors_come_back(
             decoder(good)
     finally:
         decoder.close()
+
+
+def test_learner_transitions_are_the_n_step_transitions_of_mode_both(tmp_path):
+    """--mode learn trains on what --mode both's replay samples: a shard's episodes decoded with
+    --n-step and --gamma give, from every step, dqn.n_step_return's reward, bootstrap discount
+    and next observation (windows cut at episode ends, time limits bootstrapping from the final
+    observation, terminations not at all)."""
+    import jax.numpy as jnp
+    from jaxrl_mgpu.algos import dqn
+    from jaxrl_mgpu.asynchronous.store import read_transitions
+    rng = np.random.default_rng(2)
+    episodes = [{"observation": rng.random((n, 2)).astype(np.float32), "action": rng.integers(0, 3, n),
+                 "reward": rng.random(n).astype(np.float32), "terminated": term,
+                 "final_observation": rng.random(2).astype(np.float32)}
+                for n, term in ((5, True), (1, False), (7, False), (1, True), (4, True))]
+    store = Store(tmp_path)
+    store.write(episodes, "c0", 0, "CartPole-v1")
+    shard = store.shards()[0]
+    n_step, gamma = 3, 0.9
+    got = read_transitions(shard, n_step=n_step, gamma=gamma)
+    # --mode both's replay of the same steps, one environment, one row per step
+    flat = types.SimpleNamespace(**{k: np.concatenate([e[k] for e in episodes]) for k in ("observation", "action",
+                                                                                          "reward")},
+                                 length=np.array([len(e["reward"]) for e in episodes]),
+                                 terminated=np.array([e["terminated"] for e in episodes]),
+                                 final_observation=np.stack([e["final_observation"] for e in episodes]))
+    N = len(flat.reward)
+    is_last = np.zeros(N, bool)
+    is_last[np.cumsum(flat.length) - 1] = True
+    terminated = is_last.copy()
+    terminated[is_last] = flat.terminated
+    next_obs = np.concatenate([flat.observation[1:], flat.observation[:1]])
+    next_obs[is_last] = flat.final_observation
+    replay = dqn.Replay(jnp.asarray(flat.observation)[None], jnp.asarray(flat.action)[None],
+                        jnp.asarray(flat.reward)[None], jnp.asarray(terminated)[None],
+                        jnp.asarray(is_last & ~terminated)[None], jnp.asarray(next_obs)[None])
+    rows = jnp.arange(N - n_step + 1)  # the windows --mode both can sample: wholly written
+    reward, discount, last = dqn.n_step_return(replay, jnp.zeros_like(rows), rows, n_step, gamma)
+    np.testing.assert_allclose(got.reward[:len(rows)], reward, rtol=1e-6)
+    np.testing.assert_allclose(got.discount[:len(rows)], discount, rtol=1e-6)
+    np.testing.assert_array_equal(got.next_obs[:len(rows)], next_obs[rows + last])
+    np.testing.assert_array_equal(got.obs, flat.observation)
+    # the last steps: cut by their episode's end, which --mode both would see once written
+    np.testing.assert_allclose(got.reward[-1], flat.reward[-1])
+    assert got.discount[-1] == 0 and np.array_equal(got.next_obs[-1], flat.final_observation[-1])
+    one = read_transitions(shard)  # defaults: one-step transitions, 0 where the episode terminated
+    np.testing.assert_array_equal(one.reward, flat.reward)
+    np.testing.assert_array_equal(one.discount, ~terminated)
+    np.testing.assert_array_equal(one.next_obs, next_obs)

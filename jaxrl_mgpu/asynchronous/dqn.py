@@ -13,7 +13,7 @@ and restarted at any time; nothing else notices but the learner's data rate.
 The learner is the runner's loop (runner.train, as for --mode both) with this module's `Feed`
 polled between compiled chunks:
   1. take the shards a background thread (`reader.ShardReader`) has read since, oldest
-     first, and queue their transitions;
+     first, as --mode both's n-step transitions, and queue them;
   2. move queued transitions into the on-device replay in fixed-size blocks (one compiled
      insert, each device taking its share);
   2. (bounded: at most INSERT_BUDGET transitions per device a poll, in blocks of LARGE_BLOCK
@@ -32,6 +32,7 @@ The replay is not checkpointed: a restarted learner refills it from the store's 
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -146,7 +147,7 @@ class Learner:
             def step(carry, k):
                 idx = jax.random.randint(k, (batch,), 0, filled)
                 b = dqn.Batch(dqn.as_input(replay.obs[idx]), replay.action[idx], replay.reward[idx],
-                              cfg.gamma * replay.discount[idx], dqn.as_input(replay.next_obs[idx]))
+                              replay.discount[idx], dqn.as_input(replay.next_obs[idx]))
                 return train_step(carry, b)
 
             carry = (state.params, state.target_params, state.opt_state, state.loss_scale, state.grad_steps)
@@ -209,11 +210,12 @@ class Feed(StoreFeed):
     the checkpoints collectors follow."""
 
     memory, counts = "replay", COUNTS
-    decode = staticmethod(read_transitions)
 
     def __init__(self, cfg, par: Parallel, split: Split, learner: Learner, ckpts: Checkpoints, log,
                  resume_step: int | None, state):
         self.lrn = learner
+        # decoded into --mode both's n-step transitions (cfg.n_step, cfg.gamma) by the reader's process
+        self.decode = functools.partial(read_transitions, n_step=cfg.n_step, gamma=cfg.gamma)
         self.replay = learner.init_replay(par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed))))
         super().__init__(cfg, par, ckpts, STATE_LAYOUT, log, resume_step, state)
         self.pending: list[Transitions] = []  # read, not yet in the replay

@@ -3,7 +3,6 @@ learning while it reads."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import pickle
 import queue
@@ -108,16 +107,18 @@ class ShardReader:
 
 
 class Decoder:
-    """`fn(shard)` run in a child process (`python -m jaxrl_mgpu.asynchronous.reader`): shards
+    """`fn(shard)` run in a child process (`python -m jaxrl_mgpu.asynchronous.reader`; `fn` is
+    picklable: a module-level function, or a functools.partial of one): shards
     go to it pickled over its stdin, results (or the exception raised) come back over its
     stdout. A plain subprocess, not multiprocessing: spawn would re-import the caller's main
     script (a user's own script without a `__main__` guard would run again), and fork would
     copy JAX's threads mid-flight. The child never touches an accelerator."""
 
     def __init__(self, fn: Callable):
-        self._proc = subprocess.Popen([sys.executable, "-m", __name__, fn.__module__, fn.__qualname__],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        pickle.dump(fn, self._proc.stdin)  # a module-level function, or a functools.partial of one
+        self._proc.stdin.flush()
 
     def __call__(self, shard) -> Any:
         try:
@@ -138,11 +139,9 @@ class Decoder:
             self._proc.kill()
 
 
-def _serve(module: str, name: str) -> None:
-    """The decoder's child: `fn(shard)` for every shard on stdin, until stdin closes."""
-    fn = importlib.import_module(module)
-    for part in name.split("."):
-        fn = getattr(fn, part)
+def _serve() -> None:
+    """The decoder's child: reads `fn`, then `fn(shard)` for every shard on stdin, until stdin closes."""
+    fn = pickle.load(sys.stdin.buffer)
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints of libraries go to stderr, never into the results
     while True:
@@ -167,4 +166,4 @@ def _picklable(e: Exception) -> bool:
 
 
 if __name__ == "__main__":
-    _serve(*sys.argv[1:3])
+    _serve()

@@ -36,11 +36,11 @@ from jaxrl_mgpu.data.rlds import DatasetError
 
 
 class Transitions(NamedTuple):
-    """One-step transitions, ready for a replay buffer."""
+    """Transitions (one-step or n-step: read_transitions), ready for a replay buffer."""
     obs: np.ndarray        # [N, *obs_shape]
     action: np.ndarray     # [N]
     reward: np.ndarray     # [N] float32
-    discount: np.ndarray   # [N] float32: 0 where the episode terminated (no bootstrap), else 1
+    discount: np.ndarray   # [N] float32: the bootstrap's discount (0 where the episode terminated)
     next_obs: np.ndarray   # [N, *obs_shape] observation after the step, before any reset
 
 
@@ -163,9 +163,14 @@ class Store:
         return kept
 
 
-def read_transitions(shard: Shard) -> Transitions:
-    """A shard's episodes as one-step transitions (checksums verified first). A function of the
-    shard alone, so that a reader process can run it (reader.py)."""
+def read_transitions(shard: Shard, n_step: int = 1, gamma: float = 1.0) -> Transitions:
+    """A shard's episodes as `n_step` transitions (checksums verified first), as --mode both's
+    replay samples them (dqn.n_step_return): from each step t, the steps t..t+k of its episode,
+    k = n_step - 1 or fewer where the episode ends first; reward = sum of gamma^i r_{t+i};
+    discount = gamma^(k+1), 0 where step t+k terminated the episode; next_obs = the observation
+    after step t+k (the final one where the episode ended there, a time limit included). With
+    the defaults, one-step transitions with discount 0 where the episode terminated, else 1.
+    A function of the shard, so that a decoder process can run it (reader.py)."""
     rlds.verify(shard.path)
     builder = tfds.builder_from_directory(shard.path)
     try:
@@ -175,11 +180,23 @@ def read_transitions(shard: Shard) -> Transitions:
     except Exception as e:  # array_record raises RuntimeError on a damaged file
         raise DatasetError(f"cannot read shard {shard.path}: {type(e).__name__}: {e}".splitlines()[0]) from e
     steps = {k: np.concatenate([e["steps"][k] for e in episodes]) for k in ("observation", "action", "reward",
-                                                                              "discount")}
+                                                                              "is_terminal")}
     # The observation after each step: the next step's, or the episode's final one. Written
     # into one array with a mask, not concatenated per episode.
     next_obs = np.empty_like(steps["observation"])
     next_obs[:-1] = steps["observation"][1:]
-    ends = np.cumsum([len(e["steps"]["reward"]) for e in episodes]) - 1
+    lengths = np.array([len(e["steps"]["reward"]) for e in episodes])
+    ends = np.cumsum(lengths) - 1
     next_obs[ends] = np.stack([e["final_observation"] for e in episodes])
-    return Transitions(steps["observation"], steps["action"], steps["reward"], steps["discount"], next_obs)
+    # n-step windows on whole arrays: each step's last usable step is n_step - 1 ahead or its
+    # episode's last step, whichever comes first.
+    reward = steps["reward"].astype(np.float32)
+    episode_end = np.repeat(ends, lengths)
+    last = np.minimum(np.arange(len(reward)) + n_step - 1, episode_end)
+    total = np.zeros_like(reward)
+    for i in range(n_step):
+        t = np.minimum(np.arange(len(reward)) + i, last)
+        total += np.where(np.arange(len(reward)) + i <= last, np.float32(gamma) ** i * reward[t], 0).astype(np.float32)
+    used = last - np.arange(len(reward)) + 1
+    discount = (np.float32(gamma) ** used * ~steps["is_terminal"][last]).astype(np.float32)
+    return Transitions(steps["observation"], steps["action"], total, discount, next_obs[last])
