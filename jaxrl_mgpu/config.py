@@ -183,6 +183,8 @@ class Config:
     collector_id: str | None = option(None, "collect: this collector's name in the store and the learner's "
                                             "metrics (default host-pid)")
     shard_steps: int = option(256, "collect: vector steps of all environments per store shard")
+    store_workers: int = option(0, "learn/collect: processes that decode (learner) or encode (collector) the "
+                                   "store's shards, several at once (0: a quarter of the host's cores, 1 to 4)")
     # checkpoints and evaluation
     checkpoint_every: int = option(100, "save a checkpoint every this many updates (a multiple of --log-every; "
                                         "0 = only at the end)")
@@ -241,7 +243,7 @@ RANGES = {
                "stop_at_update",
                "eval_episodes"),
     NON_NEGATIVE: ("ent_coef", "vf_coef", "learning_starts", "eps_decay_steps", "process_id", "checkpoint_every",
-                   "resumed_update", "resumed_steps", "profile_from",
+                   "resumed_update", "resumed_steps", "profile_from", "store_workers",
                    "eval_every"),
     UNIT: ("gamma", "gae_lambda", "eps_start", "eps_end", "samples_per_insert_tolerance"),
     UNIT_OPEN: ("tau", "auto_scale_memory"),
@@ -290,7 +292,7 @@ APPLIES = {
                     ("--policy transformer", lambda c: c.algo != "ad" and c.policy == "transformer")),
     # Learners and collectors of one run may share one command line, so these are for both.
     **dict.fromkeys(("store_max_episodes", "collect_before_checkpoint", "shard_steps", "collector_id",
-                     "samples_per_insert", "samples_per_insert_tolerance"), _ASYNC),
+                     "samples_per_insert", "samples_per_insert_tolerance", "store_workers"), _ASYNC),
     "target_return": ("many runs (--num-seeds > 1 or --sweep)", lambda c: c.num_seeds > 1 or bool(c.sweep)),
     "profile": ("training (--mode both or learn)", lambda c: c.mode != "collect"),
     "profile_from": ("--profile", lambda c: c.profile is not None),
@@ -470,7 +472,7 @@ RESUMABLE = ("total_timesteps", "num_updates", "num_envs", "lr", "max_grad_norm"
 # their defaults), never from the saved config.
 PER_INVOCATION = ("stop_at_update", "devices", "coordinator_address", "num_processes", "process_id",
                   "local_device_ids", "failure_timeout", "resume", "run_dir", "config", "compile_cache", "profile",
-                  "profile_from")
+                  "profile_from", "store_workers")
 
 
 def resumed(saved: dict, given: dict, state_keys=()) -> tuple[Config, list[str]]:

@@ -17,7 +17,7 @@ from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.asynchronous import dqn as async_dqn
 from jaxrl_mgpu.asynchronous import rate
-from jaxrl_mgpu.asynchronous.store import Store, Transitions
+from jaxrl_mgpu.asynchronous.store import Episodes, Store, Transitions
 from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.log import RunLog
 
@@ -318,7 +318,13 @@ def test_ten_collectors_started_before_the_learner_do_not_flood_it(tmp_path):
     wait_until(lambda: store.unread_steps(None) >= 512, timeout=300)
     time.sleep(5)  # they keep running, and must stop at the bound
     before = store.unread_steps(None)
-    assert before <= 512 + rate.SLACK_SHARDS * 128 + 10 * 128, before  # + one shard in flight each
+    # + one shard each in flight past its last check (a shard holds whole episodes, so its size
+    # varies around 128: each collector's largest)
+    largest = {}
+    for shard in store.shards():
+        who = shard.meta["collector"]
+        largest[who] = max(largest.get(who, 0), shard.meta["env_steps"])
+    assert before <= 512 + rate.SLACK_SHARDS * 128 + sum(largest.values()), (before, largest)
     learner = spawn(*args, "--mode", "learn", "--run-dir", str(run_dir))
     out, _ = learner.communicate(timeout=400)
     assert learner.returncode == 0, out
@@ -352,7 +358,7 @@ def test_eviction_deletes_only_consumed_shards_oldest_first(tmp_path, monkeypatc
     store = Store(tmp_path)
     episode = {"observation": np.zeros((3, 2), np.float32), "action": np.zeros(3, np.int32),
                "reward": np.ones(3, np.float32), "terminated": True, "final_observation": np.zeros(2, np.float32)}
-    names = [store.write([episode] * 2, "c0", 0, "CartPole-v1").name for _ in range(5)]  # 2 episodes each
+    names = [store.write(Episodes.join([episode] * 2), "c0", 0, "CartPole-v1").name for _ in range(5)]  # 2 episodes each
     ledger = Ledger.fresh(async_dqn.COUNTS)
     ledger.consumed = set(names[:3])
     cfg = config_lib.Config(algo="dqn", mode="learn", store_max_episodes=6)
@@ -367,41 +373,100 @@ def test_eviction_deletes_only_consumed_shards_oldest_first(tmp_path, monkeypatc
     assert [s.path.name for s in store.shards()] == names[2:]
 
 
-def test_shards_decoded_in_a_process_equal_the_thread_read_and_errors_come_back(tmp_path):
-    """The DQN learner decodes shards in a child process (reader.Decoder): the same transitions
-    as a read on the thread; a damaged shard's error is raised in the reader's thread; a dead
-    child is an error, not a hang."""
-    from jaxrl_mgpu.asynchronous.reader import Decoder
+def test_shards_decoded_by_worker_processes_equal_the_thread_read_in_order_and_errors_come_back(tmp_path):
+    """The DQN learner decodes shards in child processes (workers.Pool): the same transitions as
+    a read on the thread, delivered oldest first by several workers at once; a damaged shard's
+    error is raised in the parent; a dead child is an error, not a hang."""
+    from jaxrl_mgpu.asynchronous.reader import ShardReader
     from jaxrl_mgpu.asynchronous.store import read_transitions
+    from jaxrl_mgpu.asynchronous.workers import Pool, WorkerError
     from jaxrl_mgpu.data.rlds import DatasetError
     store = Store(tmp_path)
     rng = np.random.default_rng(0)
     episodes = [{"observation": rng.random((n, 3)).astype(np.float32), "action": np.arange(n, dtype=np.int32),
                  "reward": rng.random(n).astype(np.float32), "terminated": n % 2 == 0,
                  "final_observation": rng.random(3).astype(np.float32)} for n in (4, 1, 6)]
-    store.write(episodes, "c0", 0, "CartPole-v1")
-    good = store.shards()[0]
-    expected = store.read(good)
-    np.testing.assert_array_equal(expected.next_obs[:4], np.concatenate([episodes[0]["observation"][1:],
-                                                                         episodes[0]["final_observation"][None]]))
-    np.testing.assert_array_equal(expected.discount, [1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 0])
-    decoder = Decoder(read_transitions)
-    try:
-        for a, b in zip(decoder(good), expected):
+    for i in range(5):  # shards of 3, 2, 1, 3, 2 episodes
+        store.write(Episodes.join(episodes[:3 - i % 3]), f"c{i}", 0, "CartPole-v1")
+    shards = store.shards()
+    expected = [store.read(s) for s in shards]
+    np.testing.assert_array_equal(expected[0].next_obs[:4], np.concatenate([episodes[0]["observation"][1:],
+                                                                            episodes[0]["final_observation"][None]]))
+    np.testing.assert_array_equal(expected[0].discount, [1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 0])
+
+    reader = ShardReader(store, consumed=set(), refill=False, read=None, decode=read_transitions, workers=3)
+    got, deadline = [], time.time() + 60
+    while len(got) < 5 and time.time() < deadline:
+        got += reader.ready()
+        time.sleep(0.01)
+    reader.close()
+    assert [s.path.name for s, _, _ in got] == [s.path.name for s in shards]
+    for (_, _, data), want in zip(got, expected):
+        for a, b in zip(data, want):
             np.testing.assert_array_equal(a, b)
-        damaged = store.write(episodes, "c1", 0, "CartPole-v1")
+
+    pool = Pool(read_transitions, 2)
+    try:
+        damaged = store.write(Episodes.join(episodes), "c9", 0, "CartPole-v1")
         record = next(p for p in damaged.rglob("*array_record*"))
         record.write_bytes(record.read_bytes()[:-20])
+        broken = next(s for s in store.shards() if s.path == damaged)
+        pool.submit(shards[0], 0)
+        pool.submit(broken, 1)
+        assert pool.full and pool.receive()[0] == 0
         with pytest.raises(DatasetError):
-            decoder(store.shards()[1])
-        for a, b in zip(decoder(good), expected):  # the child goes on after an error
-            np.testing.assert_array_equal(a, b)
-        decoder._proc.kill()
-        decoder._proc.wait()
-        with pytest.raises(RuntimeError, match="decoder process stopped"):
-            decoder(good)
+            pool.receive()
+        pool.submit(shards[1], 2)
+        tag, data = pool.receive()  # the pool goes on after an error
+        assert tag == 2 and np.array_equal(data.obs, expected[1].obs)
+        pool._workers[1]._proc.kill()
+        pool._workers[1]._proc.wait()
+        with pytest.raises(WorkerError, match="worker process stopped"):
+            pool.submit(shards[0])  # the dead one is next in turn
+            pool.receive()
     finally:
-        decoder.close()
+        pool.close()
+
+
+def test_collector_cuts_rollouts_into_whole_episodes():
+    """A collector's rollouts ([T, envs] steps with done flags) become whole episodes, each
+    environment's in order, an episode cut by a rollout's end finished in a later one: the same
+    episodes as stepping through the flags one by one."""
+    rng = np.random.default_rng(1)
+    T, E = 7, 4
+    par = types.SimpleNamespace(local=lambda tree: tree)  # one device's rollout, already on the host
+    partial, cut, open_steps, want = {}, [], {e: [] for e in range(E)}, []
+    step = 0
+    for rollout in range(4):
+        obs = np.arange(step, step + T * E, dtype=np.float32).reshape(T, E, 1) + np.zeros((1, 1, 2), np.float32)
+        step += T * E
+        terminated, truncated = rng.random((T, E)) < 0.2, rng.random((T, E)) < 0.1
+        if rollout == 1:
+            terminated[:, 2] = truncated[:, 2] = False  # an environment that finishes nothing in a rollout
+        action, reward = rng.integers(0, 3, (T, E)), rng.random((T, E)).astype(np.float32)
+        final = obs + 0.5
+        traj = tuple(x[None] for x in (obs, action, reward, terminated, truncated, final))  # one device
+        got = async_dqn._episodes(par, traj, partial)
+        mine = []
+        for e in range(E):  # the reference: one step at a time
+            for t in range(T):
+                open_steps[e].append((obs[t, e], action[t, e], reward[t, e]))
+                if terminated[t, e] or truncated[t, e]:
+                    mine.append({"observation": np.stack([s[0] for s in open_steps[e]]),
+                                 "action": np.array([s[1] for s in open_steps[e]]),
+                                 "reward": np.array([s[2] for s in open_steps[e]]),
+                                 "terminated": bool(terminated[t, e]), "final_observation": final[t, e]})
+                    open_steps[e] = []
+        want.append(mine)
+        cut.append(got)
+    for got, mine in zip(cut, want):
+        if not mine:
+            assert got is None
+            continue
+        expected = Episodes.join(mine)
+        for name, a, b in zip(Episodes._fields, got, expected):
+            np.testing.assert_array_equal(a, b, err_msg=name)
+    assert {e: len(p[0]) for e, p in partial.items()} == {e: len(s) for e, s in open_steps.items() if s}
 
 
 def test_learner_transitions_are_the_n_step_transitions_of_mode_both(tmp_path):
@@ -418,16 +483,12 @@ def test_learner_transitions_are_the_n_step_transitions_of_mode_both(tmp_path):
                  "final_observation": rng.random(2).astype(np.float32)}
                 for n, term in ((5, True), (1, False), (7, False), (1, True), (4, True))]
     store = Store(tmp_path)
-    store.write(episodes, "c0", 0, "CartPole-v1")
+    store.write(Episodes.join(episodes), "c0", 0, "CartPole-v1")
     shard = store.shards()[0]
     n_step, gamma = 3, 0.9
     got = read_transitions(shard, n_step=n_step, gamma=gamma)
     # --mode both's replay of the same steps, one environment, one row per step
-    flat = types.SimpleNamespace(**{k: np.concatenate([e[k] for e in episodes]) for k in ("observation", "action",
-                                                                                          "reward")},
-                                 length=np.array([len(e["reward"]) for e in episodes]),
-                                 terminated=np.array([e["terminated"] for e in episodes]),
-                                 final_observation=np.stack([e["final_observation"] for e in episodes]))
+    flat = Episodes.join(episodes)
     N = len(flat.reward)
     is_last = np.zeros(N, bool)
     is_last[np.cumsum(flat.length) - 1] = True

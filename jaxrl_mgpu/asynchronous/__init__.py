@@ -6,6 +6,7 @@ shards; one learner (any number of devices and hosts) reads them into its on-dev
 learns, and publishes its params through the run's checkpoints, which the collectors follow.
 
     store.py    the shards on disk (written whole, read with checksums, evicted oldest first)
+    workers.py  child processes that encode (collectors) and decode (the learner) shards
     reader.py   the learner's background shard reader
     ledger.py   what the learner received (saved in its checkpoints), publishing, the done marker
     dqn.py      the DQN learner and episode collector

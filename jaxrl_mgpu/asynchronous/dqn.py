@@ -7,16 +7,17 @@
 The learner (any number of devices, one or many hosts) trains DQN from the run's trajectory
 store (`store.py`, `<run-dir>/store/`) and publishes its params through the run's Orbax
 checkpoints. Collectors follow the newest checkpoint, roll out on their own devices, and
-append whole episodes to the store as atomically written shards. They can be started, killed
-and restarted at any time; nothing else notices but the learner's data rate.
+append whole episodes to the store as atomically written shards (encoded by writer processes,
+workers.py, while the next rollout runs). They can be started, killed and restarted at any
+time; nothing else notices but the learner's data rate.
 
 The learner is the runner's loop (runner.train, as for --mode both) with this module's `Feed`
 polled between compiled chunks:
-  1. take the shards a background thread (`reader.ShardReader`) has read since, oldest
-     first, as --mode both's n-step transitions, and queue them;
+  1. take the shards a background thread (`reader.ShardReader`, with decoder processes) has
+     read since, oldest first, as --mode both's n-step transitions, and queue them;
   2. move queued transitions into the on-device replay in fixed-size blocks (one compiled
-     insert, each device taking its share);
-  2. (bounded: at most INSERT_BUDGET transitions per device a poll, in blocks of LARGE_BLOCK
+     insert, each device taking its share)
+     (bounded: at most INSERT_BUDGET transitions per device a poll, in blocks of LARGE_BLOCK
      where there are that many, so one poll's ingest never crowds out learning);
   3. allow as many iterations as the rate limiter (rate.py: `--samples-per-insert` with
      `--samples-per-insert-tolerance`) leaves room for, once the replay holds
@@ -46,7 +47,8 @@ from jaxrl_mgpu.algos import dqn, learner
 from jaxrl_mgpu.algos.base import Algorithm, Split
 from jaxrl_mgpu.asynchronous import rate
 from jaxrl_mgpu.asynchronous.ledger import COLLECTOR_LOG_S, DONE_MARKER, StoreFeed, collector_name, collector_seed
-from jaxrl_mgpu.asynchronous.store import Store, Transitions, read_transitions
+from jaxrl_mgpu.asynchronous.store import Episodes, Store, Transitions, read_transitions, write_job
+from jaxrl_mgpu.asynchronous.workers import Pool, default_workers
 from jaxrl_mgpu.checkpoint import REPLICATED, Checkpoints
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.envs import vec
@@ -214,7 +216,7 @@ class Feed(StoreFeed):
     def __init__(self, cfg, par: Parallel, split: Split, learner: Learner, ckpts: Checkpoints, log,
                  resume_step: int | None, state):
         self.lrn = learner
-        # decoded into --mode both's n-step transitions (cfg.n_step, cfg.gamma) by the reader's process
+        # decoded into --mode both's n-step transitions (cfg.n_step, cfg.gamma) by the reader's processes
         self.decode = functools.partial(read_transitions, n_step=cfg.n_step, gamma=cfg.gamma)
         self.replay = learner.init_replay(par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed))))
         super().__init__(cfg, par, ckpts, STATE_LAYOUT, log, resume_step, state)
@@ -299,7 +301,7 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     env, env_params = envs_lib.make(cfg.env, cfg.env_args)
     net = dqn.make_network(cfg, env, env_params)
     envs_per_device = split.per_device("environments")
-    store = Store(run_dir)
+    obs_dtype = dqn.stored_obs_dtype(cfg)
 
     def reset(key):
         return vec.reset(env, env_params, key, global_indices(envs_per_device))
@@ -314,14 +316,17 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
             random = jax.vmap(lambda k: jax.random.randint(k, (), 0, env.num_actions))(keys[:, 1])
             action = jnp.where(explore, random, greedy)
             next_envs, out = vec.step(env, env_params, envs, action, keys[:, 2])
-            return next_envs, (envs.obs, action, out.reward, out.terminated, out.truncated, out.final_obs)
+            # as the learner's replay keeps them (bytes for MinAtar: a quarter of the copy to the
+            # host, of the shard and of the learner's decoding; dqn.check saw that bytes hold them)
+            return next_envs, (envs.obs.astype(obs_dtype), action, out.reward, out.terminated, out.truncated,
+                               out.final_obs.astype(obs_dtype))
 
         return jax.lax.scan(step, envs, jnp.arange(cfg.shard_steps))
 
     rollout = par.map(rollout, donate=True)
     base = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), collector_seed(name))
     envs = par.map(reset)(par.replicate(np.asarray(base)))
-    params, on_devices, policy_step, eps = None, None, None, 1.0
+    params, on_devices, on_devices_step, policy_step, eps = None, None, None, None, 1.0
     if cfg.collect_before_checkpoint == "wait":
         log.print(f"collector {name}: following the learner's checkpoints in {run_dir} (waiting for the first)")
     partial: dict[int, list] = {}
@@ -330,46 +335,85 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     paused_from, waited = None, rate.no_waits()
     shard_transitions = cfg.num_envs * cfg.shard_steps
     window = {"shards": 0, "episodes": 0, "return_sum": 0.0}
-    while not stop() and not (run_dir / DONE_MARKER).exists():
-        looked_from = time.monotonic()  # a pass that ends paused counts whole as waiting
-        held = policy_step
-        params, policy_step, eps = _follow(cfg, run_dir, par, params, policy_step, eps, log, stop)
-        if params is None:
-            if time.monotonic() - waited_from > WAITING_LOG_S and log.due("waiting", WAITING_LOG_S):
-                log.print(f"collector {name}: still waiting for the learner's first checkpoint in {run_dir}/checkpoints "
-                          f"({time.monotonic() - waited_from:.0f}s); start one with --mode learn --run-dir {run_dir}, "
-                          f"or collect at random meanwhile with --collect-before-checkpoint random")
-            continue
+    store = Store(run_dir)
+    # Shards are encoded by writer processes while this loop rolls out the next ones (TFDS
+    # encodes an episode record in Python: ~0.4 ms each, 2,000-6,000 per 65k-step MinAtar shard).
+    writers = Pool(write_job, cfg.store_workers or default_workers())
+    episodes, rolled_with = None, None  # rolled out, not yet handed to a writer; the policy step that acted
+
+    def held_back(looked_from: float) -> bool:
+        """Back-pressure: whether to wait before the next shard (then waits a moment and counts
+        the pass, from `looked_from`, as waiting for its reason)."""
+        nonlocal paused_from
         progress = rate.read_progress(run_dir)
-        unread = store.unread_steps(progress and progress.get("last_consumed"))
+        # what the learner has not read: in the store, and this collector's shards being written
+        # (counted twice for the moment between a writer's rename and its receipt: a pause too early)
+        unread = store.unread_steps(progress and progress.get("last_consumed")) + sum(writers.tags)
         why = rate.hold_back(progress, unread, shard_transitions, cfg.learning_starts)
-        if why is not None:  # back-pressure
-            paused_from = paused_from or looked_from
-            if log.due("paused", WAITING_LOG_S):
-                log.print(f"collector {name}: paused {time.monotonic() - paused_from:.0f}s for the learner "
-                          f"({PAUSED_BECAUSE[why]}); {unread:,} transitions unread in the store")
-            time.sleep(rate.PUBLISH_S)
-            waited[why] += time.monotonic() - looked_from
-            continue
-        paused_from = None
-        if policy_step != held or on_devices is None:
-            on_devices = par.replicate(params)
-        key = par.replicate(np.asarray(jax.random.fold_in(base, shard_index + 1)))
-        envs, traj = rollout(envs, on_devices, key, par.replicate(np.float32(eps)))
-        episodes = _episodes(par, traj, partial)
-        shard_index += 1
-        if episodes:
-            store.write(episodes, name, policy_step, cfg.env, waited=waited)
-            waited = rate.no_waits()
-            total += sum(len(e["reward"]) for e in episodes)
-            window["shards"] += 1
-            window["episodes"] += len(episodes)
-            window["return_sum"] += float(sum(e["reward"].sum() for e in episodes))
-        if window["episodes"] and log.due("shards", COLLECTOR_LOG_S):
-            log.print(f"collector {name}: {window['shards']} shard(s), {window['episodes']} episodes since the last "
-                      f"line, mean return {window['return_sum'] / window['episodes']:.1f}, policy step "
-                      f"{policy_step}, epsilon {eps:.3f}, {total:,} env steps in all")
-            window = dict.fromkeys(window, 0)
+        if why is None:
+            paused_from = None
+            return False
+        paused_from = paused_from or looked_from
+        if log.due("paused", WAITING_LOG_S):
+            log.print(f"collector {name}: paused {time.monotonic() - paused_from:.0f}s for the learner "
+                      f"({PAUSED_BECAUSE[why]}); {unread:,} transitions unread in the store")
+        time.sleep(rate.PUBLISH_S)
+        waited[why] += time.monotonic() - looked_from
+        return True
+
+    def write() -> None:
+        """Hands the episodes rolled out to a writer (waiting for the oldest shard if none is free)."""
+        nonlocal episodes, waited, total
+        if writers.full:
+            writers.receive()
+        writers.submit((run_dir, episodes, name, rolled_with, cfg.env, waited), tag=int(episodes.length.sum()))
+        waited = rate.no_waits()
+        total += int(episodes.length.sum())
+        window["shards"] += 1
+        window["episodes"] += len(episodes.length)
+        window["return_sum"] += float(episodes.reward.sum())
+        episodes = None
+
+    try:
+        while not stop() and not (run_dir / DONE_MARKER).exists():
+            looked_from = time.monotonic()  # a pass that ends paused counts whole as waiting
+            params, policy_step, eps = _follow(cfg, run_dir, par, params, policy_step, eps, log, stop)
+            if params is None:
+                if time.monotonic() - waited_from > WAITING_LOG_S and log.due("waiting", WAITING_LOG_S):
+                    log.print(f"collector {name}: still waiting for the learner's first checkpoint in "
+                              f"{run_dir}/checkpoints ({time.monotonic() - waited_from:.0f}s); start one with --mode "
+                              f"learn --run-dir {run_dir}, or collect at random meanwhile with "
+                              f"--collect-before-checkpoint random")
+                continue
+            if episodes is None:  # roll out only when it may be written (not with params held back)
+                if held_back(looked_from):
+                    continue
+                if on_devices is None or on_devices_step != policy_step:
+                    on_devices, on_devices_step = par.replicate(params), policy_step
+                key = par.replicate(np.asarray(jax.random.fold_in(base, shard_index + 1)))
+                envs, traj = rollout(envs, on_devices, key, par.replicate(np.float32(eps)))
+                episodes, shard_index, rolled_with = _episodes(par, traj, partial), shard_index + 1, policy_step
+                if episodes is None:
+                    continue
+                looked_from = time.monotonic()
+            if writers.full:
+                writers.receive()  # the oldest shard is in the store
+            # Checked again now that this collector's previous shard is in the store, where the
+            # other collectors see it: so each collector is at most one shard per writer past the bound.
+            if held_back(looked_from):
+                continue  # the episodes wait for their turn
+            write()
+            if window["episodes"] and log.due("shards", COLLECTOR_LOG_S):
+                log.print(f"collector {name}: {window['shards']} shard(s), {window['episodes']} episodes since the "
+                          f"last line, mean return {window['return_sum'] / window['episodes']:.1f}, policy step "
+                          f"{policy_step}, epsilon {eps:.3f}, {total:,} env steps in all")
+                window = dict.fromkeys(window, 0)
+        if episodes is not None and not (run_dir / DONE_MARKER).exists():
+            write()  # stopped while they waited: one shard past the bound rather than lost
+        while writers.in_flight:  # every shard handed to a writer is in the store before we return
+            writers.receive()
+    finally:
+        writers.close()
     return total
 
 
@@ -412,23 +456,34 @@ def _random_params(cfg, params):
     return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), params_template(cfg))
 
 
-def _episodes(par: Parallel, traj, partial: dict[int, list]) -> list[dict]:
-    """Cuts this host's [T, envs] rollout into finished episodes; unfinished ones carry over
-    in `partial` (a list of step slices per environment) to the next rollout."""
+def _episodes(par: Parallel, traj, partial: dict[int, tuple]) -> Episodes | None:
+    """This host's [T, envs] rollout's finished episodes, each environment's end to end (None:
+    none finished); unfinished ones carry over in `partial` (per environment, its steps so far)
+    to the next rollout. A few slices per environment, not per episode: a MinAtar shard of
+    random play holds ~6,000 episodes."""
     obs, action, reward, terminated, truncated, final_obs = (
         np.concatenate(list(x), axis=1) for x in par.local(traj))  # [T, envs on this host, ...]
     done = terminated | truncated
-    finished = []
+    steps, lengths, ends = [], [], []  # per environment: its finished steps, episode lengths, (t, env) of ends
     for e in range(obs.shape[1]):
-        start = 0
-        for t in np.flatnonzero(done[:, e]):
-            pieces = partial.pop(e, []) + [(obs[start:t + 1, e], action[start:t + 1, e], reward[start:t + 1, e])]
-            finished.append({"observation": np.concatenate([p[0] for p in pieces]),
-                             "action": np.concatenate([p[1] for p in pieces]).astype(np.int32),
-                             "reward": np.concatenate([p[2] for p in pieces]).astype(np.float32),
-                             "terminated": bool(terminated[t, e]), "final_observation": final_obs[t, e]})
-            start = t + 1
-        if start < obs.shape[0]:
-            partial.setdefault(e, []).append((obs[start:, e], action[start:, e], reward[start:, e]))
-    return finished
-
+        ts = np.flatnonzero(done[:, e])
+        column = tuple(x[:, e] for x in (obs, action, reward))
+        carried = partial.pop(e, None)
+        if carried is not None:  # the steps of its unfinished episode come first
+            column = tuple(np.concatenate(p) for p in zip(carried, column))
+        before = 0 if carried is None else len(carried[0])
+        cut = before + ts[-1] + 1 if len(ts) else 0  # its finished episodes end here
+        if cut < len(column[0]):
+            partial[e] = tuple(np.array(x[cut:]) for x in column)  # a copy: the rollout is not kept
+        if len(ts):
+            n = np.diff(ts, prepend=-1)
+            n[0] += before
+            steps.append(tuple(x[:cut] for x in column))
+            lengths.append(n)
+            ends.append((ts, np.full(len(ts), e)))
+    if not steps:
+        return None
+    t, e = (np.concatenate(x) for x in zip(*ends))
+    obs, action, reward = (np.concatenate(x) for x in zip(*steps))
+    return Episodes(obs, action.astype(np.int32), reward.astype(np.float32), np.concatenate(lengths),
+                    terminated[t, e], final_obs[t, e])

@@ -15,6 +15,7 @@ from pathlib import Path
 from jaxrl_mgpu.asynchronous import rate
 from jaxrl_mgpu.asynchronous.reader import ShardReader
 from jaxrl_mgpu.asynchronous.store import Store
+from jaxrl_mgpu.asynchronous.workers import default_workers
 
 DONE_MARKER = "learner_done"  # written by the learner at the end: collectors then stop
 COLLECTOR_LOG_S = 30.0        # a collector's progress line, at most this often
@@ -127,7 +128,7 @@ class StoreFeed:
         self.publisher = Publisher(cfg, par, ckpts, layout, self.store)
         self.ledger = self.publisher.start(state, resume_step, self.counts, log, self.memory)
         self.reader = ShardReader(self.store, self.ledger.consumed, refill=resume_step is not None, read=self.read,
-                                  decode=self.decode)
+                                  decode=self.decode, workers=self.cfg.store_workers or default_workers())
         self.last_consumed, self.largest_shard, self.waiting_since = None, 0, None
         # What arrived since the last log point, and how the learner's host time went.
         self.window = dict.fromkeys(("collector_wait_s", "learner_wait_s", "ingest_s",

@@ -3,16 +3,13 @@ learning while it reads."""
 
 from __future__ import annotations
 
-import os
-import pickle
 import queue
-import subprocess
-import sys
 import threading
 import time
 from typing import Any, Callable
 
 from jaxrl_mgpu.asynchronous.store import Shard, Store
+from jaxrl_mgpu.asynchronous.workers import Pool
 
 
 class ShardReader:
@@ -24,60 +21,70 @@ class ShardReader:
     not its memory. After a restart (`refill`), the shards in `consumed` are read once more, to
     refill the learner's on-device memory, and are flagged as not new (not counted again).
 
-    With `decode` (a module-level function of a shard, used in place of `read`), shards are
-    decoded in a process of their own (`Decoder`): TFDS parses an episode record in Python
-    (~0.4 ms each, 2,000 episodes in a 65k-step MinAtar shard), and on a thread that parsing
-    holds the GIL the learner's thread needs to dispatch its compiled steps. The thread then
-    only waits for the process and unpickles the arrays."""
+    With `decode` (a picklable function of a shard, used in place of `read`), shards are decoded
+    by `workers` processes (workers.Pool), several at once, and delivered oldest first: TFDS
+    parses an episode record in Python (~0.4 ms each, 2,000-6,000 episodes in a 65k-step MinAtar
+    shard), which on a thread holds the GIL the learner's thread needs to dispatch its compiled
+    steps, and which one process does at only ~30-90k transitions/s. The thread then only waits
+    for the processes and unpickles the arrays."""
 
     def __init__(self, store: Store, consumed: set, refill: bool, read: Callable[[Shard], Any],
-                 decode: Callable[[Shard], Any] | None = None, max_ready: int = 4):
+                 decode: Callable[[Shard], Any] | None = None, workers: int = 1, max_ready: int = 4):
         self._store, self._read, self._refill = store, read, refill
         self._seen = set() if refill else set(consumed)
         self._consumed_at_start = set(consumed)
         self._ready: queue.Queue = queue.Queue(max_ready)
         self._stop, self._error = threading.Event(), None
-        self._decoder = Decoder(decode) if decode is not None else None
+        self._decoders = Pool(decode, workers) if decode is not None else None
         self._timing = [0.0, 0]  # seconds spent reading, shards read, since decode_seconds() last asked
         self._timing_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="shard-reader", daemon=True)
         self._thread.start()
 
-    def _take(self, shard: Shard) -> Any:
-        start = time.perf_counter()
-        data = self._decoder(shard) if self._decoder else self._read(shard)
-        with self._timing_lock:
-            self._timing[0] += time.perf_counter() - start
-            self._timing[1] += 1
-        return data
-
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
-                todo = [s for s in self._store.shards() if s.path.name not in self._seen]
-                for shard in todo:
+                listed = [s for s in self._store.shards() if s.path.name not in self._seen]
+                for shard in listed:
                     if self._stop.is_set():
                         return
+                    if self._decoders is not None and self._decoders.full:
+                        break  # the rest on a later pass, once a decoder is free
                     self._seen.add(shard.path.name)
                     if not shard.path.exists():  # evicted by the learner since the listing
                         continue
-                    try:
-                        data = self._take(shard)
-                    except Exception:
-                        if shard.path.exists():
-                            raise
-                        continue  # evicted while being read
-                    new = shard.path.name not in self._consumed_at_start
-                    while not self._stop.is_set():  # a bounded wait, so close() is never stuck
-                        try:
-                            self._ready.put((shard, new, data), timeout=0.1)
-                            break
-                        except queue.Full:
-                            continue
-                if not todo:
+                    if self._decoders is not None:
+                        self._decoders.submit(shard, tag=shard)
+                        continue
+                    start = time.perf_counter()
+                    self._taken(shard, lambda: self._read(shard), lambda: time.perf_counter() - start)
+                if self._decoders is not None and self._decoders.in_flight:
+                    shard = self._decoders.oldest
+                    self._taken(shard, lambda: self._decoders.receive()[1], lambda: self._decoders.seconds)
+                elif not listed:
                     time.sleep(0.05)
         except BaseException as e:  # handed to the learner's thread by ready()
             self._error = e
+
+    def _taken(self, shard: Shard, take: Callable[[], Any], seconds: Callable[[], float]) -> None:
+        """Hands `take()` (the shard read or decoded) to the learner, unless the shard was
+        evicted while being read."""
+        try:
+            data = take()
+        except Exception:
+            if shard.path.exists():
+                raise
+            return  # evicted while being read
+        with self._timing_lock:
+            self._timing[0] += seconds()
+            self._timing[1] += 1
+        new = shard.path.name not in self._consumed_at_start
+        while not self._stop.is_set():  # a bounded wait, so close() is never stuck
+            try:
+                self._ready.put((shard, new, data), timeout=0.1)
+                return
+            except queue.Full:
+                continue
 
     def ready(self) -> list[tuple[Shard, bool, Any]]:
         """The shards read since the last call (oldest first): (shard, is it new, read(shard))."""
@@ -94,7 +101,7 @@ class ShardReader:
         return out
 
     def decode_seconds(self) -> float | None:
-        """Mean seconds per shard read since the last call (None: none read)."""
+        """Mean seconds per shard read (by one decoder) since the last call (None: none read)."""
         with self._timing_lock:
             (seconds, shards), self._timing = self._timing, [0.0, 0]
         return seconds / shards if shards else None
@@ -102,68 +109,5 @@ class ShardReader:
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=30)
-        if self._decoder is not None:
-            self._decoder.close()
-
-
-class Decoder:
-    """`fn(shard)` run in a child process (`python -m jaxrl_mgpu.asynchronous.reader`; `fn` is
-    picklable: a module-level function, or a functools.partial of one): shards
-    go to it pickled over its stdin, results (or the exception raised) come back over its
-    stdout. A plain subprocess, not multiprocessing: spawn would re-import the caller's main
-    script (a user's own script without a `__main__` guard would run again), and fork would
-    copy JAX's threads mid-flight. The child never touches an accelerator."""
-
-    def __init__(self, fn: Callable):
-        self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      env={**os.environ, "JAX_PLATFORMS": "cpu"})
-        pickle.dump(fn, self._proc.stdin)  # a module-level function, or a functools.partial of one
-        self._proc.stdin.flush()
-
-    def __call__(self, shard) -> Any:
-        try:
-            pickle.dump(shard, self._proc.stdin)
-            self._proc.stdin.flush()
-            ok, value = pickle.load(self._proc.stdout)
-        except (EOFError, BrokenPipeError, OSError):
-            raise RuntimeError(f"the shard decoder process stopped (exit code {self._proc.poll()})") from None
-        if not ok:
-            raise value
-        return value
-
-    def close(self) -> None:
-        try:
-            self._proc.stdin.close()  # the child's end of input: it exits
-            self._proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            self._proc.kill()
-
-
-def _serve() -> None:
-    """The decoder's child: reads `fn`, then `fn(shard)` for every shard on stdin, until stdin closes."""
-    fn = pickle.load(sys.stdin.buffer)
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)  # stray prints of libraries go to stderr, never into the results
-    while True:
-        try:
-            shard = pickle.load(sys.stdin.buffer)
-        except EOFError:
-            return
-        try:
-            result = (True, fn(shard))
-        except Exception as e:  # raised again in the reader's thread
-            result = (False, e if _picklable(e) else RuntimeError(f"{type(e).__name__}: {e}"))
-        pickle.dump(result, out, protocol=pickle.HIGHEST_PROTOCOL)
-        out.flush()
-
-
-def _picklable(e: Exception) -> bool:
-    try:
-        pickle.loads(pickle.dumps(e))
-        return True
-    except Exception:
-        return False
-
-
-if __name__ == "__main__":
-    _serve()
+        if self._decoders is not None:
+            self._decoders.close()

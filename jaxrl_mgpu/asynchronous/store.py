@@ -3,7 +3,8 @@ collector processes (writers) and the learner (the only reader and the only one 
 
 Each shard is a TFDS array_record dataset of RLDS episodes (the layout of `data.rlds`: `steps`
 with observation, action, reward, discount, is_first, is_last, is_terminal), of one of two kinds:
-- `write` (DQN collectors): episodes of the collector's policy, plus each episode's
+- `write` (DQN collectors): episodes of the collector's policy (observations in the dtype the
+  learner's replay keeps them: bytes for MinAtar), plus each episode's
   `final_observation` (the observation after its last step, before any reset, which a learner
   needs to bootstrap truncated episodes); the metadata records the `policy_step` that acted.
 - `write_histories` (AD history collectors): whole learning histories of a source learner, in
@@ -14,7 +15,8 @@ reader ever sees a partial shard. Every shard's metadata records who wrote it: `
 `episodes`, `env_steps`, `env`.
 
 Shard names start with the writer's wall-clock time in nanoseconds, so sorting names is
-first-in-first-out across collectors, which is the eviction order.
+first-in-first-out across collectors, which is the eviction order (a collector's writer
+processes may finish its shards a little out of order).
 """
 
 from __future__ import annotations
@@ -44,6 +46,29 @@ class Transitions(NamedTuple):
     next_obs: np.ndarray   # [N, *obs_shape] observation after the step, before any reset
 
 
+class Episodes(NamedTuple):
+    """Whole episodes laid end to end: one array per field, not one per episode, so that a
+    collector cuts them from a rollout with a few slices per environment and sends them to a
+    writer process in one piece."""
+    observation: np.ndarray        # [N, *obs_shape]
+    action: np.ndarray             # [N]
+    reward: np.ndarray             # [N] float32
+    length: np.ndarray             # [E] steps of each episode, in order (they add up to N)
+    terminated: np.ndarray         # [E] bool: the episode ended for real, not by a time limit
+    final_observation: np.ndarray  # [E, *obs_shape] the observation after its last step, before any reset
+
+    @classmethod
+    def join(cls, episodes: list[dict]) -> "Episodes":
+        """From episodes as dicts of `observation` [n, ...], `action` [n], `reward` [n],
+        `terminated` and `final_observation` [...]."""
+        if not episodes:
+            raise DatasetError("a shard needs at least one episode")
+        cat = lambda k: np.concatenate([np.asarray(e[k]) for e in episodes])  # noqa: E731
+        return cls(cat("observation"), cat("action").astype(np.int32), cat("reward").astype(np.float32),
+                   np.array([len(e["reward"]) for e in episodes]), np.array([bool(e["terminated"]) for e in episodes]),
+                   np.stack([np.asarray(e["final_observation"]) for e in episodes]))
+
+
 class Shard(NamedTuple):
     path: Path
     meta: dict
@@ -68,30 +93,28 @@ class Store:
         self.root = Path(run_dir).absolute() / "store"
         self._meta: dict[str, dict] = {}  # shard name -> metadata, read once per shard
 
-    def write(self, episodes: list[dict], collector: str, policy_step: int, env: str,
+    def write(self, episodes: Episodes, collector: str, policy_step: int, env: str,
               waited: dict[str, float] | None = None) -> Path:
-        """Writes complete episodes, each a dict of `observation` [n, ...], `action` [n],
-        `reward` [n], `terminated` (bool: the episode ended for real, not by a time limit) and
-        `final_observation` [...], as one new shard."""
-        if not episodes:
+        """Writes complete episodes as one new shard, one RLDS episode record each."""
+        if len(episodes.length) == 0:
             raise DatasetError("a shard needs at least one episode")
         self.root.mkdir(parents=True, exist_ok=True)
-        meta = {"env": env, "collector": collector, "policy_step": int(policy_step), "episodes": len(episodes),
-                "env_steps": int(sum(len(e["reward"]) for e in episodes)),
-                "return_sum": float(sum(np.sum(e["reward"]) for e in episodes)), "created": time.time(),
-                **waited_meta(waited or {})}
-        first = episodes[0]
-        features = _features(np.asarray(first["final_observation"]), np.asarray(first["action"][0]))
+        meta = {"env": env, "collector": collector, "policy_step": int(policy_step), "episodes": len(episodes.length),
+                "env_steps": int(episodes.length.sum()), "return_sum": float(np.sum(episodes.reward, dtype=np.float64)),
+                "created": time.time(), **waited_meta(waited or {})}
+        features = _features(episodes.final_observation[0], episodes.action[0])
+        starts = np.concatenate([[0], np.cumsum(episodes.length)])
 
         def examples():
-            for i, e in enumerate(episodes):
-                n = len(e["reward"])
+            for i, (start, stop) in enumerate(zip(starts[:-1], starts[1:])):
+                n = stop - start
                 last = np.arange(n) == n - 1
-                terminal = last & bool(e["terminated"])
-                yield i, {"steps": {"observation": e["observation"], "action": e["action"], "reward": e["reward"],
+                terminal = last & bool(episodes.terminated[i])
+                yield i, {"steps": {"observation": episodes.observation[start:stop],
+                                    "action": episodes.action[start:stop], "reward": episodes.reward[start:stop],
                                     "discount": (~terminal).astype(np.float32), "is_first": np.arange(n) == 0,
                                     "is_last": last, "is_terminal": terminal},
-                          "final_observation": e["final_observation"], "episode_index": i}
+                          "final_observation": episodes.final_observation[i], "episode_index": i}
 
         return rlds.build(self._new_path(collector), features, meta, examples)
 
@@ -163,6 +186,13 @@ class Store:
         return kept
 
 
+def write_job(job: tuple) -> str:
+    """`Store(run_dir).write(episodes, collector, policy_step, env, waited)` for the `job` tuple
+    (run_dir, episodes, ...): what a collector's writer processes run (workers.Pool)."""
+    run_dir, *args = job
+    return str(Store(run_dir).write(*args))
+
+
 def read_transitions(shard: Shard, n_step: int = 1, gamma: float = 1.0) -> Transitions:
     """A shard's episodes as `n_step` transitions (checksums verified first), as --mode both's
     replay samples them (dqn.n_step_return): from each step t, the steps t..t+k of its episode,
@@ -170,7 +200,7 @@ def read_transitions(shard: Shard, n_step: int = 1, gamma: float = 1.0) -> Trans
     discount = gamma^(k+1), 0 where step t+k terminated the episode; next_obs = the observation
     after step t+k (the final one where the episode ended there, a time limit included). With
     the defaults, one-step transitions with discount 0 where the episode terminated, else 1.
-    A function of the shard, so that a decoder process can run it (reader.py)."""
+    A function of the shard, so that a decoder process can run it (workers.py)."""
     rlds.verify(shard.path)
     builder = tfds.builder_from_directory(shard.path)
     try:
