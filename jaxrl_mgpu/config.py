@@ -182,7 +182,9 @@ class Config:
                                                     "uniformly at random", choices=("wait", "random"))
     collector_id: str | None = option(None, "collect: this collector's name in the store and the learner's "
                                             "metrics (default host-pid)")
-    shard_steps: int = option(256, "collect: vector steps of all environments per store shard")
+    shard_steps: int = option(32, "collect: vector steps of all environments per store shard (the shard is the "
+                                  "unit the learner receives, and collectors may run a few shards ahead of it: "
+                                  "larger shards, staler data)")
     store_workers: int = option(0, "learn/collect: processes that decode (learner) or encode (collector) the "
                                    "store's shards, several at once (0: a quarter of the host's cores, 1 to 4)")
     # checkpoints and evaluation
