@@ -13,6 +13,7 @@
 # the CPU do not take the learner's host thread's cores. PROFILE=U has each learner write a
 # jax.profiler trace of two log intervals after iteration U (train --profile --profile-from U) to
 # $OUT/trace_<case>, for experiments/gpu/trace_summary.py.
+# LEARNER_ARGS and COLLECTOR_ARGS add options to one side (e.g. --store-workers 3).
 # DRY=1 runs the same commands at toy sizes on a CPU machine (GPU pinning off).
 source experiments/gpu/setup.sh
 set -o pipefail
@@ -32,13 +33,13 @@ Q="--config breakout-minatar-dqn --num-envs 256 --log-every 5 --checkpoint-every
 split() {  # $1 collectors, $2 name, rest: learner options
   local n=$1 name=$2 run=$R/$2; shift 2
   gpu 0 ${LEARNER_CPUS:+taskset -c $LEARNER_CPUS} timeout $T python3 -m jaxrl_mgpu.train $Q --run-dir $run --mode learn \
-      ${PROFILE:+--profile $OUT/trace_$name --profile-from $PROFILE} "$@" > $OUT/rate_${name}_learner.log 2>&1 &
+      ${PROFILE:+--profile $OUT/trace_$name --profile-from $PROFILE} ${LEARNER_ARGS:-} "$@" > $OUT/rate_${name}_learner.log 2>&1 &
   local pids=($!)
   for c in $(seq 1 $n); do
     # several collectors on one GPU share its memory
     XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.9 / $n, 2) if $GPUS < 4 else 0.75)") \
     collector $c ${COLLECTOR_CPUS:+taskset -c $COLLECTOR_CPUS} timeout $((T - 2)) python3 -m jaxrl_mgpu.train $Q --run-dir $run --mode collect \
-        --collector-id c$c --collect-before-checkpoint random > $OUT/rate_${name}_c$c.log 2>&1 &
+        --collector-id c$c --collect-before-checkpoint random ${COLLECTOR_ARGS:-} > $OUT/rate_${name}_c$c.log 2>&1 &
     pids+=($!)
   done
   wait "${pids[@]}"
@@ -59,10 +60,12 @@ waited = sum(r.get("async/learner_wait_s") or 0 for r in steady[1:])
 collector_wait = sum(r.get("async/collector_wait_s") or 0 for r in steady[1:])
 why = {w: sum(r.get(f"async/collector_wait_s/{w}") or 0 for r in steady[1:]) for w in ("start", "reading", "samples")}
 ingest = sum(r.get("async/ingest_fraction") or 0 for r in steady[1:]) / (len(steady) - 1)
+decode = [r["async/decode_s_per_shard"] for r in steady[1:] if r.get("async/decode_s_per_shard")]
 print(f"{sys.argv[2]}: {rate('grad_steps'):.0f} grad steps/s, {rate('async/env_steps_received'):.0f} env steps/s received "
       f"over {span:.1f} s; samples/insert {last['async/samples_per_insert']:.2f} (target "
       f"{last['async/samples_per_insert_target']:g}); the learner waited {waited / span:.0%} of the time, "
-      f"collectors {collector_wait:.1f} s ({', '.join(f'{w} {t:.1f}' for w, t in why.items())}); ingest fraction {ingest:.3f}; queued {last['async/queued_transitions']}, unread {last.get('async/unread_transitions')}, "
+      f"collectors {collector_wait:.1f} s ({', '.join(f'{w} {t:.1f}' for w, t in why.items())}); ingest fraction {ingest:.3f}; "
+      f"decode {sum(decode) / max(len(decode), 1):.2f} s per shard; queued {last['async/queued_transitions']}, unread {last.get('async/unread_transitions')}, "
       f"return {last.get('episode_return')}")
 PY
 }
