@@ -294,7 +294,9 @@ APPLIES = {
                     ("--policy transformer", lambda c: c.algo != "ad" and c.policy == "transformer")),
     # Learners and collectors of one run may share one command line, so these are for both.
     **dict.fromkeys(("store_max_episodes", "collect_before_checkpoint", "shard_steps", "collector_id",
-                     "samples_per_insert", "samples_per_insert_tolerance", "store_workers"), _ASYNC),
+                     "samples_per_insert", "samples_per_insert_tolerance"), _ASYNC),
+    # AD's learner reads its (few, large) history shards on a thread, and its collectors write one at a time
+    "store_workers": ("--algo dqn with --mode learn or collect", lambda c: c.algo == "dqn" and c.mode != "both"),
     "target_return": ("many runs (--num-seeds > 1 or --sweep)", lambda c: c.num_seeds > 1 or bool(c.sweep)),
     "profile": ("training (--mode both or learn)", lambda c: c.mode != "collect"),
     "profile_from": ("--profile", lambda c: c.profile is not None),
