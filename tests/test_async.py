@@ -512,3 +512,30 @@ def test_learner_transitions_are_the_n_step_transitions_of_mode_both(tmp_path):
     np.testing.assert_array_equal(one.reward, flat.reward)
     np.testing.assert_array_equal(one.discount, ~terminated)
     np.testing.assert_array_equal(one.next_obs, next_obs)
+
+
+def test_collector_and_learner_stop_cleanly_when_their_process_group_is_signalled(tmp_path):
+    """Ctrl-C, `timeout` and schedulers signal the whole process group, shard workers included:
+    the collector still finishes the shards it handed to its writers and exits 0, and the
+    learner (with its decoders) stops with a checkpoint, as when only they are signalled."""
+    import subprocess
+    import sys
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "PYTHONUNBUFFERED": "1"}
+    spawn_group = lambda *argv: subprocess.Popen(  # noqa: E731
+        [sys.executable, "-m", "jaxrl_mgpu.train", *DQN, "--run-dir", str(run_dir), *argv], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    learner = spawn_group("--mode", "learn", "--total-timesteps", str(8 * 100_000), "--store-workers", "2")
+    collector = spawn_group("--mode", "collect", "--collector-id", "c0", "--store-workers", "2")
+    wait_until(lambda: (run_dir / "metrics.jsonl").exists() and len(Store(run_dir).shards()) >= 3, timeout=300)
+    for p in (collector, learner):
+        os.killpg(p.pid, signal.SIGTERM)
+    outs = [p.communicate(timeout=120)[0] for p in (collector, learner)]
+    for p, out in zip((collector, learner), outs):
+        assert p.returncode == 0 and "Traceback" not in out, out[-2000:]
+    written = int(re.search(r"collector done: ([0-9,]+) env steps written", outs[0]).group(1).replace(",", ""))
+    assert written == sum(s.meta["env_steps"] for s in Store(run_dir).shards() if s.meta["collector"] == "c0")
+    ckpts = Checkpoints(run_dir, read_only=True)
+    assert ckpts.latest_step() is not None
+    ckpts.close()
+

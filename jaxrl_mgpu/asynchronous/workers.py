@@ -42,7 +42,11 @@ class Worker:
     result could not read the next argument."""
 
     def __init__(self, fn: Callable[[Any], Any]):
-        self._proc = subprocess.Popen([sys.executable, "-c", f"from {__name__} import _serve; _serve()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        # A session of its own: Ctrl-C, `timeout` and schedulers signal the whole process group,
+        # and a worker killed by that would turn its parent's orderly stop (finish the shards in
+        # hand, checkpoint) into an error. The parent stops it by closing its stdin.
+        self._proc = subprocess.Popen([sys.executable, "-c", f"from {__name__} import _serve; _serve()"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
                                       env={**os.environ, "JAX_PLATFORMS": "cpu"})
         self.busy = False
         self.seconds = 0.0  # what fn took in the last call received
@@ -137,7 +141,8 @@ class Pool:
 
 
 def _serve() -> None:
-    """A worker's child: reads fn, then `fn(x)` for every x on stdin, until stdin closes."""
+    """A worker's child: reads fn, then `fn(x)` for every x on stdin, until stdin closes (its
+    parent closed it, or died)."""
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints of libraries go to stderr, never into the results
     try:
