@@ -329,7 +329,7 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     params, on_devices, on_devices_step, policy_step, eps = None, None, None, None, 1.0
     if cfg.collect_before_checkpoint == "wait":
         log.print(f"collector {name}: following the learner's checkpoints in {run_dir} (waiting for the first)")
-    partial: dict[int, list] = {}
+    partial: dict[int, tuple] = {}  # per environment, the steps of its unfinished episode
     total, shard_index, waited_from = 0, 0, time.monotonic()
     # back-pressure: since when, and how long since the last shard, by reason (rate.HOLD_REASONS)
     paused_from, waited = None, rate.no_waits()

@@ -79,10 +79,16 @@ class Worker:
         return self.receive()
 
     def close(self) -> None:
+        """Stops the child: the end of its input; a result it is still writing is dropped
+        (closing our end of its output), rather than waited for."""
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
         try:
-            self._proc.stdin.close()  # the child's end of input: it exits
             self._proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
+        except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
 
@@ -159,8 +165,11 @@ def _serve() -> None:
             result = (True, fn(x))
         except Exception as e:  # raised again in the parent
             result = (False, e if _picklable(e) else RuntimeError(f"{type(e).__name__}: {e}"))
-        pickle.dump((*result, time.perf_counter() - start), out, protocol=pickle.HIGHEST_PROTOCOL)
-        out.flush()
+        try:
+            pickle.dump((*result, time.perf_counter() - start), out, protocol=pickle.HIGHEST_PROTOCOL)
+            out.flush()
+        except (BrokenPipeError, OSError):  # the parent closed the pool, or died: nobody waits
+            return
 
 
 def _picklable(e: Exception) -> bool:
