@@ -1,0 +1,47 @@
+"""The asynchronous DQN learner's host work per shard it reads (issue 31), without a GPU: writes
+shards of Breakout-MinAtar's shape (10x10x4 bytes, episodes of random play, ~10 steps each),
+then reads them as the learner does (reader.ShardReader with --store-workers decoder processes,
+--mode both's 3-step transitions) and prints the CPU time this process spent per shard and per
+transition (the reader thread's share of the learner's process: unpickling, listing, queueing),
+and the transitions/s read.
+    python experiments/gpu/reader_host.py [--shards 40] [--shard-transitions 8192] [--workers 2]"""
+import argparse
+import functools
+import tempfile
+import time
+
+import numpy as np
+
+from jaxrl_mgpu.asynchronous.reader import ShardReader
+from jaxrl_mgpu.asynchronous.store import Episodes, Store, read_transitions
+
+p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+p.add_argument("--shards", type=int, default=40)
+p.add_argument("--shard-transitions", type=int, default=8192)
+p.add_argument("--workers", type=int, default=2)
+args = p.parse_args()
+
+rng = np.random.default_rng(0)
+store = Store(tempfile.mkdtemp(prefix="reader_host."))
+for i in range(args.shards):
+    lengths = rng.geometric(0.1, args.shard_transitions // 5)
+    lengths = lengths[:np.searchsorted(np.cumsum(lengths), args.shard_transitions) + 1]
+    n = int(lengths.sum())
+    obs = (rng.random((n, 10, 10, 4)) < 0.05).astype(np.uint8)
+    store.write(Episodes(obs, rng.integers(0, 3, n).astype(np.int32), rng.random(n).astype(np.float32), lengths,
+                         rng.random(len(lengths)) < 0.9, obs[:len(lengths)]), f"c{i % 3}", 0, "Breakout-MinAtar")
+shards = store.shards()
+steps = sum(s.meta["env_steps"] for s in shards)
+
+start, cpu = time.perf_counter(), time.process_time()
+reader = ShardReader(store, consumed=set(), refill=False, read=None,
+                     decode=functools.partial(read_transitions, n_step=3, gamma=0.99), workers=args.workers)
+got = 0
+while got < len(shards):
+    got += len(reader.ready())
+    time.sleep(0.005)
+wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+reader.close()
+print(f"{len(shards)} shards of {steps / len(shards):,.0f} transitions, {args.workers} decoders: this process's CPU "
+      f"{1e3 * cpu / len(shards):.1f} ms per shard, {1e6 * cpu / steps:.2f} us per transition; "
+      f"{steps / wall:,.0f} transitions/s")
