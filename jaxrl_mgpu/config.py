@@ -293,10 +293,12 @@ APPLIES = {
     **dict.fromkeys(("context_len", "context_across_episodes"),
                     ("--policy transformer", lambda c: c.algo != "ad" and c.policy == "transformer")),
     # Learners and collectors of one run may share one command line, so these are for both.
-    **dict.fromkeys(("store_max_episodes", "collect_before_checkpoint", "shard_steps", "collector_id",
+    **dict.fromkeys(("store_max_episodes", "collect_before_checkpoint", "collector_id",
                      "samples_per_insert", "samples_per_insert_tolerance"), _ASYNC),
-    # AD's learner reads its (few, large) history shards on a thread, and its collectors write one at a time
-    "store_workers": ("--algo dqn with --mode learn or collect", lambda c: c.algo == "dqn" and c.mode != "both"),
+    # AD's collectors write whole learning histories (--ad-history-tasks x --ad-history-steps) one
+    # shard at a time, and its learner reads those few large shards on a thread
+    **dict.fromkeys(("shard_steps", "store_workers"),
+                    ("--algo dqn with --mode learn or collect", lambda c: c.algo == "dqn" and c.mode != "both")),
     "target_return": ("many runs (--num-seeds > 1 or --sweep)", lambda c: c.num_seeds > 1 or bool(c.sweep)),
     "profile": ("training (--mode both or learn)", lambda c: c.mode != "collect"),
     "profile_from": ("--profile", lambda c: c.profile is not None),
