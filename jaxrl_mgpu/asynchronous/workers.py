@@ -74,10 +74,6 @@ class Worker:
             raise value
         return value
 
-    def __call__(self, x) -> Any:
-        self.send(x)
-        return self.receive()
-
     def close(self) -> None:
         """Stops the child: the end of its input; a result it is still writing is dropped
         (closing our end of its output), rather than waited for."""
@@ -102,9 +98,6 @@ class Pool:
         self._in_flight: collections.deque = collections.deque()  # (worker, tag) oldest first
         self._next = 0
         self.seconds = 0.0  # what fn took in the last call received
-
-    def __len__(self) -> int:
-        return len(self._workers)
 
     @property
     def in_flight(self) -> int:
