@@ -701,6 +701,8 @@ def run(cfg, par: Parallel, layout: Split, changes: list[str], asynchronous=None
         if feed is not None:  # the last checkpoint, and unless stopped the marker that ends the collectors
             feed.finish(done, state, stopped=done < cfg.total_updates)
     except NonFinite as e:
+        if feed is not None:
+            feed.close()  # its last publication, on a thread of its own, is in the checkpoints
         ckpts.wait()
         last_good = ckpts.latest_step()
         where = (f"the last good checkpoint is at update {last_good}; continue from it with --resume and a smaller "

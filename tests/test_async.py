@@ -10,6 +10,7 @@ import types
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from helpers import spawn_train, wait_until
@@ -90,6 +91,16 @@ def test_learner_with_two_collectors_one_killed(tmp_path):
     # No complete shard lost: what the learner received from each collector is what it consumed.
     taken, _ = consumed_by_collector(run_dir)
     assert taken == {c: last[f"async/env_steps_received/{c}"] for c in ("c1", "c2")}
+    # Checkpoints are published on a thread of their own while the learner goes on: each holds
+    # the state and counts of its own iteration (4 gradient steps each), not a later one's.
+    ckpts = Checkpoints(run_dir, read_only=True)
+    steps = ckpts.steps()
+    assert len(steps) > 1 and steps[-1] == 150
+    for step in steps:
+        saved = ckpts.latest.restore(step, args=ocp.args.Composite(grad_steps=ocp.args.StandardRestore()))
+        assert int(np.asarray(saved["grad_steps"]["grad_steps"])) == 4 * step
+        assert ckpts.meta(step)["async"]["iteration"] == step
+    ckpts.close()
 
 
 def test_restarted_learner_resumes_and_refills_from_the_store(tmp_path):
@@ -364,12 +375,12 @@ def test_eviction_deletes_only_consumed_shards_oldest_first(tmp_path, monkeypatc
     cfg = config_lib.Config(algo="dqn", mode="learn", store_max_episodes=6)
     publisher = Publisher(cfg, None, None, {}, store)
     monkeypatch.setattr(publisher, "publish", lambda *a: None)
-    publisher.publish_and_evict(1, None, ledger)
+    evicted = publisher.publish_and_evict(1, None, ledger)
     # 10 episodes, 4 of them unread: the consumed ones may keep 6 - 4 = 2, the newest consumed shard.
-    assert [s.path.name for s in store.shards()] == names[2:] and ledger.consumed == {names[2]}
+    assert [s.path.name for s in store.shards()] == names[2:] and evicted == set(names[:2])
     ledger.consumed = set()  # a learner restarted before reading any: nothing may go
     publisher.cfg = dataclasses.replace(cfg, store_max_episodes=1)
-    publisher.publish_and_evict(2, None, ledger)
+    assert publisher.publish_and_evict(2, None, ledger) == set()
     assert [s.path.name for s in store.shards()] == names[2:]
 
 
