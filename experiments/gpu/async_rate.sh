@@ -14,6 +14,9 @@
 # jax.profiler trace of two log intervals after iteration U (train --profile --profile-from U) to
 # $OUT/trace_<case>, for experiments/gpu/trace_summary.py.
 # LEARNER_ARGS and COLLECTOR_ARGS add options to one side (e.g. --store-workers 3).
+# PYSPY=S attaches py-spy (fetch-wheels.sh py-spy) to each learner S seconds after its start for
+# 20 s, its decoder processes included: collapsed stacks per thread, idle ones included, in
+# $OUT/pyspy_<case>.txt, for experiments/gpu/pyspy_summary.py.
 # DRY=1 runs the same commands at toy sizes on a CPU machine (GPU pinning off).
 source experiments/gpu/setup.sh
 set -o pipefail
@@ -35,6 +38,11 @@ split() {  # $1 collectors, $2 name, rest: learner options
   gpu 0 ${LEARNER_CPUS:+taskset -c $LEARNER_CPUS} timeout $T python3 -m jaxrl_mgpu.train $Q --run-dir $run --mode learn \
       ${PROFILE:+--profile $OUT/trace_$name --profile-from $PROFILE} ${LEARNER_ARGS:-} "$@" > $OUT/rate_${name}_learner.log 2>&1 &
   local pids=($!)
+  if [ -n "${PYSPY:-}" ]; then
+    (sleep $PYSPY; pid=$(pgrep -f "^[^ ]*python3 -m jaxrl_mgpu.train .*--run-dir $run --mode learn" | head -1)
+     $(command -v py-spy || echo /tmp/site/bin/py-spy) record --pid $pid --duration 20 --nonblocking --idle --threads --subprocesses \
+        --rate 100 --format raw -o $OUT/pyspy_$name.txt > $OUT/pyspy_$name.log 2>&1) &
+  fi
   for c in $(seq 1 $n); do
     # several collectors on one GPU share its memory
     XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.9 / $n, 2) if $GPUS < 4 else 0.75)") \
