@@ -216,6 +216,19 @@ def test_shard_reader_order_refill_skips_and_errors(tmp_path):
     assert [s.path.name for s, _, _ in drain(fresh, 3)] == ["b", "c", "skip"]  # consumed "a" not read again
     fresh.close()
 
+    # What collectors count as unread starts after the newest shard the reader has taken up,
+    # and the reader takes up no more once its learner stops taking shards from it (max_ready
+    # read): the store's unread shards then grow, and collectors pause.
+    store.names = [f"s{i}" for i in range(6)]
+    for n in store.names:
+        (tmp_path / n).mkdir()
+    idle = ShardReader(store, consumed=set(), refill=False, read=lambda s: s.path.name, max_ready=2)
+    wait_until(lambda: idle.newest_taken == "s2", timeout=10)  # two ready, the third waiting for room
+    time.sleep(0.3)
+    assert idle.newest_taken == "s2"
+    assert [s.path.name for s, _, _ in drain(idle, 6)] == store.names and idle.newest_taken == "s5"
+    idle.close()
+
     def broken(shard):
         raise ValueError("damaged shard")
     failing = ShardReader(store, consumed=set(), refill=False, read=broken)

@@ -285,7 +285,7 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     shard_steps = cfg.ad_history_tasks * cfg.ad_history_steps
     while not stop() and not (run_dir / DONE_MARKER).exists():
         progress = rate.read_progress(run_dir)
-        unread = store.unread_steps(progress and progress.get("last_consumed"))
+        unread = store.unread_steps(progress and progress.get("last_read"))
         why = rate.hold_back(progress, unread, shard_steps, shard_steps)
         if why is not None:  # back-pressure
             pause_start = time.monotonic()

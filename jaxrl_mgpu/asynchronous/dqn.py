@@ -376,7 +376,7 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
         progress = rate.read_progress(run_dir)
         # what the learner has not read: in the store, and this collector's shards being written
         # (counted twice for the moment between a writer's rename and its receipt: a pause too early)
-        unread = store.unread_steps(progress and progress.get("last_consumed")) + sum(writers.tags)
+        unread = store.unread_steps(progress and progress.get("last_read")) + sum(writers.tags)
         why = rate.hold_back(progress, unread, shard_transitions, cfg.learning_starts)
         if why is None:
             paused_from = None

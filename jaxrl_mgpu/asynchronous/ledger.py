@@ -134,7 +134,7 @@ class StoreFeed:
         self.ledger = self.publisher.start(state, resume_step, self.counts, log, self.memory)
         self.reader = ShardReader(self.store, self.ledger.consumed, refill=resume_step is not None, read=self.read,
                                   decode=self.decode, workers=self.cfg.store_workers or default_workers())
-        self.last_consumed, self.largest_shard, self.waiting_since = None, 0, None
+        self.largest_shard, self.waiting_since = 0, None
         # checkpoints are published on a thread of their own (checkpoint())
         self._background = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="publisher")
         self._publishing: concurrent.futures.Future | None = None
@@ -161,7 +161,6 @@ class StoreFeed:
         first; each is counted in the ledger (a new one) and marked consumed."""
         for shard, new, data in self.reader.ready():
             self.ledger.consumed.add(shard.path.name)
-            self.last_consumed = max(self.last_consumed or "", shard.path.name)
             self.largest_shard = max(self.largest_shard, shard.meta["env_steps"])
             if new:
                 self.ledger.receive(shard.meta)
@@ -177,7 +176,7 @@ class StoreFeed:
         themselves by, and times the learner's waits."""
         allowed = self.limiter.iterations(samples, inserts, in_memory)
         self.progress.publish(samples=samples, inserted=inserts, received=self.ledger.env_steps,
-                              last_consumed=self.last_consumed, largest_shard=self.largest_shard)
+                              last_read=self.reader.newest_taken, largest_shard=self.largest_shard)
         now = time.perf_counter()
         if allowed == 0 and self.waiting_since is None:
             self.waiting_since = now
@@ -196,8 +195,8 @@ class StoreFeed:
                "async/samples_per_insert": self.limiter.achieved(samples, inserts),
                "async/samples_per_insert_target": self.limiter.target,
                "async/inserted": inserts, "async/queued_transitions": queued,
-               # written to the store, not yet taken from the reader (collectors pause past a slack)
-               "async/unread_transitions": self.store.unread_steps(self.last_consumed),
+               # written to the store, not yet taken up by the reader (collectors pause past a slack)
+               "async/unread_transitions": self.store.unread_steps(self.reader.newest_taken),
                "async/learner_wait_s": w["learner_wait_s"], "async/collector_wait_s": w["collector_wait_s"],
                # why collectors waited: no learner yet, shards it has not read, or its samples
                **{f"async/collector_wait_s/{why}": w[f"collector_wait_s/{why}"] for why in rate.HOLD_REASONS},

@@ -32,6 +32,11 @@ class ShardReader:
                  decode: Callable[[Shard], Any] | None = None, workers: int = 1, max_ready: int = 4):
         self._store, self._read, self._refill = store, read, refill
         self._seen = set() if refill else set(consumed)
+        # The newest shard taken up to be read (or decoded): what collectors count as unread is
+        # written after it. (Counting from the shards the learner has taken from this reader
+        # counted its own pipeline too, up to max_ready + workers shards: with 8k-step shards,
+        # more than the collectors' slack, so they paused while the learner waited for data.)
+        self.newest_taken: str | None = None
         self._consumed_at_start = set(consumed)
         self._ready: queue.Queue = queue.Queue(max_ready)
         self._stop, self._error = threading.Event(), None
@@ -51,6 +56,7 @@ class ShardReader:
                     if self._decoders is not None and self._decoders.full:
                         break  # the rest on a later pass, once a decoder is free
                     self._seen.add(shard.path.name)
+                    self.newest_taken = max(self.newest_taken or "", shard.path.name)
                     if not shard.path.exists():  # evicted by the learner since the listing
                         continue
                     if self._decoders is not None:
