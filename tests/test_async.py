@@ -190,7 +190,7 @@ def test_shard_reader_order_refill_skips_and_errors(tmp_path):
             self.names = []
 
         def shards(self):
-            return [Shard(Path(tmp_path / n), {}) for n in sorted(self.names)]
+            return [Shard(Path(tmp_path / n), {"env_steps": 10}) for n in sorted(self.names)]
 
     def drain(reader, n):
         got = []
@@ -225,8 +225,9 @@ def test_shard_reader_order_refill_skips_and_errors(tmp_path):
     idle = ShardReader(store, consumed=set(), refill=False, read=lambda s: s.path.name, max_ready=2)
     wait_until(lambda: idle.newest_taken == "s2", timeout=10)  # two ready, the third waiting for room
     time.sleep(0.3)
-    assert idle.newest_taken == "s2"
+    assert idle.newest_taken == "s2" and idle.untaken_steps == 30  # s3-s5, as the learner logs them
     assert [s.path.name for s, _, _ in drain(idle, 6)] == store.names and idle.newest_taken == "s5"
+    wait_until(lambda: idle.untaken_steps == 0, timeout=10)
     idle.close()
 
     def broken(shard):

@@ -17,6 +17,9 @@
 # PYSPY=S attaches py-spy (fetch-wheels.sh py-spy) to each learner S seconds after its start for
 # 20 s, its decoder processes included: collapsed stacks per thread, idle ones included, in
 # $OUT/pyspy_<case>.txt, for experiments/gpu/pyspy_summary.py.
+# LOADED=1 adds the ceiling with the host loaded by as many collectors as the largest case
+# (writing into a sink nobody reads): what the learner's host thread loses to the collectors'
+# use of the host, apart from what taking in their data costs.
 # DRY=1 runs the same commands at toy sizes on a CPU machine (GPU pinning off).
 source experiments/gpu/setup.sh
 set -o pipefail
@@ -79,6 +82,23 @@ PY
 }
 
 split 1 ceiling --samples-per-insert 1e9
+if [ "${LOADED:-0}" = 1 ]; then
+  # The ceiling with the host as loaded as in the largest case: that many collectors write into a
+  # sink run directory whose shards are deleted as they land (no learner reads them), so the
+  # learner's host shares memory bandwidth and caches with the same work but takes in nothing.
+  n=$(echo ${CASES:-1 2 3} | tr ' ' '\n' | sort -n | tail -1); sink=$R/sink; mkdir -p $sink/store; loads=()
+  for c in $(seq 1 $n); do
+    XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.9 / $n, 2))") \
+    collector $c ${COLLECTOR_CPUS:+taskset -c $COLLECTOR_CPUS} timeout $((T + 5)) python3 -m jaxrl_mgpu.train $Q --run-dir $sink --mode collect \
+        --collector-id load$c --collect-before-checkpoint random ${COLLECTOR_ARGS:-} > $OUT/rate_load_c$c.log 2>&1 &
+    loads+=($!)
+  done
+  (while sleep 0.5; do rm -rf $sink/store/[0-9]*; done) & sinker=$!
+  sleep 10  # the collectors compile and start
+  split 1 ceiling_loaded --samples-per-insert 1e9
+  kill $sinker; wait "${loads[@]}"
+  grep -h "env steps in all" $OUT/rate_load_c*.log | tail -${n} | tee -a $OUT/rate_summary.txt
+fi
 # CASES picks the collector counts; SPI="16 32" (say) runs each at those targets instead of the default
 for n in ${CASES:-1 2 3}; do
   for spi in ${SPI:-default}; do

@@ -195,8 +195,9 @@ class StoreFeed:
                "async/samples_per_insert": self.limiter.achieved(samples, inserts),
                "async/samples_per_insert_target": self.limiter.target,
                "async/inserted": inserts, "async/queued_transitions": queued,
-               # written to the store, not yet taken up by the reader (collectors pause past a slack)
-               "async/unread_transitions": self.store.unread_steps(self.reader.newest_taken),
+               # written to the store, not yet taken up by the reader (collectors pause past a
+               # slack), as the reader last listed it (a listing here took 5% of the learner's thread)
+               "async/unread_transitions": self.reader.untaken_steps,
                "async/learner_wait_s": w["learner_wait_s"], "async/collector_wait_s": w["collector_wait_s"],
                # why collectors waited: no learner yet, shards it has not read, or its samples
                **{f"async/collector_wait_s/{why}": w[f"collector_wait_s/{why}"] for why in rate.HOLD_REASONS},

@@ -37,6 +37,7 @@ class ShardReader:
         # counted its own pipeline too, up to max_ready + workers shards: with 8k-step shards,
         # more than the collectors' slack, so they paused while the learner waited for data.)
         self.newest_taken: str | None = None
+        self.untaken_steps = 0  # transitions in the shards listed at the last pass, not taken up yet
         self._consumed_at_start = set(consumed)
         self._ready: queue.Queue = queue.Queue(max_ready)
         self._stop, self._error = threading.Event(), None
@@ -50,6 +51,8 @@ class ShardReader:
         try:
             while not self._stop.is_set():
                 listed = [s for s in self._store.shards() if s.path.name not in self._seen]
+                # (for the learner's log, without a listing of its own)
+                self.untaken_steps = sum(s.meta.get("env_steps", 0) for s in listed)
                 for shard in listed:
                     if self._stop.is_set():
                         return
@@ -57,6 +60,7 @@ class ShardReader:
                         break  # the rest on a later pass, once a decoder is free
                     self._seen.add(shard.path.name)
                     self.newest_taken = max(self.newest_taken or "", shard.path.name)
+                    self.untaken_steps -= shard.meta.get("env_steps", 0)
                     if not shard.path.exists():  # evicted by the learner since the listing
                         continue
                     if self._decoders is not None:
