@@ -330,6 +330,33 @@ def test_ingest_is_bounded_and_in_large_blocks():
     assert blocks == [] and [len(r.reward) for r in rest] == [small - 1]
 
 
+def test_ingest_uses_its_whole_budget_each_step_keeps_order_and_bounds_its_queue():
+    """The learner's ingest: each step inserts the copies that arrived and starts a full budget
+    of new ones (inserting after staging left half the budget idle every other step, and with a
+    checkpoint per chunk a 3-collector queue grew to 700k transitions, H200); order is kept; and
+    it stops taking shards past QUEUE_STEPS budgets."""
+    def transitions(start, n):
+        return Transitions(np.zeros((n, 2), np.float32), np.arange(start, start + n, dtype=np.int32),
+                           np.zeros(n, np.float32), np.ones(n, np.float32), np.zeros((n, 2), np.float32))
+
+    inserted = []
+    ingest = async_dqn.Ingest(2, to_devices=lambda block: block, insert=lambda block: inserted.append(block.action))
+    budget = async_dqn.INSERT_BUDGET * 2  # transitions, both devices
+    shard = 3 * budget // 2
+    added = 0
+    while ingest.has_room:
+        ingest.add(transitions(added, shard))
+        added += shard
+    assert added == 2 * shard  # QUEUE_STEPS = 2 budgets, taken a shard at a time
+    assert ingest.step() == 0 and ingest.queued == added  # the first copies start
+    for _ in range(3):
+        wait_until(lambda: all(f.done() for _, f in ingest.copies), timeout=10)
+        assert ingest.step() == budget  # the copies that arrived go in, and a whole budget starts again
+    assert ingest.queued == 0 and ingest.has_room
+    ingest.close()
+    np.testing.assert_array_equal(np.concatenate(inserted), np.arange(added))  # all of it, in order
+
+
 def test_ten_collectors_started_before_the_learner_do_not_flood_it(tmp_path):
     """Ten collectors (acting at random until the first checkpoint) against one learner: the
     store they fill before it starts stays bounded, the learner keeps its samples per insert,

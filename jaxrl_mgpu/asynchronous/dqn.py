@@ -14,7 +14,9 @@ time; nothing else notices but the learner's data rate.
 The learner is the runner's loop (runner.train, as for --mode both) with this module's `Feed`
 polled between compiled chunks:
   1. take the shards a background thread (`reader.ShardReader`, with decoder processes) has
-     read since, oldest first, as --mode both's n-step transitions, and queue them;
+     read since, oldest first, as --mode both's n-step transitions, and queue them (`Ingest`:
+     only while its queue has room, so a learner that falls behind stops its reader, and the
+     collectors, paced by what it has not read, pause);
   2. copy queued transitions to the devices in fixed-size blocks on a copier thread, and insert
      the blocks that have arrived into the on-device replay (one compiled insert each, each
      device taking its share) (bounded: at most INSERT_BUDGET transitions per device on their
@@ -67,6 +69,7 @@ PAUSED_BECAUSE = {rate.START: "no learner yet; the store holds what it will star
 BLOCK = 256                   # transitions per device per small replay insert (one compiled shape)
 LARGE_BLOCK = 4096            # ... and per large insert (a second compiled shape), while there are as many
 INSERT_BUDGET = 4 * LARGE_BLOCK   # transitions per device on their way to the replay at most
+QUEUE_STEPS = 2               # the learner takes shards from its reader while it holds fewer than this many budgets
 
 
 def check(cfg, num_devices: int) -> Split:
@@ -203,6 +206,54 @@ def _host_blocks(pending: list[Transitions], devices: int, budget: int) -> tuple
     return blocks, queue
 
 
+class Ingest:
+    """Transitions on their way from the shard reader to the replay: queued on the host, copied
+    to the devices in whole blocks (_host_blocks) on a copier thread, then inserted. `to_devices`
+    (on the copier thread) lays a host block out on the devices; `insert` puts a copied block
+    into the replay. A step inserts the copies that have arrived, then starts copying new blocks,
+    at most `budget` transitions per device on their way at a time, so a step's ingest never
+    crowds out learning. The queue is bounded: the learner takes shards from its reader only
+    while `has_room`, so when ingest falls behind, the reader stops, unread shards pile up in the
+    store, and collectors pause (rate.READING) instead of the learner's memory growing."""
+
+    def __init__(self, devices: int, to_devices, insert, budget: int = INSERT_BUDGET):
+        self.devices, self.to_devices, self.insert, self.budget = devices, to_devices, insert, budget
+        self.pending: list[Transitions] = []  # read, not yet on their way to the devices
+        # blocks being copied, oldest first: (transitions, the copy's future)
+        self.copies: collections.deque[tuple[int, concurrent.futures.Future]] = collections.deque()
+        self.copier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replay-copier")
+
+    @property
+    def queued(self) -> int:
+        """Transitions read, not yet in the replay (all devices)."""
+        return sum(len(t.reward) for t in self.pending) + sum(rows for rows, _ in self.copies)
+
+    @property
+    def has_room(self) -> bool:
+        return self.queued < QUEUE_STEPS * self.budget * self.devices
+
+    def add(self, transitions: Transitions) -> None:
+        self.pending.append(transitions)
+
+    def step(self) -> int:
+        """Inserts the blocks whose copies have arrived, then starts copying more (inserting
+        after staging left half the budget idle every other step); returns the transitions
+        inserted."""
+        inserted = 0
+        while self.copies and self.copies[0][1].done():
+            rows, copied = self.copies.popleft()
+            self.insert(copied.result())
+            inserted += rows
+        copying = sum(rows for rows, _ in self.copies) // self.devices
+        blocks, self.pending = _host_blocks(self.pending, self.devices, self.budget - copying)
+        for block in blocks:
+            self.copies.append((len(block.reward), self.copier.submit(self.to_devices, block)))
+        return inserted
+
+    def close(self) -> None:
+        self.copier.shutdown(wait=True, cancel_futures=True)
+
+
 def algorithm(cfg, par: Parallel, split: Split) -> Algorithm:
     """What the runner trains in --mode learn: one update is one learner iteration of
     num_steps x updates_per_step gradient steps on the replay (the feed's data)."""
@@ -224,10 +275,7 @@ class Feed(StoreFeed):
         self.decode = functools.partial(read_transitions, n_step=cfg.n_step, gamma=cfg.gamma)
         self.replay = learner.init_replay(par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed))))
         super().__init__(cfg, par, ckpts, STATE_LAYOUT, log, resume_step, state)
-        self.pending: list[Transitions] = []  # read, not yet on their way to the replay
-        # blocks being copied to the devices, oldest first: (transitions, the copy's future)
-        self.copier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replay-copier")
-        self.copies: collections.deque[tuple[int, concurrent.futures.Future]] = collections.deque()
+        self.ingest = Ingest(par.num_devices, self._to_devices, self._insert)
         self.inserted = 0
         # What arrived since the last log point (beyond StoreFeed's window).
         self.episodes_window = {"episodes": 0, "return_sum": 0.0, "length_sum": 0, "lag_sum": 0.0, "shards": 0}
@@ -245,9 +293,10 @@ class Feed(StoreFeed):
 
     def poll(self, update: int) -> int:
         start = time.perf_counter()
-        # 1. shards the reader has read, oldest first; after a restart, consumed ones only refill
-        for shard, new, transitions in self.arrived():
-            self.pending.append(transitions)
+        # 1. shards the reader has read, oldest first (while the ingest queue has room); after a
+        # restart, consumed ones only refill
+        for shard, new, transitions in self.arrived() if self.ingest.has_room else ():
+            self.ingest.add(transitions)
             if new:
                 episodes, w = shard.meta, self.episodes_window
                 w["episodes"] += episodes["episodes"]
@@ -255,16 +304,8 @@ class Feed(StoreFeed):
                 w["length_sum"] += episodes["env_steps"]
                 w["lag_sum"] += update - episodes["policy_step"]
                 w["shards"] += 1
-        # 2. whole blocks to the devices on the copier thread, at most INSERT_BUDGET per device
-        # on their way at a time; into the replay once there (one compiled insert each)
-        devices = self.par.num_devices
-        blocks, self.pending = _host_blocks(self.pending, devices, INSERT_BUDGET - self.copying // devices)
-        for block in blocks:
-            self.copies.append((len(block.reward), self.copier.submit(self._to_devices, block)))
-        while self.copies and self.copies[0][1].done():
-            rows, copied = self.copies.popleft()
-            self.replay = self.lrn.insert(self.replay, copied.result())
-            self.inserted += rows
+        # 2. into the replay, in whole blocks copied to the devices on a thread of their own
+        self.inserted += self.ingest.step()
         self.window["ingest_s"] += time.perf_counter() - start
         # 3. iterations the rate limiter allows
         return self.allowed(self.samples, self.inserts, self.inserted)
@@ -277,10 +318,8 @@ class Feed(StoreFeed):
         shaped = Transitions(*(x.reshape((self.par.num_devices, per_device) + x.shape[1:]) for x in block))
         return self.par.shard(self.par.local_rows(shaped))
 
-    @property
-    def copying(self) -> int:
-        """Transitions on their way to the devices (all devices)."""
-        return sum(rows for rows, _ in self.copies)
+    def _insert(self, block: Transitions) -> None:
+        self.replay = self.lrn.insert(self.replay, block)
 
     @property
     def samples(self) -> int:
@@ -295,11 +334,10 @@ class Feed(StoreFeed):
 
     @property
     def queued(self) -> int:
-        """Transitions read, not yet in the replay."""
-        return sum(len(t.reward) for t in self.pending) + self.copying
+        return self.ingest.queued
 
     def close(self) -> None:
-        self.copier.shutdown(wait=True, cancel_futures=True)
+        self.ingest.close()
         super().close()
 
     def ran(self, updates: int) -> None:
