@@ -50,8 +50,7 @@ from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import histories
 from jaxrl_mgpu.algos import ad
 from jaxrl_mgpu.algos.base import Algorithm, Split
-from jaxrl_mgpu.asynchronous import rate
-from jaxrl_mgpu.asynchronous.ledger import COLLECTOR_LOG_S, DONE_MARKER, StoreFeed, collector_name, collector_seed
+from jaxrl_mgpu.asynchronous.ledger import COLLECTOR_LOG_S, DONE_MARKER, Pacer, StoreFeed, collector_name, collector_seed
 from jaxrl_mgpu.asynchronous.store import Store, waited_meta
 from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.config import ConfigError
@@ -281,16 +280,11 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     log.print(f"collector {name}: tabular-q-{cfg.ad_source} source learners on {cfg.ad_history_tasks} {cfg.env} "
               f"train goals x {cfg.ad_history_steps} steps per shard, into {store.root}")
     total, shards, since = 0, 0, 0
-    waited = rate.no_waits()  # back-pressure since the last shard, by reason
     shard_steps = cfg.ad_history_tasks * cfg.ad_history_steps
+    # (the learner starts with one shard: its learning starts with a history per device)
+    pacer = Pacer(run_dir, store, name, shard_steps, shard_steps, log)
     while not stop() and not (run_dir / DONE_MARKER).exists():
-        progress = rate.read_progress(run_dir)
-        unread = store.unread_steps(progress and progress.get("last_read"))
-        why = rate.hold_back(progress, unread, shard_steps, shard_steps)
-        if why is not None:  # back-pressure
-            pause_start = time.monotonic()
-            time.sleep(rate.PUBLISH_S)
-            waited[why] += time.monotonic() - pause_start
+        if pacer.held_back(time.monotonic()):
             continue
         # Each (collector, batch) draws its own goals and learner keys: collectors with other
         # ids, and later batches, learn new tasks rather than repeating one another.
@@ -300,9 +294,8 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
         h = histories.run(cfg.env, goals, cfg.ad_history_steps, key_seed, source, par)
         # "seed" is the goal split's (what evaluation reads); the learners' keys come from key_seed.
         meta = {**histories.source_metadata(cfg.env, source, len(goals), cfg.ad_history_steps, cfg.seed, "train"),
-                "batch": batch, "key_seed": key_seed, **waited_meta(waited)}
+                "batch": batch, "key_seed": key_seed, **waited_meta(pacer.take_waits())}
         store.write_histories(dataclasses.replace(h, metadata=meta), name)
-        waited = rate.no_waits()
         total, shards, since = total + h.reward.size, shards + 1, since + 1
         if log.due("shards", COLLECTOR_LOG_S):
             returns = histories.episode_returns(h, env.episode_len).mean(0)

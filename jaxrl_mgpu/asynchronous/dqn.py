@@ -51,8 +51,8 @@ import numpy as np
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import dqn, learner
 from jaxrl_mgpu.algos.base import Algorithm, Split
-from jaxrl_mgpu.asynchronous import rate
-from jaxrl_mgpu.asynchronous.ledger import COLLECTOR_LOG_S, DONE_MARKER, StoreFeed, collector_name, collector_seed
+from jaxrl_mgpu.asynchronous.ledger import (COLLECTOR_LOG_S, DONE_MARKER, Pacer, StoreFeed, collector_name,
+                                            collector_seed)
 from jaxrl_mgpu.asynchronous.store import Episodes, Store, Transitions, read_transitions, write_job
 from jaxrl_mgpu.asynchronous.workers import Pool, default_workers
 from jaxrl_mgpu.checkpoint import REPLICATED, Checkpoints
@@ -62,10 +62,7 @@ from jaxrl_mgpu.parallel import Parallel, device_index, global_indices
 from jaxrl_mgpu.runs import params_template
 
 COUNTS = ("env_steps", "episodes")  # what the learner counts of each shard it receives
-WAITING_LOG_S = 60.0          # a collector waiting for the learner says so this often
-PAUSED_BECAUSE = {rate.START: "no learner yet; the store holds what it will start with",
-                  rate.READING: "it has not read the shards written so far",
-                  rate.SAMPLES: "behind its samples per insert"}
+WAITING_LOG_S = 60.0          # a collector waiting for the learner's first checkpoint says so this often
 BLOCK = 256                   # transitions per device per small replay insert (one compiled shape)
 LARGE_BLOCK = 4096            # ... and per large insert (a second compiled shape), while there are as many
 INSERT_BUDGET = 4 * LARGE_BLOCK   # transitions per device on their way to the replay at most
@@ -397,43 +394,26 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
         log.print(f"collector {name}: following the learner's checkpoints in {run_dir} (waiting for the first)")
     partial: dict[int, tuple] = {}  # per environment, the steps of its unfinished episode
     total, shard_index, waited_from = 0, 0, time.monotonic()
-    # back-pressure: since when, and how long since the last shard, by reason (rate.HOLD_REASONS)
-    paused_from, waited = None, rate.no_waits()
-    shard_transitions = cfg.num_envs * cfg.shard_steps
     window = {"shards": 0, "episodes": 0, "return_sum": 0.0}
     store = Store(run_dir)
+    pacer = Pacer(run_dir, store, name, cfg.num_envs * cfg.shard_steps, cfg.learning_starts, log)
     # Shards are encoded by writer processes while this loop rolls out the next ones (TFDS
     # encodes an episode record in Python: ~0.4 ms each, 2,000-6,000 per 65k-step MinAtar shard).
     writers = Pool(write_job, cfg.store_workers or default_workers())
     episodes, rolled_with = None, None  # rolled out, not yet handed to a writer; the policy step that acted
 
     def held_back(looked_from: float) -> bool:
-        """Back-pressure: whether to wait before the next shard (then waits a moment and counts
-        the pass, from `looked_from`, as waiting for its reason)."""
-        nonlocal paused_from
-        progress = rate.read_progress(run_dir)
-        # what the learner has not read: in the store, and this collector's shards being written
-        # (counted twice for the moment between a writer's rename and its receipt: a pause too early)
-        unread = store.unread_steps(progress and progress.get("last_read")) + sum(writers.tags)
-        why = rate.hold_back(progress, unread, shard_transitions, cfg.learning_starts)
-        if why is None:
-            paused_from = None
-            return False
-        paused_from = paused_from or looked_from
-        if log.due("paused", WAITING_LOG_S):
-            log.print(f"collector {name}: paused {time.monotonic() - paused_from:.0f}s for the learner "
-                      f"({PAUSED_BECAUSE[why]}); {unread:,} transitions unread in the store")
-        time.sleep(rate.PUBLISH_S)
-        waited[why] += time.monotonic() - looked_from
-        return True
+        # this collector's shards being written count as unread (counted twice for the moment
+        # between a writer's rename and its receipt: a pause too early, never too late)
+        return pacer.held_back(looked_from, in_flight=sum(writers.tags))
 
     def write() -> None:
         """Hands the episodes rolled out to a writer (waiting for the oldest shard if none is free)."""
-        nonlocal episodes, waited, total
+        nonlocal episodes, total
         if writers.full:
             writers.receive()
-        writers.submit((run_dir, episodes, name, rolled_with, cfg.env, waited), tag=int(episodes.length.sum()))
-        waited = rate.no_waits()
+        writers.submit((run_dir, episodes, name, rolled_with, cfg.env, pacer.take_waits()),
+                       tag=int(episodes.length.sum()))
         total += int(episodes.length.sum())
         window["shards"] += 1
         window["episodes"] += len(episodes.length)
