@@ -221,12 +221,12 @@ def read_transitions(shard: Shard, n_step: int = 1, gamma: float = 1.0) -> Trans
     # n-step windows on whole arrays: each step's last usable step is n_step - 1 ahead or its
     # episode's last step, whichever comes first.
     reward = steps["reward"].astype(np.float32)
-    episode_end = np.repeat(ends, lengths)
-    last = np.minimum(np.arange(len(reward)) + n_step - 1, episode_end)
+    step = np.arange(len(reward))
+    last = np.minimum(step + n_step - 1, np.repeat(ends, lengths))
     total = np.zeros_like(reward)
     for i in range(n_step):
-        t = np.minimum(np.arange(len(reward)) + i, last)
-        total += np.where(np.arange(len(reward)) + i <= last, np.float32(gamma) ** i * reward[t], 0).astype(np.float32)
-    used = last - np.arange(len(reward)) + 1
+        total += np.where(step + i <= last, np.float32(gamma) ** i * reward[np.minimum(step + i, last)], 0).astype(
+            np.float32)
+    used = last - step + 1
     discount = (np.float32(gamma) ** used * ~steps["is_terminal"][last]).astype(np.float32)
     return Transitions(steps["observation"], steps["action"], total, discount, next_obs[last])
