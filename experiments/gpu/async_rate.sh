@@ -14,6 +14,7 @@
 # jax.profiler trace of two log intervals after iteration U (train --profile --profile-from U) to
 # $OUT/trace_<case>, for experiments/gpu/trace_summary.py.
 # LEARNER_ARGS and COLLECTOR_ARGS add options to one side (e.g. --store-workers 3).
+# LEARNER_SWITCH_S=0.0005 sets the learner's GIL switch interval (Python's default is 0.005 s).
 # PYSPY=S attaches py-spy (fetch-wheels.sh py-spy) to each learner S seconds after its start for
 # 20 s, its decoder processes included: collapsed stacks per thread, idle ones included, in
 # $OUT/pyspy_<case>.txt, for experiments/gpu/pyspy_summary.py.
@@ -38,7 +39,9 @@ Q="--config breakout-minatar-dqn --num-envs 256 --log-every 5 --checkpoint-every
 
 split() {  # $1 collectors, $2 name, rest: learner options
   local n=$1 name=$2 run=$R/$2; shift 2
-  gpu 0 ${LEARNER_CPUS:+taskset -c $LEARNER_CPUS} timeout $T python3 -m jaxrl_mgpu.train $Q --run-dir $run --mode learn \
+  local switch=()  # LEARNER_SWITCH_S: the learner's GIL switch interval (experiments/gpu/switchinterval)
+  [ -n "${LEARNER_SWITCH_S:-}" ] && switch=(env SWITCH_INTERVAL_S=$LEARNER_SWITCH_S PYTHONPATH=$PWD/experiments/gpu/switchinterval:$PYTHONPATH)
+  gpu 0 ${LEARNER_CPUS:+taskset -c $LEARNER_CPUS} "${switch[@]}" timeout $T python3 -m jaxrl_mgpu.train $Q --run-dir $run --mode learn \
       ${PROFILE:+--profile $OUT/trace_$name --profile-from $PROFILE} ${LEARNER_ARGS:-} "$@" > $OUT/rate_${name}_learner.log 2>&1 &
   local pids=($!)
   if [ -n "${PYSPY:-}" ]; then
