@@ -1,7 +1,11 @@
 # Issue 31 on a 2-GPU (or 4-GPU) machine: does the asynchronous DQN learner keep learning under
 # load? Breakout-MinAtar DQN preset, 256 environments per collector process.
 #   1. the learner's ceiling: a learner on GPU 0 whose rate limiter never binds
-#      (--samples-per-insert 1e9) on a store that one collector keeps filling;
+#      (--samples-per-insert 1e9) on an always-full replay: it starts learning once one collector
+#      has filled its whole replay (--learning-starts = the preset's --buffer-size), the collector
+#      then held back. (Before 2026-11-29's last call, it started at the preset's 50k, with the
+#      replay a fifth full: random samples from a smaller replay are cheaper, so that ceiling was
+#      too high.);
 #   2. the learner on GPU 0 with 1, 2 and 3 collectors (on GPU 1, or GPUs 1-3 on 4 GPUs) at the
 #      default samples per insert: gradient steps/s (target >= 90% of 1.), received env steps/s,
 #      achieved samples per insert, waits and the learner's ingest fraction, from metrics.jsonl
@@ -84,7 +88,8 @@ print(f"{sys.argv[2]}: {rate('grad_steps'):.0f} grad steps/s, {rate('async/env_s
 PY
 }
 
-split 1 ceiling --samples-per-insert 1e9
+FULL=524288; [ "${DRY:-0}" = 1 ] && FULL=16384  # the replay's capacity (the preset's --buffer-size; DRY's)
+split 1 ceiling --samples-per-insert 1e9 --learning-starts $FULL
 if [ "${LOADED:-0}" = 1 ]; then
   # The ceiling with the host as loaded as in the largest case: that many collectors write into a
   # sink run directory whose shards are deleted as they land (no learner reads them), so the
@@ -98,7 +103,7 @@ if [ "${LOADED:-0}" = 1 ]; then
   done
   (while sleep 0.5; do rm -rf $sink/store/[0-9]*; done) & sinker=$!
   sleep 10  # the collectors compile and start
-  split 1 ceiling_loaded --samples-per-insert 1e9
+  split 1 ceiling_loaded --samples-per-insert 1e9 --learning-starts $FULL
   kill $sinker; wait "${loads[@]}"
   grep -h "env steps in all" $OUT/rate_load_c*.log | tail -${n} | tee -a $OUT/rate_summary.txt
 fi
