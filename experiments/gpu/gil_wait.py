@@ -13,14 +13,14 @@ import argparse
 import concurrent.futures
 import functools
 import sys
-import tempfile
 import time
 
 import jax
 import numpy as np
 
 from jaxrl_mgpu.asynchronous.reader import ShardReader
-from jaxrl_mgpu.asynchronous.store import Episodes, Store, read_transitions
+from jaxrl_mgpu.asynchronous.store import read_transitions
+from random_shards import random_play_store
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--shards", type=int, default=30)
@@ -29,15 +29,7 @@ p.add_argument("--workers", type=int, default=2)
 p.add_argument("--switch-s", type=float, default=0.0005)
 args = p.parse_args()
 
-rng = np.random.default_rng(0)
-store = Store(tempfile.mkdtemp(prefix="gil_wait."))
-for i in range(args.shards):
-    lengths = rng.geometric(0.1, args.shard_transitions // 5)
-    lengths = lengths[:np.searchsorted(np.cumsum(lengths), args.shard_transitions) + 1]
-    n = int(lengths.sum())
-    obs = (rng.random((n, 10, 10, 4)) < 0.05).astype(np.uint8)
-    store.write(Episodes(obs, rng.integers(0, 3, n).astype(np.int32), rng.random(n).astype(np.float32), lengths,
-                         rng.random(len(lengths)) < 0.9, obs[:len(lengths)]), f"c{i % 3}", 0, "Breakout-MinAtar")
+store = random_play_store("gil_wait.", args.shards, args.shard_transitions)
 device = jax.devices()[0]
 BLOCK_S = 0.010
 

@@ -7,13 +7,12 @@ and the transitions/s read.
     python experiments/gpu/reader_host.py [--shards 40] [--shard-transitions 8192] [--workers 2]"""
 import argparse
 import functools
-import tempfile
 import time
 
-import numpy as np
 
 from jaxrl_mgpu.asynchronous.reader import ShardReader
-from jaxrl_mgpu.asynchronous.store import Episodes, Store, read_transitions
+from jaxrl_mgpu.asynchronous.store import read_transitions
+from random_shards import random_play_store
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--shards", type=int, default=40)
@@ -21,15 +20,7 @@ p.add_argument("--shard-transitions", type=int, default=8192)
 p.add_argument("--workers", type=int, default=2)
 args = p.parse_args()
 
-rng = np.random.default_rng(0)
-store = Store(tempfile.mkdtemp(prefix="reader_host."))
-for i in range(args.shards):
-    lengths = rng.geometric(0.1, args.shard_transitions // 5)
-    lengths = lengths[:np.searchsorted(np.cumsum(lengths), args.shard_transitions) + 1]
-    n = int(lengths.sum())
-    obs = (rng.random((n, 10, 10, 4)) < 0.05).astype(np.uint8)
-    store.write(Episodes(obs, rng.integers(0, 3, n).astype(np.int32), rng.random(n).astype(np.float32), lengths,
-                         rng.random(len(lengths)) < 0.9, obs[:len(lengths)]), f"c{i % 3}", 0, "Breakout-MinAtar")
+store = random_play_store("reader_host.", args.shards, args.shard_transitions)
 shards = store.shards()
 steps = sum(s.meta["env_steps"] for s in shards)
 

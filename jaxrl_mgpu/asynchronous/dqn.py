@@ -221,9 +221,14 @@ class Ingest:
         self.copier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replay-copier")
 
     @property
+    def copying(self) -> int:
+        """Transitions on their way to the devices (all devices)."""
+        return sum(rows for rows, _ in self.copies)
+
+    @property
     def queued(self) -> int:
         """Transitions read, not yet in the replay (all devices)."""
-        return sum(len(t.reward) for t in self.pending) + sum(rows for rows, _ in self.copies)
+        return sum(len(t.reward) for t in self.pending) + self.copying
 
     @property
     def has_room(self) -> bool:
@@ -241,8 +246,7 @@ class Ingest:
             rows, copied = self.copies.popleft()
             self.insert(copied.result())
             inserted += rows
-        copying = sum(rows for rows, _ in self.copies) // self.devices
-        blocks, self.pending = _host_blocks(self.pending, self.devices, self.budget - copying)
+        blocks, self.pending = _host_blocks(self.pending, self.devices, self.budget - self.copying // self.devices)
         for block in blocks:
             self.copies.append((len(block.reward), self.copier.submit(self.to_devices, block)))
         return inserted
