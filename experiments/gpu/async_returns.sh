@@ -1,7 +1,7 @@
 # Issue 31 on a 2-GPU machine: does an asynchronous run reach the return of `--mode both` at the
 # same number of env steps? Breakout-MinAtar DQN preset with 256 environments per process,
-# STEPS env steps (default 3M), seeds 1-3 of each:
-#   both:  `--mode both --num-seeds 3` on GPU 0 (three runs in one program);
+# STEPS env steps (default 3M), SEEDS (default "1 2 3", consecutive) of each:
+#   both:  `--mode both --num-seeds K` on GPU 0 (K runs in one program);
 #   async: per seed, a learner on GPU 0 and COLLECTORS (default 3) collectors on GPU 1 (on the
 #          CPU with COLLECTORS_ON=cpu, pinned to COLLECTOR_CPUS if given), the
 #          learner stopping at the same STEPS (its iterations at the default samples per insert);
@@ -19,20 +19,21 @@ gpu() { if [ "${DRY:-0}" = 1 ]; then env -u CUDA_VISIBLE_DEVICES "${@:2}"; else 
 collector() {  # COLLECTORS_ON=cpu: on the host's CPU (a one-GPU machine), else on GPU 1
   if [ "${COLLECTORS_ON:-gpu}" = cpu ]; then JAX_PLATFORMS=cpu ${COLLECTOR_CPUS:+taskset -c $COLLECTOR_CPUS} "$@"; else gpu 1 "$@"; fi
 }
+SEEDS=(${SEEDS:-1 2 3})
 R=$(mktemp -d /tmp/runs.XXXX)
 Q="--config breakout-minatar-dqn --num-envs 256 --total-timesteps $STEPS --log-every 10 $SIZE"
 A="--checkpoint-every 20 ${ASYNC_ARGS:-}"  # ASYNC_ARGS: options of the asynchronous runs (e.g. --shard-steps 32)
 
 if [ "${BOTH:-1}" = 1 ]; then  # BOTH=0: only the asynchronous runs (after a call that ran these)
-  gpu 0 timeout $T python3 -m jaxrl_mgpu.train $Q --num-seeds 3 --seed 1 --run-dir $R/both > $OUT/returns_both.log 2>&1
+  gpu 0 timeout $T python3 -m jaxrl_mgpu.train $Q --num-seeds ${#SEEDS[@]} --seed ${SEEDS[0]} --run-dir $R/both > $OUT/returns_both.log 2>&1
   echo "both exit $?" >> $OUT/returns_phases.txt
-  for i in 0 1 2; do
+  for i in "${!SEEDS[@]}"; do
     gpu 0 timeout 120 python3 -m jaxrl_mgpu.evaluate --run-dir $R/both --run $i --greedy --episodes $EPISODES \
         2>>$OUT/returns_errors.log | sed "s/^/both /" >> $OUT/returns_greedy.jsonl
   done
 fi
 
-for seed in 1 2 3; do
+for seed in "${SEEDS[@]}"; do
   run=$R/async$seed
   gpu 0 ${LEARNER_CPUS:+taskset -c $LEARNER_CPUS} timeout $T python3 -m jaxrl_mgpu.train $Q --seed $seed --run-dir $run --mode learn $A \
       > $OUT/returns_async${seed}_learner.log 2>&1 &
@@ -50,14 +51,14 @@ for seed in 1 2 3; do
       2>>$OUT/returns_errors.log | sed "s/^/async$seed /" >> $OUT/returns_greedy.jsonl
 done
 cp $R/both/metrics.jsonl $OUT/returns_both_metrics.jsonl 2>/dev/null
-python3 - $OUT <<'PY' | tee $OUT/returns_summary.txt
+python3 - $OUT "${SEEDS[@]}" <<'PY' | tee $OUT/returns_summary.txt
 import json, os, sys
 out = sys.argv[1]
 for line in open(f"{out}/returns_greedy.jsonl") if os.path.exists(f"{out}/returns_greedy.jsonl") else []:
     name, row = line.split(" ", 1)
     row = json.loads(row)
     print(f"{name:7s} {row.get('run', '')!s:24s} greedy return {row['mean_return']:.1f} ± {row['std_return']:.1f} over {row.get('episodes')} episodes")
-for seed in (1, 2, 3):
+for seed in sys.argv[2:]:
     rows = [json.loads(l) for l in open(f"{out}/returns_async{seed}_metrics.jsonl")]
     rows = [r for r in rows if "grad_steps" in r]
     last, lags = rows[-1], [r["async/policy_lag"] for r in rows if r.get("async/policy_lag") is not None]
