@@ -7,7 +7,6 @@ autotuned there, and its peak is the programs' alone.
     python3 experiments/gpu/memory_check.py --envs-per-device 65536 --cache /tmp/cc -- --config breakout-minatar"""
 import argparse
 import json
-import sys
 import time
 
 import jax

@@ -6,7 +6,7 @@ trace_summary.py). Needs .gpu_ref/ for PureJaxRL (see startup.sh).
     python3 experiments/gpu/seeds_profile.py 256 61 /tmp/prof pjr ours ours_nounroll"""
 import sys, time, os
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", ".gpu_ref"))  # PureJaxRL ppo.py (see startup.sh)
-import jax, numpy as np
+import jax
 K, U, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]; what = sys.argv[4:]
 def timed(name, fn, arg):
     jax.block_until_ready(fn(arg)); ts = []
