@@ -176,8 +176,10 @@ class Config:
                                                     "learner waits when it is ahead, collectors pause when it is "
                                                     "behind (default DQN: the ratio of --mode both, "
                                                     "updates-per-step x replay-batch-size / num-envs; AD: 100)")
-    samples_per_insert_tolerance: float = option(0.1, "learn/collect: the relative band around "
-                                                      "--samples-per-insert within which neither side waits")
+    samples_per_insert_tolerance: float = option(0.1, "learn/collect: the band around --samples-per-insert "
+                                                      "within which neither side waits, as a fraction of the "
+                                                      "samples --learning-starts transitions pay for (Acme's "
+                                                      "error buffer)")
     collect_before_checkpoint: str = option("wait", "collect: before the learner's first checkpoint, wait or act "
                                                     "uniformly at random", choices=("wait", "random"))
     collector_id: str | None = option(None, "collect: this collector's name in the store and the learner's "

@@ -32,6 +32,12 @@ def spawn(*argv):
     return spawn_train([*DQN, *argv])
 
 
+def most_samples_per_insert(inserted: int) -> float:
+    """What DQN's limiter allows at most: 32 samples per transition after the first 512, plus
+    its error buffer (0.1 x 32 x 512 samples) and one iteration (4 x 64)."""
+    return 32 + (0.1 * 32 * 512 + 4 * 64) / (inserted - 512)
+
+
 def consumed_by_collector(run_dir) -> tuple[dict, dict]:
     """From the learner's last checkpoint: env steps of the shards it consumed, and of those
     still unread in the store, by collector."""
@@ -73,9 +79,9 @@ def test_learner_with_two_collectors_one_killed(tmp_path):
     assert last["async/env_steps_received/c1"] > 0 and last["async/env_steps_received/c2"] > 0
     assert last["async/env_steps_received"] == last["async/env_steps_received/c1"] + \
         last["async/env_steps_received/c2"]
-    # The rate limiter held: 32 samples per insert within its 10% band (and one iteration of
-    # 4 x 64 samples of slack).
-    assert 0 < last["async/samples_per_insert"] <= 32 * 1.1 + 256 / last["async/inserted"]
+    # The rate limiter held: 32 samples per insert after the first 512 (--learning-starts), within
+    # its buffer and one iteration of 4 x 64 samples.
+    assert 0 < last["async/samples_per_insert"] <= most_samples_per_insert(last["async/inserted"])
     assert last["async/samples_per_insert_target"] == 32
     assert all(r["async/policy_lag"] is None or r["async/policy_lag"] >= 0 for r in rows)
     assert any(r["async/policy_lag"] is not None for r in rows)
@@ -126,7 +132,7 @@ def test_restarted_learner_resumes_and_refills_from_the_store(tmp_path):
     # The restarted learner went on from its checkpoint's counts: the refill was not counted
     # again, its rate held over the whole run, and no complete shard was lost (what the
     # collector wrote is what the learner received plus what is still unread in the store).
-    assert 0 < last["async/samples_per_insert"] <= 32 * 1.1 + 256 / last["async/inserted"]
+    assert 0 < last["async/samples_per_insert"] <= most_samples_per_insert(last["async/inserted"])
     written = int(re.search(r"collector done: ([0-9,]+) env steps written", c_out).group(1).replace(",", ""))
     taken, unread = consumed_by_collector(run_dir)
     assert taken["c1"] == last["async/env_steps_received/c1"] == last["async/env_steps_received"]
@@ -287,17 +293,26 @@ def test_rate_limiter_semantics():
     cfg = config_lib.Config(algo="dqn", num_envs=8, updates_per_step=4, replay_batch_size=64, learning_starts=512)
     limiter = rate.Limiter(cfg, samples_per_iteration=256, min_inserts=512)
     assert rate.samples_per_insert(cfg) == 32 == limiter.target  # --mode both's ratio: 4 x 64 / 8
+    assert limiter.buffer == 0.1 * 32 * 512                        # Acme's error buffer, in samples
     assert limiter.iterations(0, 10_000, in_replay=500) == 0     # before --learning-starts
-    # Ahead of the target (beyond the band and one iteration of slack): wait.
-    assert limiter.iterations(samples=1000 * 32 * 1.1 + 256, inserted=1000, in_replay=1000) == 0
-    # Behind: as many iterations as bring it up to the top of the band.
-    assert limiter.iterations(samples=0, inserted=1000, in_replay=1000) == int((1.1 * 32 * 1000 + 256) // 256)
-    # Collectors: back-pressured while the learner has received more than its samples pay for
-    # at the bottom of the band (plus slack), or has that much unread in the store.
-    progress = {"samples_per_insert": 32, "tolerance": 0.1, "learning_starts": 512, "samples": 32 * 0.9 * 10_000,
-                "received": 10_000, "largest_shard": 256}
-    assert rate.hold_back(progress, unread_steps=0, shard_steps=256, learning_starts=512) is None
-    assert rate.hold_back({**progress, "received": 10_000 + 512 + 4 * 256 + 1}, 0, 256, 512) == rate.SAMPLES
+    # Counted from --learning-starts on, as --mode both counts: at the start, the buffer's worth
+    # and one, not the samples that all 512 transitions would pay for (64 iterations).
+    assert limiter.iterations(samples=0, inserted=512, in_replay=512) == int(limiter.buffer // 256) + 1 == 7
+    # Ahead of the target by more than the buffer: wait; at the buffer's edge, one more.
+    paid = 32 * (1000 - 512)
+    assert limiter.iterations(samples=paid + 1639, inserted=1000, in_replay=1000) == 0  # buffer: 1638.4
+    assert limiter.iterations(samples=paid + 1638, inserted=1000, in_replay=1000) == 1
+    # Behind: as many iterations as bring it up to the buffer's edge.
+    assert limiter.iterations(samples=0, inserted=1000, in_replay=1000) == int((paid + limiter.buffer) // 256) + 1
+    assert limiter.achieved(samples=paid, inserted=1000) == 32 and limiter.achieved(0, 512) is None
+    # Collectors: back-pressured while the learner has received more than its samples pay for,
+    # beyond the buffer and a slack of shards, or has that much unread in the store.
+    samples = 32 * (10_000 - 512)
+    progress = {"samples_per_insert": 32, "error_buffer": limiter.buffer, "learning_starts": 512,
+                "samples": samples, "received": 10_000, "largest_shard": 256}
+    edge = 10_000 + int(limiter.buffer / 32) + 4 * 256
+    assert rate.hold_back({**progress, "received": edge}, 0, 256, 512) is None
+    assert rate.hold_back({**progress, "received": edge + 1}, 0, 256, 512) == rate.SAMPLES
     assert rate.hold_back(progress, unread_steps=4 * 256 + 1, shard_steps=256, learning_starts=512) == rate.READING
     # No learner yet: the store fills up to what learning starts with, plus the slack, no more.
     assert rate.hold_back(None, unread_steps=512 + 4 * 256, shard_steps=256, learning_starts=512) is None
@@ -388,7 +403,7 @@ def test_ten_collectors_started_before_the_learner_do_not_flood_it(tmp_path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1]
     assert last["update"] == 150
-    assert last["async/samples_per_insert"] <= 32 * 1.1 + 256 / last["async/inserted"]
+    assert last["async/samples_per_insert"] <= most_samples_per_insert(last["async/inserted"])
     # They waited for the learner to start, and their waits add up by reason.
     assert sum(r["async/collector_wait_s/start"] for r in rows) > 0
     for r in rows:
@@ -590,4 +605,5 @@ def test_collector_and_learner_stop_cleanly_when_their_process_group_is_signalle
     ckpts = Checkpoints(run_dir, read_only=True)
     assert ckpts.latest_step() is not None
     ckpts.close()
+
 

@@ -1,24 +1,31 @@
 """Rate limiting between the asynchronous learner and its collectors, with Reverb's
 SampleToInsertRatio semantics: a target of `samples_per_insert` samples (transitions drawn from
 the replay for gradient steps; for AD, the steps of the windows of its batches) per transition
-inserted, with a relative `tolerance` band, enforced on both sides.
+inserted after the first `min_inserts` (`--learning-starts`), within an error buffer, enforced
+on both sides.
 
-- The learner may run another iteration only while its samples stay under
-  `(1 + tolerance) * samples_per_insert * inserted` (plus one iteration of slack, so that it
-  can always start one): it waits for data when it is ahead.
-- Collectors are back-pressured when the learner is behind: while the learner has received
-  more than `learning_starts + samples / ((1 - tolerance) * samples_per_insert)` transitions
-  plus a slack of a few shards, or has more than that slack of written shards still unread,
-  collectors pause before their next shard. The learner publishes its counts in
-  `<run-dir>/learner_progress.json` (atomically) for them; so the store never grows without
-  bound and the learner never starves for long.
+- The learner owes `samples_per_insert * (inserted - min_inserts) - samples`. It may start an
+  iteration while it owes more than `-buffer` (so a learner can always start one at the edge):
+  it waits for data when it is ahead.
+- Collectors are back-pressured when the learner is behind: while what it has received would
+  make it owe more than `buffer` plus a slack of a few shards' samples, or while it has more
+  than that slack of written shards unread, collectors pause before their next shard. The
+  learner publishes its counts in `<run-dir>/learner_progress.json` (atomically) for them; so
+  the store never grows without bound and the learner never starves for long.
+- The buffer is Acme's: `tolerance * samples_per_insert * min_inserts` samples
+  (`--samples-per-insert-tolerance` x the samples `--learning-starts` transitions pay for), a
+  fixed band. (A band relative to the whole run's counts, as before, let the learner run at the
+  top of it, 8.8 samples per insert for a target of 8 over a 3M-step run, and with no offset it
+  drew the samples of all of --learning-starts' transitions at once: ~1,700 DQN gradient steps
+  on the random start, which `--mode both` never does.)
 
 The default target. DQN: the ratio of `--mode both` (each update steps every environment
 `num_steps` times, `num_envs * num_steps` transitions, then does `num_steps * updates_per_step`
-gradient steps of `replay_batch_size`): `updates_per_step * replay_batch_size / num_envs`.
-AD: `--mode both` learns from a fixed dataset, so it has no ratio of its own; the default is
-the one of the darkroom-ad preset's recipe, which matched the paper (20,000 updates of 256
-windows of 160 steps over 2,048 histories of 4,000 steps: 100 samples per history step).
+gradient steps of `replay_batch_size`, from `--learning-starts` transitions on):
+`updates_per_step * replay_batch_size / num_envs`. AD: `--mode both` learns from a fixed
+dataset, so it has no ratio of its own; the default is the one of the darkroom-ad preset's
+recipe, which matched the paper (20,000 updates of 256 windows of 160 steps over 2,048
+histories of 4,000 steps: 100 samples per history step).
 """
 
 from __future__ import annotations
@@ -43,6 +50,16 @@ def samples_per_insert(cfg) -> float:
     return cfg.updates_per_step * cfg.replay_batch_size / cfg.num_envs
 
 
+def error_buffer(target: float, tolerance: float, min_inserts: int) -> float:
+    """The band on either side of the target, in samples (Acme's sizing of Reverb's error buffer)."""
+    return tolerance * target * min_inserts
+
+
+def owed(target: float, min_inserts: int, samples: float, inserted: float) -> float:
+    """Samples the inserted transitions pay for beyond those drawn (negative: the learner is ahead)."""
+    return target * max(inserted - min_inserts, 0) - samples
+
+
 class Limiter:
     """The learner's side: `samples_per_iteration` samples each iteration (a compiled update),
     none before the learner's memory holds `min_inserts` transitions."""
@@ -52,18 +69,22 @@ class Limiter:
         self.tolerance = cfg.samples_per_insert_tolerance
         self.min_inserts = min_inserts
         self.per_iteration = samples_per_iteration
+        self.buffer = error_buffer(self.target, self.tolerance, min_inserts)
 
     def iterations(self, samples: int, inserted: int, in_replay: int) -> int:
         """How many learner iterations may run now (0: wait for data): `samples` and
         `inserted` over the whole run (a restarted learner goes on from its checkpoint's
-        counts), `in_replay` what this learner's memory holds (nothing before `min_inserts`)."""
+        counts), `in_replay` what this learner's memory holds (nothing before `min_inserts`).
+        Each may start while the learner owes more than -buffer."""
         if in_replay < self.min_inserts:
             return 0
-        ceiling = (1 + self.tolerance) * self.target * inserted + self.per_iteration
-        return max(int((ceiling - samples) // self.per_iteration), 0)
+        room = owed(self.target, self.min_inserts, samples, inserted) + self.buffer
+        return max(int(room // self.per_iteration) + 1, 0)
 
     def achieved(self, samples: int, inserted: int) -> float | None:
-        return samples / inserted if inserted else None
+        """Samples per transition inserted since learning could start (the target's terms)."""
+        paying = inserted - self.min_inserts
+        return samples / paying if paying > 0 else None
 
 
 # Why a collector waits before its next shard (each logged apart, `async/collector_wait_s/<why>`):
@@ -89,9 +110,9 @@ def hold_back(progress: dict | None, unread_steps: int, shard_steps: int, learni
     slack = SLACK_SHARDS * max(shard_steps, progress.get("largest_shard", 0))
     if unread_steps > slack:
         return READING  # the learner is not even reading as fast as collectors write
-    low = (1 - progress["tolerance"]) * progress["samples_per_insert"]
-    paid_for = progress["learning_starts"] + (progress["samples"] / low if low > 0 else float("inf"))
-    return SAMPLES if progress["received"] > paid_for + slack else None
+    target = progress["samples_per_insert"]
+    behind = owed(target, progress["learning_starts"], progress["samples"], progress["received"])
+    return SAMPLES if behind > progress["error_buffer"] + target * slack else None
 
 
 class Progress:
@@ -99,7 +120,7 @@ class Progress:
 
     def __init__(self, run_dir, limiter: Limiter):
         self.path = Path(run_dir) / PROGRESS
-        self.fixed = {"samples_per_insert": limiter.target, "tolerance": limiter.tolerance,
+        self.fixed = {"samples_per_insert": limiter.target, "error_buffer": limiter.buffer,
                       "learning_starts": limiter.min_inserts}
         self.written_at = 0.0
 
