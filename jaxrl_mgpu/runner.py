@@ -262,8 +262,8 @@ class Feed(Protocol):
     def poll(self, update: int) -> int:
         """Takes in what arrived since the last call; how many updates may run now (0: none)."""
 
-    def ran(self, updates: int) -> None:
-        """The chunk just dispatched runs `updates` updates."""
+    def ran(self, updates: int, state) -> None:
+        """The chunk just dispatched runs `updates` updates, to `state` (still being computed)."""
 
     def log_row(self, row: dict, updates: int) -> dict:
         """The log row of the chunks since the last one (`updates` updates) with what the feed
@@ -407,7 +407,7 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
         # Dispatch; it runs while the host logs below. (A feed's data is new after each poll.)
         state, metrics = trainer.chunk_fn(length, state, None if feed is None else feed.data)(state)
         if feed is not None:
-            feed.ran(length)
+            feed.ran(length, state)
         if pending is not None:
             settle(pending)
         update += length

@@ -17,7 +17,7 @@ from helpers import spawn_train, wait_until
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.asynchronous import dqn as async_dqn
-from jaxrl_mgpu.asynchronous import rate
+from jaxrl_mgpu.asynchronous import policy, rate
 from jaxrl_mgpu.asynchronous.store import Episodes, Store, Transitions
 from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.log import RunLog
@@ -273,7 +273,7 @@ def test_learner_replay_stores_minatar_observations_as_bytes():
 
 
 def test_a_collector_without_a_learner_says_what_it_waits_for(tmp_path, capsys, monkeypatch):
-    """No learner has published a checkpoint: the collector says so every WAITING_LOG_S (here
+    """No learner has published its params: the collector says so every WAITING_LOG_S (here
     shortened), instead of waiting in silence."""
     monkeypatch.setattr(async_dqn, "WAITING_LOG_S", 0.5)
     cfg = config_lib.validate(dataclasses.replace(
@@ -285,7 +285,7 @@ def test_a_collector_without_a_learner_says_what_it_waits_for(tmp_path, capsys, 
                               lambda: time.monotonic() > deadline)
     out = capsys.readouterr().out
     assert total == 0
-    waiting = [line for line in out.splitlines() if "still waiting for the learner's first checkpoint" in line]
+    waiting = [line for line in out.splitlines() if "still waiting for the learner's first params" in line]
     assert waiting and "--mode learn" in waiting[0]
 
 
@@ -607,3 +607,29 @@ def test_collector_and_learner_stop_cleanly_when_their_process_group_is_signalle
     ckpts.close()
 
 
+
+def test_params_published_for_collectors_are_read_once_each_and_exactly(tmp_path):
+    """The learner's params reach the collectors through policy.msgpack: what a follower reads
+    is what was offered (its iteration and env-step count too), and it reads each publication
+    once; a publication within PUBLISH_S of the last is skipped unless forced."""
+    par = parallel.setup("pmap", 2)
+    params = {"params": {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.float32)}}
+    template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    publisher, follower = policy.Publisher(tmp_path), policy.Follower(tmp_path, template)
+    assert follower.newer() is None  # nothing published yet
+    publisher.offer(3, par.replicate(params), 1000, force=True)
+    publisher.wait()
+    got, iteration, received = follower.newer()
+    assert (iteration, received) == (3, 1000)
+    jax.tree.map(np.testing.assert_array_equal, got, params)
+    assert follower.newer() is None  # the same publication is not read twice
+    doubled = jax.tree.map(lambda x: 2 * x, params)
+    publisher.offer(4, par.replicate(doubled), 2000)  # within PUBLISH_S of the last: skipped
+    publisher.wait()
+    assert follower.newer() is None
+    publisher.offer(5, par.replicate(doubled), 3000, force=True)
+    publisher.close()
+    got, iteration, received = follower.newer()
+    assert (iteration, received) == (5, 3000)
+    jax.tree.map(np.testing.assert_array_equal, got, doubled)
+    assert not [p for p in tmp_path.iterdir() if p.name != policy.POLICY]  # no temporary file left

@@ -250,7 +250,7 @@ class Feed(StoreFeed):
         """History steps received and taken in over the whole run (those still queued excepted)."""
         return max(self.ledger.env_steps - len(self.pending) * self.cfg.ad_history_steps, 0)
 
-    def ran(self, updates: int) -> None:
+    def ran(self, updates: int, state) -> None:
         self.update += updates  # one gradient step per update: the update count is the gradient step count
 
     def log_row(self, row: dict, updates: int) -> dict:

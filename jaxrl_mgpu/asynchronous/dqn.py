@@ -5,8 +5,8 @@
     CUDA_VISIBLE_DEVICES=2 python -m jaxrl_mgpu.train --config cartpole-dqn --mode collect --run-dir R   # any time
 
 The learner (any number of devices, one or many hosts) trains DQN from the run's trajectory
-store (`store.py`, `<run-dir>/store/`) and publishes its params through the run's Orbax
-checkpoints. Collectors follow the newest checkpoint, roll out on their own devices, and
+store (`store.py`, `<run-dir>/store/`) and publishes its newest params after its chunks
+(`policy.py`, `<run-dir>/policy.msgpack`). Collectors follow them, roll out on their own devices, and
 append whole episodes to the store as atomically written shards (encoded by writer processes,
 workers.py, while the next rollout runs). They can be started, killed and restarted at any
 time; nothing else notices but the learner's data rate.
@@ -28,7 +28,9 @@ polled between compiled chunks:
      iteration `num_steps x updates_per_step` gradient steps (the double-DQN step of
      `--mode both`, gradients `pmean`-ed over devices). The learner publishes its counts
      (rate.PROGRESS) and collectors pause while it is behind;
-  4. the runner logs (with the feed's data counts), publishes a checkpoint every
+  4. after each chunk, the params are offered to the collectors (policy.Publisher: at most
+     every PUBLISH_S, on a thread of its own);
+  5. the runner logs (with the feed's data counts), publishes a checkpoint every
      `--checkpoint-every` iterations and evicts the oldest shards beyond
      `--store-max-episodes` (the learner is the only one who deletes), both on a thread of
      their own (ledger.StoreFeed.checkpoint).
@@ -53,6 +55,7 @@ from jaxrl_mgpu.algos import dqn, learner
 from jaxrl_mgpu.algos.base import Algorithm, Split
 from jaxrl_mgpu.asynchronous.ledger import (COLLECTOR_LOG_S, DONE_MARKER, Pacer, StoreFeed, collector_name,
                                             collector_seed)
+from jaxrl_mgpu.asynchronous.policy import POLICY, Follower, Publisher
 from jaxrl_mgpu.asynchronous.store import Episodes, Store, Transitions, read_transitions, write_job
 from jaxrl_mgpu.asynchronous.workers import Pool, default_workers
 from jaxrl_mgpu.checkpoint import REPLICATED, Checkpoints
@@ -284,6 +287,10 @@ class Feed(StoreFeed):
         # on the devices to decide what to do next.
         self.per_learn = dqn.grad_steps_per_update(cfg)
         self.grads = self.grads_logged = int(par.first(state.grad_steps))
+        # the params collectors act with, fresh after every chunk (policy.py)
+        self.update = resume_step or 0
+        self.policy = Publisher(cfg.run_dir, enabled=jax.process_index() == 0)
+        self.policy.offer(self.update, state.params, self.ledger.env_steps, force=True)
         self.limit(self.per_learn * cfg.replay_batch_size, max(cfg.learning_starts, cfg.replay_batch_size))
         self.waiting_for = (f"waiting for data from the collectors (--learning-starts {cfg.learning_starts} "
                             f"transitions, then {self.limiter.target:g} samples per insert)")
@@ -293,7 +300,7 @@ class Feed(StoreFeed):
         return (self.replay,)
 
     def poll(self, update: int) -> int:
-        start = time.perf_counter()
+        start, self.update = time.perf_counter(), update
         # 1. shards the reader has read, oldest first (while the ingest queue has room); after a
         # restart, consumed ones only refill
         for shard, new, transitions in self.arrived() if self.ingest.has_room else ():
@@ -339,10 +346,15 @@ class Feed(StoreFeed):
 
     def close(self) -> None:
         self.ingest.close()
+        try:
+            self.policy.close()
+        except Exception as e:  # noqa: BLE001 - closing after another error
+            self.log.print(f"  the last params publication failed: {type(e).__name__}: {e}")
         super().close()
 
-    def ran(self, updates: int) -> None:
+    def ran(self, updates: int, state) -> None:
         self.grads += updates * self.per_learn
+        self.policy.offer(self.update + updates, state.params, self.ledger.env_steps)
 
     def log_row(self, row: dict, updates: int) -> dict:
         w, elapsed = self.episodes_window, time.perf_counter() - self.logged_at
@@ -361,7 +373,7 @@ class Feed(StoreFeed):
 # -- the collector -------------------------------------------------------------------------
 
 def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
-    """A collector's loop: follow the newest checkpoint, roll out, append episodes to the
+    """A collector's loop: follow the learner's newest params, roll out, append episodes to the
     store, until the learner is done or a stop signal. Returns the env steps collected."""
     run_dir = Path(cfg.run_dir)
     name = collector_name(cfg)
@@ -394,8 +406,9 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     base = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), collector_seed(name))
     envs = par.map(reset)(par.replicate(np.asarray(base)))
     params, on_devices, on_devices_step, policy_step, eps = None, None, None, None, 1.0
+    follower = Follower(run_dir, params_template(cfg))
     if cfg.collect_before_checkpoint == "wait":
-        log.print(f"collector {name}: following the learner's checkpoints in {run_dir} (waiting for the first)")
+        log.print(f"collector {name}: following the learner's params in {run_dir / POLICY} (waiting for the first)")
     partial: dict[int, tuple] = {}  # per environment, the steps of its unfinished episode
     total, shard_index, waited_from = 0, 0, time.monotonic()
     window = {"shards": 0, "episodes": 0, "return_sum": 0.0}
@@ -427,11 +440,11 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     try:
         while not stop() and not (run_dir / DONE_MARKER).exists():
             looked_from = time.monotonic()  # a pass that ends paused counts whole as waiting
-            params, policy_step, eps = _follow(cfg, run_dir, par, params, policy_step, eps, log, stop)
+            params, policy_step, eps = _follow(cfg, follower, params, policy_step, eps)
             if params is None:
                 if time.monotonic() - waited_from > WAITING_LOG_S and log.due("waiting", WAITING_LOG_S):
-                    log.print(f"collector {name}: still waiting for the learner's first checkpoint in "
-                              f"{run_dir}/checkpoints ({time.monotonic() - waited_from:.0f}s); start one with --mode "
+                    log.print(f"collector {name}: still waiting for the learner's first params in "
+                              f"{run_dir / POLICY} ({time.monotonic() - waited_from:.0f}s); start one with --mode "
                               f"learn --run-dir {run_dir}, or collect at random meanwhile with "
                               f"--collect-before-checkpoint random")
                 continue
@@ -467,35 +480,19 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     return total
 
 
-def _follow(cfg, run_dir, par, params, policy_step, eps, log, stop):
-    """The newest published params (or the ones held, if none is newer). Before the first
-    checkpoint: wait, or act randomly (`--collect-before-checkpoint random`). The learner
-    deletes old checkpoints at any time, so a failed read is retried with a fresh listing."""
-    for attempt in range(50):
-        ckpts = None
-        try:
-            if (run_dir / "checkpoints").is_dir():
-                ckpts = Checkpoints(run_dir, read_only=True)
-            step = ckpts.latest_step() if ckpts is not None else None
-            if step is None:
-                if cfg.collect_before_checkpoint == "random":
-                    return _random_params(cfg, params), -1, 1.0
-                time.sleep(0.5)
-                if stop() or (run_dir / DONE_MARKER).exists():
-                    return None, policy_step, eps
-                continue
-            if step == policy_step:
-                return params, policy_step, eps
-            new = ckpts.restore_params(step, params_template(cfg))
-            received = ckpts.meta(step)["async"]["env_steps_received"]
-            return new, step, float(dqn.epsilon(cfg, received))
-        except Exception:  # the step was deleted between listing and reading: list again
-            if attempt == 49:
-                raise
-            time.sleep(0.1)
-        finally:
-            if ckpts is not None:
-                ckpts.close()
+def _follow(cfg, follower: Follower, params, policy_step, eps):
+    """The newest published params (or the ones held, if none is newer), the learner's iteration
+    that produced them and the epsilon of the env steps it had received then. Before the first
+    publication: wait (params None), or act uniformly at random (`--collect-before-checkpoint
+    random`: policy step -1, epsilon 1)."""
+    newer = follower.newer()
+    if newer is not None:
+        params, policy_step, received = newer
+        return params, policy_step, float(dqn.epsilon(cfg, received))
+    if params is None:
+        if cfg.collect_before_checkpoint == "random":
+            return _random_params(cfg, params), -1, 1.0
+        time.sleep(0.5)
     return params, policy_step, eps
 
 
