@@ -25,6 +25,7 @@
 # LOADED=1 adds the ceiling with the host loaded by as many collectors as the largest case
 # (writing into a sink nobody reads): what the learner's host thread loses to the collectors'
 # use of the host, apart from what taking in their data costs.
+# CEILING=0 skips the ceiling (compare only with a ceiling from the same call, or the same code).
 # DRY=1 runs the same commands at toy sizes on a CPU machine (GPU pinning off).
 source experiments/gpu/setup.sh
 set -o pipefail
@@ -89,7 +90,7 @@ PY
 }
 
 FULL=524288; [ "${DRY:-0}" = 1 ] && FULL=16384  # the replay's capacity (the preset's --buffer-size; DRY's)
-split 1 ceiling --samples-per-insert 1e9 --learning-starts $FULL
+[ "${CEILING:-1}" = 1 ] && split 1 ceiling --samples-per-insert 1e9 --learning-starts $FULL
 if [ "${LOADED:-0}" = 1 ]; then
   # The ceiling with the host as loaded as in the largest case: that many collectors write into a
   # sink run directory whose shards are deleted as they land (no learner reads them), so the
