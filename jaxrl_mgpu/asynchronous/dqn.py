@@ -65,7 +65,7 @@ from jaxrl_mgpu.parallel import Parallel, device_index, global_indices
 from jaxrl_mgpu.runs import params_template
 
 COUNTS = ("env_steps", "episodes")  # what the learner counts of each shard it receives
-WAITING_LOG_S = 60.0          # a collector waiting for the learner's first checkpoint says so this often
+WAITING_LOG_S = 60.0          # a collector waiting for the learner's first params says so this often
 BLOCK = 256                   # transitions per device per small replay insert (one compiled shape)
 LARGE_BLOCK = 4096            # ... and per large insert (a second compiled shape), while there are as many
 INSERT_BUDGET = 4 * LARGE_BLOCK   # transitions per device on their way to the replay at most
