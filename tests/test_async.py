@@ -85,6 +85,9 @@ def test_learner_with_two_collectors_one_killed(tmp_path):
     assert last["async/samples_per_insert_target"] == 32
     assert all(r["async/policy_lag"] is None or r["async/policy_lag"] >= 0 for r in rows)
     assert any(r["async/policy_lag"] is not None for r in rows)
+    # the lag is also logged as the data enters the replay (per transition, after the ingest queue)
+    inserted_lags = [r["async/policy_lag_inserted"] for r in rows if r["async/policy_lag_inserted"] is not None]
+    assert inserted_lags and min(inserted_lags) >= 0
     assert np.isfinite(last["loss/td"])
     assert last["async/decode_s_per_shard"] is None or last["async/decode_s_per_shard"] > 0
     assert 0 <= last["async/ingest_fraction"] < 1
@@ -360,14 +363,17 @@ def test_ingest_uses_its_whole_budget_each_step_keeps_order_and_bounds_its_queue
     shard = 3 * budget // 2
     added = 0
     while ingest.has_room:
-        ingest.add(transitions(added, shard))
+        ingest.add(transitions(added, shard), tag=f"shard {added // shard}")
         added += shard
     assert added == 2 * shard  # QUEUE_STEPS = 2 budgets, taken a shard at a time
-    assert ingest.step() == 0 and ingest.queued == added  # the first copies start
+    assert ingest.step() == 0 and ingest.queued == added and ingest.landed == []  # the first copies start
     for _ in range(3):
         wait_until(lambda: all(f.done() for _, f in ingest.copies), timeout=10)
         assert ingest.step() == budget  # the copies that arrived go in, and a whole budget starts again
     assert ingest.queued == 0 and ingest.has_room
+    # Each add's tag came back with its transitions as they went in (the learner's lag at insert).
+    assert ingest.landed == [(budget, "shard 0"), (shard - budget, "shard 0"), (2 * budget - shard, "shard 1"),
+                             (budget, "shard 1")]
     ingest.close()
     np.testing.assert_array_equal(np.concatenate(inserted), np.arange(added))  # all of it, in order
 

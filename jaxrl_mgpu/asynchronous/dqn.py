@@ -219,6 +219,10 @@ class Ingest:
     def __init__(self, devices: int, to_devices, insert, budget: int = INSERT_BUDGET):
         self.devices, self.to_devices, self.insert, self.budget = devices, to_devices, insert, budget
         self.pending: list[Transitions] = []  # read, not yet on their way to the devices
+        # per add, oldest first: [its transitions not yet inserted, its tag]; and (transitions,
+        # tag) inserted since the caller last emptied `landed` (inserts keep the order of adds)
+        self.stamps: collections.deque[list] = collections.deque()
+        self.landed: list[tuple[int, Any]] = []
         # blocks being copied, oldest first: (transitions, the copy's future)
         self.copies: collections.deque[tuple[int, concurrent.futures.Future]] = collections.deque()
         self.copier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replay-copier")
@@ -237,8 +241,20 @@ class Ingest:
     def has_room(self) -> bool:
         return self.queued < QUEUE_STEPS * self.budget * self.devices
 
-    def add(self, transitions: Transitions) -> None:
+    def add(self, transitions: Transitions, tag: Any = None) -> None:
+        """Queues `transitions`; `tag` (e.g. the policy step that collected them) comes back in
+        `landed` once they are in the replay."""
         self.pending.append(transitions)
+        self.stamps.append([len(transitions.reward), tag])
+
+    def _land(self, inserted: int) -> None:
+        while inserted:
+            head = self.stamps[0]
+            n = min(inserted, head[0])
+            self.landed.append((n, head[1]))
+            head[0], inserted = head[0] - n, inserted - n
+            if not head[0]:
+                self.stamps.popleft()
 
     def step(self) -> int:
         """Inserts the blocks whose copies have arrived, then starts copying more (inserting
@@ -249,6 +265,7 @@ class Ingest:
             rows, copied = self.copies.popleft()
             self.insert(copied.result())
             inserted += rows
+        self._land(inserted)
         blocks, self.pending = _host_blocks(self.pending, self.devices, self.budget - self.copying // self.devices)
         for block in blocks:
             self.copies.append((len(block.reward), self.copier.submit(self.to_devices, block)))
@@ -282,7 +299,8 @@ class Feed(StoreFeed):
         self.ingest = Ingest(par.num_devices, self._to_devices, self._insert)
         self.inserted = 0
         # What arrived since the last log point (beyond StoreFeed's window).
-        self.episodes_window = {"episodes": 0, "return_sum": 0.0, "length_sum": 0, "lag_sum": 0.0, "shards": 0}
+        self.episodes_window = {"episodes": 0, "return_sum": 0.0, "length_sum": 0, "lag_sum": 0.0, "shards": 0,
+                                "inserted_lag_sum": 0.0, "inserted_lag_n": 0}
         # Counted on the host (every iteration does the same number), so the loop never waits
         # on the devices to decide what to do next.
         self.per_learn = dqn.grad_steps_per_update(cfg)
@@ -300,13 +318,13 @@ class Feed(StoreFeed):
         return (self.replay,)
 
     def poll(self, update: int) -> int:
-        start, self.update = time.perf_counter(), update
+        start, self.update, w = time.perf_counter(), update, self.episodes_window
         # 1. shards the reader has read, oldest first (while the ingest queue has room); after a
         # restart, consumed ones only refill
         for shard, new, transitions in self.arrived() if self.ingest.has_room else ():
-            self.ingest.add(transitions)
+            self.ingest.add(transitions, shard.meta["policy_step"] if new else None)
             if new:
-                episodes, w = shard.meta, self.episodes_window
+                episodes = shard.meta
                 w["episodes"] += episodes["episodes"]
                 w["return_sum"] += episodes.get("return_sum", 0.0)
                 w["length_sum"] += episodes["env_steps"]
@@ -314,6 +332,11 @@ class Feed(StoreFeed):
                 w["shards"] += 1
         # 2. into the replay, in whole blocks copied to the devices on a thread of their own
         self.inserted += self.ingest.step()
+        for n, policy_step in self.ingest.landed:  # how old the params that collected them are now
+            if policy_step is not None:
+                w["inserted_lag_sum"] += n * (update - policy_step)
+                w["inserted_lag_n"] += n
+        self.ingest.landed = []
         self.window["ingest_s"] += time.perf_counter() - start
         # 3. iterations the rate limiter allows
         return self.allowed(self.samples, self.inserts, self.inserted)
@@ -364,6 +387,8 @@ class Feed(StoreFeed):
                "episodes": w["episodes"], "grad_steps": self.grads,
                "grad_steps_per_s": (self.grads - self.grads_logged) / elapsed,
                "async/policy_lag": w["lag_sum"] / w["shards"] if w["shards"] else None,
+               # the same when they enter the replay, per transition (after the ingest queue)
+               "async/policy_lag_inserted": w["inserted_lag_sum"] / w["inserted_lag_n"] if w["inserted_lag_n"] else None,
                **self.rate_metrics(self.samples, self.inserts, self.queued, self.grads)}
         self.episodes_window = dict.fromkeys(w, 0)
         self.grads_logged = self.grads
