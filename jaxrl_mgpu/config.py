@@ -181,7 +181,8 @@ class Config:
                                                       "samples --learning-starts transitions pay for (Acme's "
                                                       "error buffer)")
     collect_before_checkpoint: str = option("wait", "collect: before the learner first publishes its params "
-                                                    "(DQN: policy.msgpack), wait or act uniformly at random", choices=("wait", "random"))
+                                                    "(DQN: policy.msgpack), wait or act uniformly at random",
+                                            choices=("wait", "random"))
     collector_id: str | None = option(None, "collect: this collector's name in the store and the learner's "
                                             "metrics (default host-pid)")
     shard_steps: int = option(32, "collect: vector steps of all environments per store shard (the shard is the "

@@ -388,7 +388,8 @@ class Feed(StoreFeed):
                "grad_steps_per_s": (self.grads - self.grads_logged) / elapsed,
                "async/policy_lag": w["lag_sum"] / w["shards"] if w["shards"] else None,
                # the same when they enter the replay, per transition (after the ingest queue)
-               "async/policy_lag_inserted": w["inserted_lag_sum"] / w["inserted_lag_n"] if w["inserted_lag_n"] else None,
+               "async/policy_lag_inserted": (w["inserted_lag_sum"] / w["inserted_lag_n"]
+                                             if w["inserted_lag_n"] else None),
                **self.rate_metrics(self.samples, self.inserts, self.queued, self.grads)}
         self.episodes_window = dict.fromkeys(w, 0)
         self.grads_logged = self.grads
@@ -515,17 +516,10 @@ def _follow(cfg, follower: Follower, params, policy_step, eps):
         params, policy_step, received = newer
         return params, policy_step, float(dqn.epsilon(cfg, received))
     if params is None:
-        if cfg.collect_before_checkpoint == "random":
-            return _random_params(cfg, params), -1, 1.0
+        if cfg.collect_before_checkpoint == "random":  # any params act uniformly with epsilon 1
+            return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), follower.template), -1, 1.0
         time.sleep(0.5)
     return params, policy_step, eps
-
-
-def _random_params(cfg, params):
-    """Acting uniformly at random before any checkpoint: any params with epsilon 1."""
-    if params is not None:
-        return params
-    return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), params_template(cfg))
 
 
 def _episodes(par: Parallel, traj, partial: dict[int, tuple]) -> Episodes | None:

@@ -48,12 +48,10 @@ class Publisher:
         PUBLISH_S ago (`force`: waits for the one in flight and publishes anyway)."""
         if not self.enabled:
             return
-        if force:
-            self.wait()
-        elif (self._writing is not None and not self._writing.done()) or \
-                time.monotonic() - self._offered_at < PUBLISH_S:
+        busy = self._writing is not None and not self._writing.done()
+        if not force and (busy or time.monotonic() - self._offered_at < PUBLISH_S):
             return
-        self.wait()  # raises the last publication's error, if any
+        self.wait()  # the one in flight (if forced); raises the last publication's error, if any
         self._offered_at = time.monotonic()
         # A copy of this process's first device's slice, on that device: the learner's next
         # chunk takes (donates) the params. (One device's op, no collective: only the main

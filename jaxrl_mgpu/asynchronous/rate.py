@@ -66,10 +66,9 @@ class Limiter:
 
     def __init__(self, cfg, samples_per_iteration: int, min_inserts: int):
         self.target = samples_per_insert(cfg)
-        self.tolerance = cfg.samples_per_insert_tolerance
         self.min_inserts = min_inserts
         self.per_iteration = samples_per_iteration
-        self.buffer = error_buffer(self.target, self.tolerance, min_inserts)
+        self.buffer = error_buffer(self.target, cfg.samples_per_insert_tolerance, min_inserts)
 
     def iterations(self, samples: int, inserted: int, in_replay: int) -> int:
         """How many learner iterations may run now (0: wait for data): `samples` and
