@@ -185,9 +185,14 @@ class Config:
                                             choices=("wait", "random"))
     collector_id: str | None = option(None, "collect: this collector's name in the store and the learner's "
                                             "metrics (default host-pid)")
-    shard_steps: int = option(32, "collect: vector steps of all environments per store shard (the shard is the "
-                                  "unit the learner receives, and collectors may run a few shards ahead of it: "
-                                  "larger shards, staler data)")
+    max_data_lag: float = option(8.0, "learn/collect: the most data on its way from the collectors to the "
+                                      "learner's memory (written to the store, being read or queued), in "
+                                      "learner iterations' worth at --samples-per-insert (at least two shards): "
+                                      "collectors pause beyond it, so the learner inserts data acted by params "
+                                      "about this many iterations old at most. Lower: fresher data; higher: "
+                                      "rides out slower writing and reading")
+    shard_steps: int = option(16, "collect: vector steps of all environments per store shard (the unit the "
+                                  "learner receives: larger shards, fewer files but staler data)")
     store_workers: int = option(0, "learn/collect: processes that decode (learner) or encode (collector) the "
                                    "store's shards, several at once (0: a quarter of the host's cores, 1 to 4)")
     # checkpoints and evaluation
@@ -244,7 +249,8 @@ RANGES = {
                "target_update_every", "n_step", "n_transit", "ad_batch_size", "ad_episode_stride",
                "ad_history_steps", "ad_history_tasks", "hidden_size", "num_layers", "grad_accum", "d_model",
                "n_layers", "n_heads", "context_len", "devices", "log_every", "num_seeds", "num_processes",
-               "failure_timeout", "store_max_episodes", "samples_per_insert", "shard_steps", "keep_checkpoints",
+               "failure_timeout", "store_max_episodes", "samples_per_insert", "max_data_lag", "shard_steps",
+               "keep_checkpoints",
                "stop_at_update",
                "eval_episodes"),
     NON_NEGATIVE: ("ent_coef", "vf_coef", "learning_starts", "eps_decay_steps", "process_id", "checkpoint_every",
@@ -297,7 +303,7 @@ APPLIES = {
                     ("--policy transformer", lambda c: c.algo != "ad" and c.policy == "transformer")),
     # Learners and collectors of one run may share one command line, so these are for both.
     **dict.fromkeys(("store_max_episodes", "collect_before_checkpoint", "collector_id",
-                     "samples_per_insert", "samples_per_insert_tolerance"), _ASYNC),
+                     "samples_per_insert", "samples_per_insert_tolerance", "max_data_lag"), _ASYNC),
     # AD's collectors write whole learning histories (--ad-history-tasks x --ad-history-steps) one
     # shard at a time, and its learner reads those few large shards on a thread
     **dict.fromkeys(("shard_steps", "store_workers"),
@@ -476,7 +482,7 @@ def read_saved(run_dir: str | Path) -> dict:
 # after a divergence). Everything else is the run's own, from its config.json; an algorithm's
 # STATE_KEYS (options that shape its saved state) never change.
 RESUMABLE = ("total_timesteps", "num_updates", "num_envs", "lr", "max_grad_norm", "log_every", "checkpoint_every",
-             "keep_checkpoints", "eval_every", "eval_episodes", "parallel", "target_return")
+             "keep_checkpoints", "eval_every", "eval_episodes", "parallel", "target_return", "max_data_lag")
 # Options of one invocation, not of the run: a resume takes them from its own command line (or
 # their defaults), never from the saved config.
 PER_INVOCATION = ("stop_at_update", "devices", "coordinator_address", "num_processes", "process_id",

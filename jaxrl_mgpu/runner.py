@@ -270,7 +270,7 @@ class Feed(Protocol):
         counts: data received, its rates, its age."""
 
 
-POLL_S = 0.02  # a learner with nothing to learn from looks for new data this often
+POLL_S = 0.005  # a learner with nothing to learn from looks for new data this often (a poll is cheap)
 
 
 class Profile:

@@ -18,7 +18,7 @@ from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.asynchronous import dqn as async_dqn
 from jaxrl_mgpu.asynchronous import policy, rate
-from jaxrl_mgpu.asynchronous.store import Episodes, Store, Transitions
+from jaxrl_mgpu.asynchronous.store import Segments, Store, Transitions
 from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.log import RunLog
 
@@ -235,8 +235,12 @@ def test_shard_reader_order_refill_skips_and_errors(tmp_path):
     wait_until(lambda: idle.newest_taken == "s2", timeout=10)  # two ready, the third waiting for room
     time.sleep(0.3)
     assert idle.newest_taken == "s2" and idle.untaken_steps == 30  # s3-s5, as the learner logs them
+    # taken up and not yet handed over (two ready, one read and waiting): on its way, for the
+    # collectors' bound, with what the store holds unread
+    assert idle.pipeline_steps == 30
     assert [s.path.name for s, _, _ in drain(idle, 6)] == store.names and idle.newest_taken == "s5"
     wait_until(lambda: idle.untaken_steps == 0, timeout=10)
+    assert idle.pipeline_steps == 0
     idle.close()
 
     def broken(shard):
@@ -308,18 +312,27 @@ def test_rate_limiter_semantics():
     # Behind: as many iterations as bring it up to the buffer's edge.
     assert limiter.iterations(samples=0, inserted=1000, in_replay=1000) == int((paid + limiter.buffer) // 256) + 1
     assert limiter.achieved(samples=paid, inserted=1000) == 32 and limiter.achieved(0, 512) is None
-    # Collectors: back-pressured while the learner has received more than its samples pay for,
-    # beyond the buffer and a slack of shards, or has that much unread in the store.
+    # Collectors: back-pressured while the learner has received more than its samples pay for
+    # beyond the buffer, or while more is on its way to it than --max-data-lag iterations' worth
+    # (at least two of its largest shards).
+    assert limiter.max_in_flight == 8 * 256 / 32                  # --max-data-lag 8 of 8 transitions an iteration
+    assert limiter.in_flight_bound(largest_shard=16) == 64 and limiter.in_flight_bound(100) == 200
+    # ... plus what the learner's ingest may hold back until more arrives (a partial block)
+    assert rate.Limiter(cfg, 256, 512, min_in_flight=256).in_flight_bound(100) == 456
     samples = 32 * (10_000 - 512)
     progress = {"samples_per_insert": 32, "error_buffer": limiter.buffer, "learning_starts": 512,
-                "samples": samples, "received": 10_000, "largest_shard": 256}
-    edge = 10_000 + int(limiter.buffer / 32) + 4 * 256
-    assert rate.hold_back({**progress, "received": edge}, 0, 256, 512) is None
-    assert rate.hold_back({**progress, "received": edge + 1}, 0, 256, 512) == rate.SAMPLES
-    assert rate.hold_back(progress, unread_steps=4 * 256 + 1, shard_steps=256, learning_starts=512) == rate.READING
-    # No learner yet: the store fills up to what learning starts with, plus the slack, no more.
-    assert rate.hold_back(None, unread_steps=512 + 4 * 256, shard_steps=256, learning_starts=512) is None
-    assert rate.hold_back(None, unread_steps=512 + 4 * 256 + 1, shard_steps=256, learning_starts=512) == rate.START
+                "samples": samples, "inserted": 10_000, "pipeline": 0, "max_in_flight": 1024}
+    edge = 10_000 + int(limiter.buffer / 32)
+    assert rate.hold_back({**progress, "inserted": edge}, 0, 256, 512) is None
+    assert rate.hold_back({**progress, "inserted": edge + 1}, 0, 256, 512) == rate.SAMPLES
+    # in flight: written and unread, plus what the learner has taken up and not inserted
+    assert rate.hold_back(progress, in_flight=1024, shard_steps=256, learning_starts=512) is None
+    assert rate.hold_back(progress, in_flight=1025, shard_steps=256, learning_starts=512) == rate.READING
+    assert rate.hold_back({**progress, "pipeline": 600}, in_flight=425, shard_steps=256,
+                          learning_starts=512) == rate.READING
+    # No learner yet: the store fills up to what learning starts with, plus a few shards, no more.
+    assert rate.hold_back(None, in_flight=512 + 4 * 256, shard_steps=256, learning_starts=512) is None
+    assert rate.hold_back(None, in_flight=512 + 4 * 256 + 1, shard_steps=256, learning_starts=512) == rate.START
 
 
 def test_ingest_is_bounded_and_in_large_blocks():
@@ -385,19 +398,21 @@ def test_ten_collectors_started_before_the_learner_do_not_flood_it(tmp_path):
     the store)."""
     run_dir = tmp_path / "run"
     store = Store(run_dir)
-    args = ["--shard-steps", "16"]  # 8 envs x 16 steps: 128 transitions a shard
+    # 8 envs x 16 steps: 128 transitions a shard; the learner needs twice what the store holds
+    # before it starts, so that it receives shards written after the collectors' waits
+    args = ["--shard-steps", "16", "--total-timesteps", "2400"]
     collectors = [spawn(*args, "--mode", "collect", "--run-dir", str(run_dir), "--collector-id", f"c{i}",
                         "--collect-before-checkpoint", "random") for i in range(10)]
     wait_until(lambda: store.unread_steps(None) >= 512, timeout=300)
     time.sleep(5)  # they keep running, and must stop at the bound
     before = store.unread_steps(None)
-    # + one shard each in flight past its last check (a shard holds whole episodes, so its size
-    # varies around 128: each collector's largest)
+    # + one shard each in flight past its last check (a shard's transitions vary around 128 with
+    # the lookahead steps it repeats or leaves: each collector's largest)
     largest = {}
     for shard in store.shards():
         who = shard.meta["collector"]
         largest[who] = max(largest.get(who, 0), shard.meta["env_steps"])
-    assert before <= 512 + rate.SLACK_SHARDS * 128 + sum(largest.values()), (before, largest)
+    assert before <= 512 + rate.START_SHARDS * 128 + sum(largest.values()), (before, largest)
     learner = spawn(*args, "--mode", "learn", "--run-dir", str(run_dir))
     out, _ = learner.communicate(timeout=400)
     assert learner.returncode == 0, out
@@ -408,7 +423,7 @@ def test_ten_collectors_started_before_the_learner_do_not_flood_it(tmp_path):
         outs.append(c_out)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1]
-    assert last["update"] == 150
+    assert last["update"] == 300
     assert last["async/samples_per_insert"] <= most_samples_per_insert(last["async/inserted"])
     # They waited for the learner to start, and their waits add up by reason.
     assert sum(r["async/collector_wait_s/start"] for r in rows) > 0
@@ -431,7 +446,8 @@ def test_eviction_deletes_only_consumed_shards_oldest_first(tmp_path, monkeypatc
     store = Store(tmp_path)
     episode = {"observation": np.zeros((3, 2), np.float32), "action": np.zeros(3, np.int32),
                "reward": np.ones(3, np.float32), "terminated": True, "final_observation": np.zeros(2, np.float32)}
-    names = [store.write(Episodes.join([episode] * 2), "c0", 0, "CartPole-v1").name for _ in range(5)]  # 2 episodes each
+    # 2 episodes each
+    names = [store.write(Segments.whole([episode] * 2), "c0", 0, "CartPole-v1").name for _ in range(5)]
     ledger = Ledger.fresh(async_dqn.COUNTS)
     ledger.consumed = set(names[:3])
     cfg = config_lib.Config(algo="dqn", mode="learn", store_max_episodes=6)
@@ -460,7 +476,7 @@ def test_shards_decoded_by_worker_processes_equal_the_thread_read_in_order_and_e
                  "reward": rng.random(n).astype(np.float32), "terminated": n % 2 == 0,
                  "final_observation": rng.random(3).astype(np.float32)} for n in (4, 1, 6)]
     for i in range(5):  # shards of 3, 2, 1, 3, 2 episodes
-        store.write(Episodes.join(episodes[:3 - i % 3]), f"c{i}", 0, "CartPole-v1")
+        store.write(Segments.whole(episodes[:3 - i % 3]), f"c{i}", 0, "CartPole-v1")
     shards = store.shards()
     expected = [store.read(s) for s in shards]
     np.testing.assert_array_equal(expected[0].next_obs[:4], np.concatenate([episodes[0]["observation"][1:],
@@ -480,12 +496,14 @@ def test_shards_decoded_by_worker_processes_equal_the_thread_read_in_order_and_e
 
     pool = Pool(read_transitions, 2)
     try:
-        damaged = store.write(Episodes.join(episodes), "c9", 0, "CartPole-v1")
+        damaged = store.write(Segments.whole(episodes), "c9", 0, "CartPole-v1")
         record = next(p for p in damaged.rglob("*array_record*"))
         record.write_bytes(record.read_bytes()[:-20])
         broken = next(s for s in store.shards() if s.path == damaged)
+        assert not pool.oldest_answered  # nothing in flight
         pool.submit(shards[0], 0)
         pool.submit(broken, 1)
+        wait_until(lambda: pool.oldest_answered)  # the collector receives its shards once written
         assert pool.full and pool.receive()[0] == 0
         with pytest.raises(DatasetError):
             pool.receive()
@@ -501,45 +519,77 @@ def test_shards_decoded_by_worker_processes_equal_the_thread_read_in_order_and_e
         pool.close()
 
 
-def test_collector_cuts_rollouts_into_whole_episodes():
-    """A collector's rollouts ([T, envs] steps with done flags) become whole episodes, each
-    environment's in order, an episode cut by a rollout's end finished in a later one: the same
-    episodes as stepping through the flags one by one."""
+def test_collector_segments_give_each_step_once_with_mode_boths_n_step_targets(tmp_path):
+    """A collector writes every environment's steps once a rollout ends (episodes in segments),
+    not once their episode ends. Decoded with the learner's --n-step, the shards give every step
+    exactly once, as soon as its n-step window is complete, with --mode both's reward, discount
+    and next observation (only an episode's end cuts a window, a time limit bootstrapping from
+    the final observation); and each ended episode's return and length, once."""
+    import jax.numpy as jnp
+    from jaxrl_mgpu.algos import dqn
+    from jaxrl_mgpu.asynchronous.store import read_transitions
     rng = np.random.default_rng(1)
-    T, E = 7, 4
+    T, E, n_step, gamma = 7, 4, 3, 0.9
     par = types.SimpleNamespace(local=lambda tree: tree)  # one device's rollout, already on the host
-    partial, cut, open_steps, want = {}, [], {e: [] for e in range(E)}, []
-    step = 0
-    for rollout in range(4):
-        obs = np.arange(step, step + T * E, dtype=np.float32).reshape(T, E, 1) + np.zeros((1, 1, 2), np.float32)
-        step += T * E
-        terminated, truncated = rng.random((T, E)) < 0.2, rng.random((T, E)) < 0.1
-        if rollout == 1:
-            terminated[:, 2] = truncated[:, 2] = False  # an environment that finishes nothing in a rollout
+    store, open_, R = Store(tmp_path), {}, 6
+    # observations numbered in step order (unique ids); the one after the last rollout's end too
+    stream = np.arange((R * T + 1) * E, dtype=np.float32).reshape(R * T + 1, E, 1) + np.zeros((1, 1, 2), np.float32)
+    seen = {k: [] for k in ("obs", "action", "reward", "terminated", "truncated", "final")}
+    ep_return, ep_length, ended = np.zeros(E, np.float32), np.zeros(E, np.int32), []
+    for rollout in range(R):
+        obs = stream[rollout * T:(rollout + 1) * T]
+        terminated, truncated = rng.random((T, E)) < 0.15, rng.random((T, E)) < 0.05
+        if rollout in (1, 2):
+            terminated[:, 2] = truncated[:, 2] = False  # an episode across three rollouts
+        if rollout == 3:  # an episode ending at a rollout's last step, and one left with fewer steps than the lookahead
+            terminated[:, 0], truncated[:, 0], terminated[-1, 0] = False, False, True
+            terminated[:, 1], truncated[:, 1], terminated[-2, 1] = False, False, True
+        truncated &= ~terminated
         action, reward = rng.integers(0, 3, (T, E)), rng.random((T, E)).astype(np.float32)
-        final = obs + 0.5
-        traj = tuple(x[None] for x in (obs, action, reward, terminated, truncated, final))  # one device
-        got = async_dqn._episodes(par, traj, partial)
-        mine = []
-        for e in range(E):  # the reference: one step at a time
-            for t in range(T):
-                open_steps[e].append((obs[t, e], action[t, e], reward[t, e]))
-                if terminated[t, e] or truncated[t, e]:
-                    mine.append({"observation": np.stack([s[0] for s in open_steps[e]]),
-                                 "action": np.array([s[1] for s in open_steps[e]]),
-                                 "reward": np.array([s[2] for s in open_steps[e]]),
-                                 "terminated": bool(terminated[t, e]), "final_observation": final[t, e]})
-                    open_steps[e] = []
-        want.append(mine)
-        cut.append(got)
-    for got, mine in zip(cut, want):
-        if not mine:
-            assert got is None
-            continue
-        expected = Episodes.join(mine)
-        for name, a, b in zip(Episodes._fields, got, expected):
-            np.testing.assert_array_equal(a, b, err_msg=name)
-    assert {e: len(p[0]) for e, p in partial.items()} == {e: len(s) for e, s in open_steps.items() if s}
+        # the observation after each step: the next one, or where an episode ended, its own final one
+        final = np.where((terminated | truncated)[..., None], obs + 0.5, stream[rollout * T + 1:(rollout + 1) * T + 1])
+        done_return, done_length = np.zeros((T, E), np.float32), np.zeros((T, E), np.int32)
+        for t in range(T):  # as vec.step counts episodes
+            ep_return += reward[t]
+            ep_length += 1
+            done = terminated[t] | truncated[t]
+            done_return[t], done_length[t] = np.where(done, ep_return, 0), np.where(done, ep_length, 0)
+            ended += [(float(ep_return[e]), int(ep_length[e])) for e in np.flatnonzero(done)]
+            ep_return[done], ep_length[done] = 0, 0
+        traj = tuple(x[None] for x in (obs, action, reward, terminated, truncated, final, done_return, done_length))
+        segments = async_dqn._segments(par, traj, open_, n_step - 1)
+        if segments is not None:
+            store.write(segments, "c0", rollout, "CartPole-v1")
+        for k, x in zip(seen, (obs, action, reward, terminated, truncated, final)):
+            seen[k].append(x)
+        assert all(len(o.steps[0]) <= n_step - 1 for o in open_.values() if o.steps)
+    # The reference: each environment's steps as one row of --mode both's replay, padded with
+    # n_step steps not taken yet: a window is complete where it does not reach them
+    pad = lambda x: np.concatenate([x, np.zeros((n_step,) + x.shape[1:], x.dtype)])  # noqa: E731
+    obs, action, reward, terminated, truncated, final = (pad(np.concatenate(x)).swapaxes(0, 1) for x in seen.values())
+    N = obs.shape[1] - n_step
+    replay = dqn.Replay(*(jnp.asarray(x) for x in (obs, action, reward, terminated, truncated, final)))
+    env, row = np.repeat(np.arange(E), N), np.tile(np.arange(N), E)
+    want_reward, want_discount, last = (np.asarray(x) for x in dqn.n_step_return(replay, jnp.asarray(env),
+                                                                                 jnp.asarray(row), n_step, gamma))
+    window_end = row + last
+    complete = window_end < N
+    got = [read_transitions(s, n_step=n_step, gamma=gamma) for s in store.shards()]
+    got = Transitions(*(np.concatenate(x) for x in zip(*got)))
+    order = np.argsort(got.obs[:, 0])
+    want_ids = np.sort(obs[env[complete], row[complete], 0])
+    np.testing.assert_array_equal(got.obs[order, 0], want_ids)  # every complete step once
+    by_id = np.argsort(obs[env, row, 0][complete])
+    np.testing.assert_allclose(got.reward[order], want_reward[complete][by_id], rtol=1e-6)
+    np.testing.assert_allclose(got.discount[order], want_discount[complete][by_id], rtol=1e-6)
+    np.testing.assert_array_equal(got.next_obs[order], final[env, window_end][complete][by_id])
+    np.testing.assert_array_equal(got.action[order], action[env, row][complete][by_id])
+    assert (~complete).sum() <= E * (n_step - 1)  # only the unfinished episodes' last steps wait
+    metas = [s.meta for s in store.shards()]
+    assert sum(m["episodes"] for m in metas) == len(ended)
+    assert sum(m["episode_steps"] for m in metas) == sum(n for _, n in ended)
+    np.testing.assert_allclose(sum(m["return_sum"] for m in metas), sum(r for r, _ in ended), rtol=1e-5)
+    assert sum(m["env_steps"] for m in metas) == complete.sum()
 
 
 def test_learner_transitions_are_the_n_step_transitions_of_mode_both(tmp_path):
@@ -556,12 +606,12 @@ def test_learner_transitions_are_the_n_step_transitions_of_mode_both(tmp_path):
                  "final_observation": rng.random(2).astype(np.float32)}
                 for n, term in ((5, True), (1, False), (7, False), (1, True), (4, True))]
     store = Store(tmp_path)
-    store.write(Episodes.join(episodes), "c0", 0, "CartPole-v1")
+    store.write(Segments.whole(episodes), "c0", 0, "CartPole-v1")
     shard = store.shards()[0]
     n_step, gamma = 3, 0.9
     got = read_transitions(shard, n_step=n_step, gamma=gamma)
     # --mode both's replay of the same steps, one environment, one row per step
-    flat = Episodes.join(episodes)
+    flat = Segments.whole(episodes)
     N = len(flat.reward)
     is_last = np.zeros(N, bool)
     is_last[np.cumsum(flat.length) - 1] = True

@@ -4,7 +4,7 @@ import tempfile
 
 import numpy as np
 
-from jaxrl_mgpu.asynchronous.store import Episodes, Store
+from jaxrl_mgpu.asynchronous.store import Segments, Store
 
 
 def random_play_store(prefix: str, shards: int, shard_transitions: int) -> Store:
@@ -17,6 +17,8 @@ def random_play_store(prefix: str, shards: int, shard_transitions: int) -> Store
         lengths = lengths[:np.searchsorted(np.cumsum(lengths), shard_transitions) + 1]
         n = int(lengths.sum())
         obs = (rng.random((n, 10, 10, 4)) < 0.05).astype(np.uint8)
-        store.write(Episodes(obs, rng.integers(0, 3, n).astype(np.int32), rng.random(n).astype(np.float32), lengths,
-                             rng.random(len(lengths)) < 0.9, obs[:len(lengths)]), f"c{i % 3}", 0, "Breakout-MinAtar")
+        ones, returns = np.ones(len(lengths), bool), np.zeros(len(lengths), np.float32)
+        store.write(Segments(obs, rng.integers(0, 3, n).astype(np.int32), rng.random(n).astype(np.float32), lengths,
+                             ones, ones, rng.random(len(lengths)) < 0.9, np.zeros(len(lengths), np.int64),
+                             obs[:len(lengths)], returns, lengths), f"c{i % 3}", 0, "Breakout-MinAtar")
     return store

@@ -1,10 +1,10 @@
 """Asynchronous, elastic collection and learning on one run directory (`--mode learn|collect`).
 
-Collectors (any number, started and stopped at any time) append whole episodes, or for
-Algorithm Distillation whole learning histories, to the run's store as atomically written
-shards; one learner (any number of devices and hosts) reads them into its on-device memory,
-learns, and publishes its params for the collectors (DQN's act with them) after its chunks, and
-checkpoints for resuming.
+Collectors (any number, started and stopped at any time) append episodes in segments, as
+each rollout ends or cuts them, or for Algorithm Distillation whole learning histories, to the
+run's store as atomically written shards; one learner (any number of devices and hosts) reads
+them into its on-device memory, learns, and publishes its params for the collectors (DQN's act
+with them) after its chunks, and checkpoints for resuming.
 
     store.py    the shards on disk (written whole, read with checksums, evicted oldest first)
     workers.py  child processes that encode (collectors) and decode (the learner) shards
@@ -12,7 +12,7 @@ checkpoints for resuming.
     ledger.py   what the learner received (saved in its checkpoints), publishing, the done marker
     rate.py     the rate limiter (samples per insert) and the collectors' back-pressure
     policy.py   the DQN learner's newest params, published for its collectors
-    dqn.py      the DQN learner and episode collector
+    dqn.py      the DQN learner and episode-segment collector
     ad.py       the AD learner and learning-history collector
 """
 

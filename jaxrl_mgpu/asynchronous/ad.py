@@ -238,7 +238,8 @@ class Feed(StoreFeed):
         if self.inserted < self.devices and not self._said_waiting:
             self.log.print(f"  {self.waiting_for}")
             self._said_waiting = True
-        return self.allowed(self.samples, self.inserts, self.inserted * self.cfg.ad_history_steps)
+        return self.allowed(self.samples, self.inserts, self.inserted * self.cfg.ad_history_steps,
+                            len(self.pending) * self.cfg.ad_history_steps)
 
     @property
     def samples(self) -> int:

@@ -6,17 +6,18 @@
 
 The learner (any number of devices, one or many hosts) trains DQN from the run's trajectory
 store (`store.py`, `<run-dir>/store/`) and publishes its newest params after its chunks
-(`policy.py`, `<run-dir>/policy.msgpack`). Collectors follow them, roll out on their own devices, and
-append whole episodes to the store as atomically written shards (encoded by writer processes,
-workers.py, while the next rollout runs). They can be started, killed and restarted at any
-time; nothing else notices but the learner's data rate.
+(`policy.py`, `<run-dir>/policy.msgpack`). Collectors follow them, roll out on their own devices,
+and append every environment's steps to the store once a rollout ends (episodes in segments)
+as atomically written shards (encoded by writer processes, workers.py, while the next rollout
+runs). They can be started, killed and restarted at any time; nothing else notices but the
+learner's data rate.
 
 The learner is the runner's loop (runner.train, as for --mode both) with this module's `Feed`
 polled between compiled chunks:
   1. take the shards a background thread (`reader.ShardReader`, with decoder processes) has
      read since, oldest first, as --mode both's n-step transitions, and queue them (`Ingest`:
-     only while its queue has room, so a learner that falls behind stops its reader, and the
-     collectors, paced by what it has not read, pause);
+     only while its queue has room, so a learner that falls behind stops its reader; collectors
+     pause while more than `--max-data-lag` iterations' worth is on its way, rate.py);
   2. copy queued transitions to the devices in fixed-size blocks on a copier thread, and insert
      the blocks that have arrived into the on-device replay (one compiled insert each, each
      device taking its share) (bounded: at most INSERT_BUDGET transitions per device on their
@@ -56,7 +57,7 @@ from jaxrl_mgpu.algos.base import Algorithm, Split
 from jaxrl_mgpu.asynchronous.ledger import (COLLECTOR_LOG_S, DONE_MARKER, Pacer, StoreFeed, collector_name,
                                             collector_seed)
 from jaxrl_mgpu.asynchronous.policy import POLICY, Follower, Publisher
-from jaxrl_mgpu.asynchronous.store import Episodes, Store, Transitions, read_transitions, write_job
+from jaxrl_mgpu.asynchronous.store import Segments, Store, Transitions, read_transitions, write_job
 from jaxrl_mgpu.asynchronous.workers import Pool, default_workers
 from jaxrl_mgpu.checkpoint import REPLICATED, Checkpoints
 from jaxrl_mgpu.config import ConfigError
@@ -309,7 +310,9 @@ class Feed(StoreFeed):
         self.update = resume_step or 0
         self.policy = Publisher(cfg.run_dir, enabled=jax.process_index() == 0)
         self.policy.offer(self.update, state.params, self.ledger.env_steps, force=True)
-        self.limit(self.per_learn * cfg.replay_batch_size, max(cfg.learning_starts, cfg.replay_batch_size))
+        # (its ingest inserts whole blocks: less than one waits for more)
+        self.limit(self.per_learn * cfg.replay_batch_size, max(cfg.learning_starts, cfg.replay_batch_size),
+                   held_back=BLOCK * par.num_devices)
         self.waiting_for = (f"waiting for data from the collectors (--learning-starts {cfg.learning_starts} "
                             f"transitions, then {self.limiter.target:g} samples per insert)")
 
@@ -327,7 +330,7 @@ class Feed(StoreFeed):
                 episodes = shard.meta
                 w["episodes"] += episodes["episodes"]
                 w["return_sum"] += episodes.get("return_sum", 0.0)
-                w["length_sum"] += episodes["env_steps"]
+                w["length_sum"] += episodes["episode_steps"]  # of the episodes it ends
                 w["lag_sum"] += update - episodes["policy_step"]
                 w["shards"] += 1
         # 2. into the replay, in whole blocks copied to the devices on a thread of their own
@@ -339,7 +342,7 @@ class Feed(StoreFeed):
         self.ingest.landed = []
         self.window["ingest_s"] += time.perf_counter() - start
         # 3. iterations the rate limiter allows
-        return self.allowed(self.samples, self.inserts, self.inserted)
+        return self.allowed(self.samples, self.inserts, self.inserted, self.queued)
 
     def _to_devices(self, block: Transitions) -> Transitions:
         """A block of transitions, [devices x rows, ...] on the host, as arrays split over the
@@ -399,8 +402,9 @@ class Feed(StoreFeed):
 # -- the collector -------------------------------------------------------------------------
 
 def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
-    """A collector's loop: follow the learner's newest params, roll out, append episodes to the
-    store, until the learner is done or a stop signal. Returns the env steps collected."""
+    """A collector's loop: follow the learner's newest params, roll out, append the rollout's
+    segments of episodes to the store, until the learner is done or a stop signal. Returns the
+    env steps collected."""
     run_dir = Path(cfg.run_dir)
     name = collector_name(cfg)
     env, env_params = envs_lib.make(cfg.env, cfg.env_args)
@@ -424,7 +428,7 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
             # as the learner's replay keeps them (bytes for MinAtar: a quarter of the copy to the
             # host, of the shard and of the learner's decoding; dqn.check saw that bytes hold them)
             return next_envs, (envs.obs.astype(obs_dtype), action, out.reward, out.terminated, out.truncated,
-                               out.final_obs.astype(obs_dtype))
+                               out.final_obs.astype(obs_dtype), out.done_return, out.done_length)
 
         return jax.lax.scan(step, envs, jnp.arange(cfg.shard_steps))
 
@@ -435,33 +439,31 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     follower = Follower(run_dir, params_template(cfg))
     if cfg.collect_before_checkpoint == "wait":
         log.print(f"collector {name}: following the learner's params in {run_dir / POLICY} (waiting for the first)")
-    partial: dict[int, tuple] = {}  # per environment, the steps of its unfinished episode
+    open_: dict[int, Open] = {}  # per environment, where the last rollout left its episode
+    lookahead = cfg.n_step - 1  # steps the learner's n-step windows need past a segment's transitions
     total, shard_index, waited_from = 0, 0, time.monotonic()
     window = {"shards": 0, "episodes": 0, "return_sum": 0.0}
     store = Store(run_dir)
     pacer = Pacer(run_dir, store, name, cfg.num_envs * cfg.shard_steps, cfg.learning_starts, log)
     # Shards are encoded by writer processes while this loop rolls out the next ones (TFDS
-    # encodes an episode record in Python: ~0.4 ms each, 2,000-6,000 per 65k-step MinAtar shard).
+    # encodes in Python: 20-40 ms a 4k-transition MinAtar shard).
     writers = Pool(write_job, cfg.store_workers or default_workers())
-    episodes, rolled_with = None, None  # rolled out, not yet handed to a writer; the policy step that acted
 
     def held_back(looked_from: float) -> bool:
         # this collector's shards being written count as unread (counted twice for the moment
         # between a writer's rename and its receipt: a pause too early, never too late)
         return pacer.held_back(looked_from, in_flight=sum(writers.tags))
 
-    def write() -> None:
-        """Hands the episodes rolled out to a writer (waiting for the oldest shard if none is free)."""
-        nonlocal episodes, total
+    def write(segments: Segments, rolled_with: int) -> None:
+        """Hands the segments rolled out to a writer (waiting for the oldest shard if none is free)."""
+        nonlocal total
         if writers.full:
             writers.receive()
-        writers.submit((run_dir, episodes, name, rolled_with, cfg.env, pacer.take_waits()),
-                       tag=int(episodes.length.sum()))
-        total += int(episodes.length.sum())
+        writers.submit((run_dir, segments, name, rolled_with, cfg.env, pacer.take_waits()), tag=segments.transitions)
+        total += segments.transitions
         window["shards"] += 1
-        window["episodes"] += len(episodes.length)
-        window["return_sum"] += float(episodes.reward.sum())
-        episodes = None
+        window["episodes"] += int(segments.ended.sum())
+        window["return_sum"] += float(segments.episode_return.sum())
 
     try:
         while not stop() and not (run_dir / DONE_MARKER).exists():
@@ -474,31 +476,28 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
                               f"learn --run-dir {run_dir}, or collect at random meanwhile with "
                               f"--collect-before-checkpoint random")
                 continue
-            if episodes is None:  # roll out only when it may be written (not with params held back)
-                if held_back(looked_from):
-                    continue
-                if on_devices is None or on_devices_step != policy_step:
-                    on_devices, on_devices_step = par.replicate(params), policy_step
-                key = par.replicate(np.asarray(jax.random.fold_in(base, shard_index + 1)))
-                envs, traj = rollout(envs, on_devices, key, par.replicate(np.float32(eps)))
-                episodes, shard_index, rolled_with = _episodes(par, traj, partial), shard_index + 1, policy_step
-                if episodes is None:
-                    continue
-                looked_from = time.monotonic()
-            if writers.full:
-                writers.receive()  # the oldest shard is in the store
-            # Checked again now that this collector's previous shard is in the store, where the
-            # other collectors see it: so each collector is at most one shard per writer past the bound.
+            # Paused before rolling out, never after: a rolled-out shard is written at once (its
+            # data would age while it waited). Checked once a writer is free, its last shard in the
+            # store where the other collectors see it: so each collector is at most one shard per
+            # writer past the bound. Shards written are received at once: those in the writers
+            # count as on their way (the bound held four writers' 4k shards back for good).
+            while writers.full or writers.oldest_answered:
+                writers.receive()
             if held_back(looked_from):
-                continue  # the episodes wait for their turn
-            write()
+                continue
+            if on_devices is None or on_devices_step != policy_step:
+                on_devices, on_devices_step = par.replicate(params), policy_step
+            key = par.replicate(np.asarray(jax.random.fold_in(base, shard_index + 1)))
+            envs, traj = rollout(envs, on_devices, key, par.replicate(np.float32(eps)))
+            segments, shard_index = _segments(par, traj, open_, lookahead), shard_index + 1
+            if segments is None:
+                continue
+            write(segments, policy_step)
             if window["episodes"] and log.due("shards", COLLECTOR_LOG_S):
                 log.print(f"collector {name}: {window['shards']} shard(s), {window['episodes']} episodes since the "
                           f"last line, mean return {window['return_sum'] / window['episodes']:.1f}, policy step "
                           f"{policy_step}, epsilon {eps:.3f}, {total:,} env steps in all")
                 window = dict.fromkeys(window, 0)
-        if episodes is not None and not (run_dir / DONE_MARKER).exists():
-            write()  # stopped while they waited: one shard past the bound rather than lost
         while writers.in_flight:  # every shard handed to a writer is in the store before we return
             writers.receive()
     finally:
@@ -522,34 +521,56 @@ def _follow(cfg, follower: Follower, params, policy_step, eps):
     return params, policy_step, eps
 
 
-def _episodes(par: Parallel, traj, partial: dict[int, tuple]) -> Episodes | None:
-    """This host's [T, envs] rollout's finished episodes, each environment's end to end (None:
-    none finished); unfinished ones carry over in `partial` (per environment, its steps so far)
-    to the next rollout. A few slices per environment, not per episode: a MinAtar shard of
-    random play holds ~6,000 episodes."""
-    obs, action, reward, terminated, truncated, final_obs = (
+class Open(NamedTuple):
+    """Where a rollout left an environment's episode: its steps not yet given as transitions
+    (the lookahead, which starts the environment's next segment), and whether they start it."""
+    steps: tuple  # (obs [k, ...], action [k], reward [k]), k <= the lookahead; () for none
+    first: bool
+
+
+FRESH = Open((), True)  # an environment whose next step starts an episode
+
+
+def _segments(par: Parallel, traj, open_: dict[int, Open], lookahead: int) -> Segments | None:
+    """This host's [T, envs] rollout as segments of episodes (None: no step is a transition
+    yet): per environment, every episode that ended in it, whole from where the previous
+    rollout left it, then the steps of its unfinished one, whose last `lookahead` steps (the
+    learner's n-step windows need them: --n-step - 1) start its next segment again. Those, or
+    all of an unfinished episode's steps if it has no more, carry over in `open_`. A few slices
+    per environment, not per episode: a MinAtar shard of random play holds ~6,000 episodes."""
+    obs, action, reward, terminated, truncated, final_obs, done_return, done_length = (
         np.concatenate(list(x), axis=1) for x in par.local(traj))  # [T, envs on this host, ...]
     done = terminated | truncated
-    steps, lengths, ends = [], [], []  # per environment: its finished steps, episode lengths, (t, env) of ends
+    T = obs.shape[0]
+    steps, heads = [], []  # per segment: its steps (obs, action, reward); the rest of its fields
+
+    def segment(column, start, stop, first, t, e, ended, ahead=0):
+        """Steps start..stop of `column`, the last one rollout step t."""
+        steps.append(tuple(x[start:stop] for x in column))
+        heads.append((stop - start, first, ended, ended and bool(terminated[t, e]), ahead, final_obs[t, e],
+                      done_return[t, e] if ended else 0.0, done_length[t, e] if ended else 0))
+
     for e in range(obs.shape[1]):
-        ts = np.flatnonzero(done[:, e])
+        was = open_.pop(e, FRESH)
         column = tuple(x[:, e] for x in (obs, action, reward))
-        carried = partial.pop(e, None)
-        if carried is not None:  # the steps of its unfinished episode come first
-            column = tuple(np.concatenate(p) for p in zip(carried, column))
-        before = 0 if carried is None else len(carried[0])
-        cut = before + ts[-1] + 1 if len(ts) else 0  # its finished episodes end here
-        if cut < len(column[0]):
-            partial[e] = tuple(np.array(x[cut:]) for x in column)  # a copy: the rollout is not kept
-        if len(ts):
-            n = np.diff(ts, prepend=-1)
-            n[0] += before
-            steps.append(tuple(x[:cut] for x in column))
-            lengths.append(n)
-            ends.append((ts, np.full(len(ts), e)))
+        if was.steps:  # the steps it left come first
+            column = tuple(np.concatenate(p) for p in zip(was.steps, column))
+        before = len(column[0]) - T
+        start, first = 0, was.first
+        for t in np.flatnonzero(done[:, e]):
+            segment(column, start, before + t + 1, first, t, e, ended=True)
+            start, first = before + t + 1, True
+        rest = len(column[0]) - start  # steps of its unfinished episode
+        if rest > lookahead:
+            segment(column, start, len(column[0]), first, T - 1, e, ended=False, ahead=lookahead)
+            start, first = len(column[0]) - lookahead, False
+        if start < len(column[0]):
+            open_[e] = Open(tuple(np.array(x[start:]) for x in column), first)  # copies: the rollout is not kept
+        elif not first:
+            open_[e] = Open((), False)
     if not steps:
         return None
-    t, e = (np.concatenate(x) for x in zip(*ends))
     obs, action, reward = (np.concatenate(x) for x in zip(*steps))
-    return Episodes(obs, action.astype(np.int32), reward.astype(np.float32), np.concatenate(lengths),
-                    terminated[t, e], final_obs[t, e])
+    length, first, ended, terminal, ahead, final, ret, ep_length = (np.array(x) for x in zip(*heads))
+    return Segments(obs, action.astype(np.int32), reward.astype(np.float32), length, first, ended, terminal, ahead,
+                    final, ret.astype(np.float32), ep_length)

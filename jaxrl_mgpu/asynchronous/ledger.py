@@ -26,7 +26,7 @@ DONE_MARKER = "learner_done"  # written by the learner at the end: collectors th
 COLLECTOR_LOG_S = 30.0        # a collector's progress line, at most this often
 PAUSE_LOG_S = 60.0            # a collector paused for the learner says so this often
 PAUSED_BECAUSE = {rate.START: "no learner yet; the store holds what it will start with",
-                  rate.READING: "it has not read the shards written so far",
+                  rate.READING: "it has not taken in the data on its way (--max-data-lag)",
                   rate.SAMPLES: "behind its samples per insert"}
 
 
@@ -149,10 +149,11 @@ class StoreFeed:
         self.per_collector_window: dict[str, int] = {}
         self.steps_logged, self.logged_at = self.ledger.env_steps, time.perf_counter()
 
-    def limit(self, samples_per_iteration: int, min_inserts: int) -> None:
+    def limit(self, samples_per_iteration: int, min_inserts: int, held_back: int = 0) -> None:
         """Starts the rate limiter: each iteration samples `samples_per_iteration`, none runs
-        before the learner's memory holds `min_inserts` transitions."""
-        self.limiter = rate.Limiter(self.cfg, samples_per_iteration, min_inserts)
+        before the learner's memory holds `min_inserts` transitions; the feed's ingest may hold
+        back up to `held_back` transitions until more arrive."""
+        self.limiter = rate.Limiter(self.cfg, samples_per_iteration, min_inserts, held_back)
         self.progress = rate.Progress(self.cfg.run_dir, self.limiter)
 
     def read(self, shard):
@@ -175,12 +176,14 @@ class StoreFeed:
                 self.per_collector_window[who] = self.per_collector_window.get(who, 0) + shard.meta["env_steps"]
             yield shard, new, data
 
-    def allowed(self, samples: int, inserts: int, in_memory: int) -> int:
+    def allowed(self, samples: int, inserts: int, in_memory: int, queued: int) -> int:
         """Iterations the rate limiter allows now; publishes the counts collectors pace
-        themselves by, and times the learner's waits."""
+        themselves by (`queued`: transitions received, not yet in the learner's memory), and
+        times the learner's waits."""
         allowed = self.limiter.iterations(samples, inserts, in_memory)
         self.progress.publish(samples=samples, inserted=inserts, received=self.ledger.env_steps,
-                              last_read=self.reader.newest_taken, largest_shard=self.largest_shard)
+                              last_read=self.reader.newest_taken, pipeline=self.reader.pipeline_steps + queued,
+                              max_in_flight=self.limiter.in_flight_bound(self.largest_shard))
         now = time.perf_counter()
         if allowed == 0 and self.waiting_since is None:
             self.waiting_since = now
@@ -199,8 +202,9 @@ class StoreFeed:
                "async/samples_per_insert": self.limiter.achieved(samples, inserts),
                "async/samples_per_insert_target": self.limiter.target,
                "async/inserted": inserts, "async/queued_transitions": queued,
-               # written to the store, not yet taken up by the reader (collectors pause past a
-               # slack), as the reader last listed it (a listing here took 5% of the learner's thread)
+               # written to the store, not yet taken up by the reader (on its way, for the
+               # collectors' bound), as the reader last listed it (a listing here took 5% of the
+               # learner's thread)
                "async/unread_transitions": self.reader.untaken_steps,
                "async/learner_wait_s": w["learner_wait_s"], "async/collector_wait_s": w["collector_wait_s"],
                # why collectors waited: no learner yet, shards it has not read, or its samples
@@ -264,9 +268,9 @@ class Pacer:
 
     def held_back(self, since: float, in_flight: int = 0) -> bool:
         """Whether to wait before the next shard (of about `shard_steps` transitions). If so,
-        waits a moment and counts the time from `since` (when the collector began this pass: a
-        pass that ends paused counts whole) as waiting for its reason. `in_flight`: this
-        collector's shards still being written, which the learner has not read either."""
+        waits a moment (rate.PAUSE_S) and counts the time from `since` (when the collector began
+        this pass: a pass that ends paused counts whole) as waiting for its reason. `in_flight`:
+        this collector's shards still being written, which the learner has not read either."""
         progress = rate.read_progress(self.run_dir)
         unread = self.store.unread_steps(progress and progress.get("last_read")) + in_flight
         why = rate.hold_back(progress, unread, self.shard_steps, self.learning_starts)
@@ -277,7 +281,7 @@ class Pacer:
         if self.log.due("paused", PAUSE_LOG_S):
             self.log.print(f"collector {self.name}: paused {time.monotonic() - self.paused_from:.0f}s for the learner "
                            f"({PAUSED_BECAUSE[why]}); {unread:,} transitions unread in the store")
-        time.sleep(rate.PUBLISH_S)
+        time.sleep(rate.PAUSE_S)
         self.waited[why] += time.monotonic() - since
         return True
 

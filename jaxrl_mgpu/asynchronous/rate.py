@@ -7,11 +7,19 @@ on both sides.
 - The learner owes `samples_per_insert * (inserted - min_inserts) - samples`. It may start an
   iteration while it owes more than `-buffer` (so a learner can always start one at the edge):
   it waits for data when it is ahead.
-- Collectors are back-pressured when the learner is behind: while what it has received would
-  make it owe more than `buffer` plus a slack of a few shards' samples, or while it has more
-  than that slack of written shards unread, collectors pause before their next shard. The
-  learner publishes its counts in `<run-dir>/learner_progress.json` (atomically) for them; so
-  the store never grows without bound and the learner never starves for long.
+- Collectors are back-pressured when the learner is behind: while what it has inserted makes
+  it owe more than `buffer`, or while more data is on its way to the learner's memory
+  than `--max-data-lag` learner iterations' worth (written to the store and not yet read, being
+  read, or queued for the replay: the in-flight data), collectors pause before their next
+  shard. The learner publishes its counts in `<run-dir>/learner_progress.json` (atomically,
+  every PUBLISH_S) for them, and a paused collector looks again every PAUSE_S; so the store
+  never grows without bound, the learner never starves for long, and the data it inserts was
+  acted with params about `--max-data-lag` of its iterations old, not much more. DQN learns
+  much worse from stale acting params (experiments/RESULTS.md, issue 31: `--mode both` acting
+  with params refreshed every 16 updates lost a tenth of its return, every 32 half). With a
+  slack of four 8k-transition shards unread, collectors looking every 0.2 s and a
+  32k-transition ingest queue, the learner inserted data 35-45 iterations old; with this bound
+  (8) on 2 H200s, 11-13.
 - The buffer is Acme's: `tolerance * samples_per_insert * min_inserts` samples
   (`--samples-per-insert-tolerance` x the samples `--learning-starts` transitions pay for), a
   fixed band. (A band relative to the whole run's counts, as before, let the learner run at the
@@ -36,8 +44,11 @@ import time
 from pathlib import Path
 
 PROGRESS = "learner_progress.json"
-PUBLISH_S = 0.2        # the learner writes its progress at most this often
-SLACK_SHARDS = 4       # shards' worth of transitions collectors may run ahead of the learner
+PUBLISH_S = 0.02       # the learner writes its progress at most this often (a small JSON file)
+PAUSE_S = 0.01         # a paused collector looks at it again this often: collectors that woke up
+                       # 0.2 s late let a shallow pipeline run dry (a learner at ~50 iterations/s)
+START_SHARDS = 4       # before any learner, collectors fill the store to --learning-starts and this many shards
+MIN_IN_FLIGHT_SHARDS = 2  # in-flight data allowed at least: so that one shard is read while the next is written
 AD_SAMPLES_PER_INSERT = 100.0  # AD's default target (the module docstring)
 
 
@@ -64,11 +75,19 @@ class Limiter:
     """The learner's side: `samples_per_iteration` samples each iteration (a compiled update),
     none before the learner's memory holds `min_inserts` transitions."""
 
-    def __init__(self, cfg, samples_per_iteration: int, min_inserts: int):
+    def __init__(self, cfg, samples_per_iteration: int, min_inserts: int, min_in_flight: int = 0):
         self.target = samples_per_insert(cfg)
         self.min_inserts = min_inserts
         self.per_iteration = samples_per_iteration
         self.buffer = error_buffer(self.target, cfg.samples_per_insert_tolerance, min_inserts)
+        # transitions on their way to the learner's memory that collectors keep below: at least
+        # MIN_IN_FLIGHT_SHARDS of the largest shard so far, plus `min_in_flight` (what the
+        # learner's ingest may hold back, e.g. a partial block), or collectors could wait forever
+        self.max_in_flight = cfg.max_data_lag * samples_per_iteration / self.target
+        self.min_in_flight = min_in_flight
+
+    def in_flight_bound(self, largest_shard: int) -> int:
+        return int(max(self.max_in_flight, MIN_IN_FLIGHT_SHARDS * largest_shard + self.min_in_flight))
 
     def iterations(self, samples: int, inserted: int, in_replay: int) -> int:
         """How many learner iterations may run now (0: wait for data): `samples` and
@@ -88,7 +107,7 @@ class Limiter:
 
 # Why a collector waits before its next shard (each logged apart, `async/collector_wait_s/<why>`):
 START = "start"      # no learner has published progress, and the store holds what it will start with
-READING = "reading"  # the learner has not yet read the slack of shards written to the store
+READING = "reading"  # the learner has not yet taken in the data on its way (--max-data-lag)
 SAMPLES = "samples"  # the learner has received more than its samples pay for (it is behind)
 HOLD_REASONS = (START, READING, SAMPLES)
 
@@ -98,20 +117,23 @@ def no_waits() -> dict[str, float]:
     return dict.fromkeys(HOLD_REASONS, 0.0)
 
 
-def hold_back(progress: dict | None, unread_steps: int, shard_steps: int, learning_starts: int) -> str | None:
-    """Why a collector should wait before writing its next shard (of about `shard_steps`
-    transitions), one of HOLD_REASONS, or None to write it; from the learner's last progress and
-    the transitions written to the store it has not read yet. Before a learner has published any
-    progress, collectors fill the store up to what it will need to start learning
-    (`learning_starts` transitions) plus the slack, and wait there."""
+def hold_back(progress: dict | None, in_flight: int, shard_steps: int, learning_starts: int) -> str | None:
+    """Why a collector should wait before rolling out its next shard (of about `shard_steps`
+    transitions), one of HOLD_REASONS, or None to go on; from the learner's last progress and
+    the data on its way to it: `in_flight`, the transitions written to the store that the
+    learner has not taken up (and the collector's own shards being written), plus what the
+    learner has taken up and not yet inserted (its progress's `pipeline`). Before a learner has
+    published any progress, collectors fill the store up to what it will need to start learning
+    (`learning_starts` transitions) plus a few shards, and wait there."""
     if progress is None:
-        return START if unread_steps > learning_starts + SLACK_SHARDS * shard_steps else None
-    slack = SLACK_SHARDS * max(shard_steps, progress.get("largest_shard", 0))
-    if unread_steps > slack:
-        return READING  # the learner is not even reading as fast as collectors write
+        return START if in_flight > learning_starts + START_SHARDS * shard_steps else None
+    if in_flight + progress["pipeline"] > progress["max_in_flight"]:
+        return READING  # the learner has not yet taken in the data on its way (--max-data-lag)
     target = progress["samples_per_insert"]
-    behind = owed(target, progress["learning_starts"], progress["samples"], progress["received"])
-    return SAMPLES if behind > progress["error_buffer"] + target * slack else None
+    # (what it has inserted, as its own limiter counts: what waits before its memory, a partial
+    # block of its ingest included, is bounded above and must not hold collectors back too)
+    behind = owed(target, progress["learning_starts"], progress["samples"], progress["inserted"])
+    return SAMPLES if behind > progress["error_buffer"] else None
 
 
 class Progress:

@@ -11,6 +11,8 @@ from typing import Any, Callable
 from jaxrl_mgpu.asynchronous.store import Shard, Store
 from jaxrl_mgpu.asynchronous.workers import Pool
 
+IDLE_S = 0.01  # with nothing new listed, the reader lists the store again this often
+
 
 class ShardReader:
     """Reads the store's shards in a background thread, oldest first, so the learner keeps
@@ -23,10 +25,9 @@ class ShardReader:
 
     With `decode` (a picklable function of a shard, used in place of `read`), shards are decoded
     by `workers` processes (workers.Pool), several at once, and delivered oldest first: TFDS
-    parses an episode record in Python (~0.4 ms each, 2,000-6,000 episodes in a 65k-step MinAtar
-    shard), which on a thread holds the GIL the learner's thread needs to dispatch its compiled
-    steps, and which one process does at only ~30-90k transitions/s. The thread then only waits
-    for the processes and unpickles the arrays."""
+    parses records in Python, which on a thread holds the GIL the learner's thread needs to
+    dispatch its compiled steps. The thread then only waits for the processes and unpickles the
+    arrays."""
 
     def __init__(self, store: Store, consumed: set, refill: bool, read: Callable[[Shard], Any],
                  decode: Callable[[Shard], Any] | None = None, workers: int = 1, max_ready: int = 4):
@@ -38,6 +39,10 @@ class ShardReader:
         # more than the collectors' slack, so they paused while the learner waited for data.)
         self.newest_taken: str | None = None
         self.untaken_steps = 0  # transitions in the shards listed at the last pass, not taken up yet
+        # Transitions taken up and not yet handed to the learner (`pipeline_steps`), as counts
+        # that each have one writer: taken (this thread), delivered (the learner's), skipped
+        # (this thread: evicted while being read).
+        self._taken_steps = self._delivered_steps = self._skipped_steps = 0
         self._consumed_at_start = set(consumed)
         self._ready: queue.Queue = queue.Queue(max_ready)
         self._stop, self._error = threading.Event(), None
@@ -63,6 +68,7 @@ class ShardReader:
                     self.untaken_steps -= shard.meta.get("env_steps", 0)
                     if not shard.path.exists():  # evicted by the learner since the listing
                         continue
+                    self._taken_steps += shard.meta.get("env_steps", 0)
                     if self._decoders is not None:
                         self._decoders.submit(shard, tag=shard)
                         continue
@@ -72,7 +78,7 @@ class ShardReader:
                     shard = self._decoders.oldest
                     self._taken(shard, lambda: self._decoders.receive()[1], lambda: self._decoders.seconds)
                 elif not listed:
-                    time.sleep(0.05)
+                    time.sleep(IDLE_S)
         except BaseException as e:  # handed to the learner's thread by ready()
             self._error = e
 
@@ -84,6 +90,7 @@ class ShardReader:
         except Exception:
             if shard.path.exists():
                 raise
+            self._skipped_steps += shard.meta.get("env_steps", 0)
             return  # evicted while being read
         with self._timing_lock:
             self._timing[0] += seconds()
@@ -104,11 +111,17 @@ class ShardReader:
                 item = self._ready.get_nowait()
             except queue.Empty:
                 break
+            self._delivered_steps += item[0].meta.get("env_steps", 0)
             if item[2] is not None:
                 out.append(item)
         if self._error is not None and not out:
             raise self._error
         return out
+
+    @property
+    def pipeline_steps(self) -> int:
+        """Transitions in the shards taken up to be read and not yet handed to the learner."""
+        return max(self._taken_steps - self._delivered_steps - self._skipped_steps, 0)
 
     def decode_seconds(self) -> float | None:
         """Mean seconds per shard read (by one decoder) since the last call (None: none read)."""

@@ -1,12 +1,21 @@
 """The trajectory store of an asynchronous run: `<run-dir>/store/`, shared by any number of
 collector processes (writers) and the learner (the only reader and the only one to delete).
 
-Each shard is a TFDS array_record dataset of RLDS episodes (the layout of `data.rlds`: `steps`
-with observation, action, reward, discount, is_first, is_last, is_terminal), of one of two kinds:
-- `write` (DQN collectors): episodes of the collector's policy (observations in the dtype the
-  learner's replay keeps them: bytes for MinAtar), plus each episode's
-  `final_observation` (the observation after its last step, before any reset, which a learner
-  needs to bootstrap truncated episodes); the metadata records the `policy_step` that acted.
+Each shard is a TFDS array_record dataset in the RLDS layout (that of `data.rlds`: `steps` with
+observation, action, reward, discount, is_first, is_last, is_terminal), of one of two kinds:
+- `write` (DQN collectors): segments of episodes acted by the collector's policy (observations
+  in the dtype the learner's replay keeps them: bytes for MinAtar): whole episodes, or the
+  steps of one environment's episode that a rollout got to. One record holds a shard's
+  segments laid end to end: `steps` with the RLDS flags where episodes start and end
+  (is_first, is_last, is_terminal), and `segments`, one item per segment: its `length`, its
+  `final_observation` (the observation after its last step, before any reset, which the
+  learner bootstraps from) and its `lookahead` (the trailing steps that only complete the
+  n-step windows of the steps before them, and start the environment's next segment again).
+  One record per segment cost the collectors' writers and the learner's decoders ~0.2 ms each,
+  ~300 a 4k-transition shard: 3x the decoding, and more latency than the learner could take.
+  The metadata records the `policy_step` that acted, the transitions the shard gives
+  (`env_steps`) and the episodes it ends (`episodes`, `return_sum`, `episode_steps`: whole
+  episodes' returns and lengths).
 - `write_histories` (AD history collectors): whole learning histories of a source learner, in
   exactly the layout `rlds.write` gives a `histories` dataset (so `rlds.read` reads a shard),
   with the source algorithm, its config and the goals' seed and split in the metadata.
@@ -46,27 +55,43 @@ class Transitions(NamedTuple):
     next_obs: np.ndarray   # [N, *obs_shape] observation after the step, before any reset
 
 
-class Episodes(NamedTuple):
-    """Whole episodes laid end to end: one array per field, not one per episode, so that a
-    collector cuts them from a rollout with a few slices per environment and sends them to a
-    writer process in one piece."""
+class Segments(NamedTuple):
+    """Segments of episodes laid end to end: one array per field, not one per segment, so that
+    a collector cuts them from a rollout with a few slices per environment and sends them to a
+    writer process in one piece. A segment is a whole episode or a piece of one: collectors
+    write every environment's steps as soon as a rollout ends, since an episode written only
+    once it ended reached the learner a whole episode late (its first steps acted by a policy
+    that much older, and longer episodes, the better the policy, later still)."""
     observation: np.ndarray        # [N, *obs_shape]
     action: np.ndarray             # [N]
     reward: np.ndarray             # [N] float32
-    length: np.ndarray             # [E] steps of each episode, in order (they add up to N)
-    terminated: np.ndarray         # [E] bool: the episode ended for real, not by a time limit
-    final_observation: np.ndarray  # [E, *obs_shape] the observation after its last step, before any reset
+    length: np.ndarray             # [S] steps of each segment, in order (they add up to N)
+    first: np.ndarray              # [S] bool: it starts its episode
+    ended: np.ndarray              # [S] bool: it ends its episode
+    terminated: np.ndarray         # [S] bool: ... for real, not by a time limit
+    lookahead: np.ndarray          # [S] trailing steps that are not its transitions (0 where it ended)
+    final_observation: np.ndarray  # [S, *obs_shape] the observation after its last step, before any reset
+    episode_return: np.ndarray     # [S] float32 where it ended: its whole episode's return (else 0)
+    episode_length: np.ndarray     # [S] where it ended: its whole episode's length (else 0)
+
+    @property
+    def transitions(self) -> int:
+        """The transitions the segments give a learner (their steps but the lookahead ones)."""
+        return int(self.length.sum() - self.lookahead.sum())
 
     @classmethod
-    def join(cls, episodes: list[dict]) -> "Episodes":
-        """From episodes as dicts of `observation` [n, ...], `action` [n], `reward` [n],
+    def whole(cls, episodes: list[dict]) -> "Segments":
+        """Whole episodes, from dicts of `observation` [n, ...], `action` [n], `reward` [n],
         `terminated` and `final_observation` [...]."""
         if not episodes:
-            raise DatasetError("a shard needs at least one episode")
+            raise DatasetError("a shard needs at least one segment")
         cat = lambda k: np.concatenate([np.asarray(e[k]) for e in episodes])  # noqa: E731
-        return cls(cat("observation"), cat("action").astype(np.int32), cat("reward").astype(np.float32),
-                   np.array([len(e["reward"]) for e in episodes]), np.array([bool(e["terminated"]) for e in episodes]),
-                   np.stack([np.asarray(e["final_observation"]) for e in episodes]))
+        length = np.array([len(e["reward"]) for e in episodes])
+        ones = np.ones(len(episodes), bool)
+        return cls(cat("observation"), cat("action").astype(np.int32), cat("reward").astype(np.float32), length,
+                   ones, ones, np.array([bool(e["terminated"]) for e in episodes]), np.zeros(len(episodes), np.int64),
+                   np.stack([np.asarray(e["final_observation"]) for e in episodes]),
+                   np.array([np.sum(e["reward"], dtype=np.float32) for e in episodes], np.float32), length)
 
 
 class Shard(NamedTuple):
@@ -81,11 +106,16 @@ def waited_meta(waited: dict[str, float]) -> dict:
 
 
 def _features(obs: np.ndarray, action: np.ndarray) -> tfds.features.FeaturesDict:
-    return tfds.features.FeaturesDict({
-        "steps": rlds.steps_feature(obs, action),
-        "final_observation": rlds.bytes_tensor(obs),
-        "episode_index": np.int32,
-    })
+    segments = tfds.features.Dataset({"length": np.int32, "lookahead": np.int32,
+                                      "final_observation": rlds.bytes_tensor(obs)})
+
+    def encode_segments(items: dict) -> dict:  # whole arrays at once, as rlds.steps_feature
+        final = np.asarray(items["final_observation"], obs.dtype)
+        return {"length": np.asarray(items["length"], np.int32), "lookahead": np.asarray(items["lookahead"], np.int32),
+                "final_observation": np.array([row.tobytes() for row in final], dtype=object)}
+
+    segments.encode_example = encode_segments  # this instance only; the spec stays TFDS's
+    return tfds.features.FeaturesDict({"steps": rlds.steps_feature(obs, action), "segments": segments})
 
 
 class Store:
@@ -93,28 +123,33 @@ class Store:
         self.root = Path(run_dir).absolute() / "store"
         self._meta: dict[str, dict] = {}  # shard name -> metadata, read once per shard
 
-    def write(self, episodes: Episodes, collector: str, policy_step: int, env: str,
+    def write(self, segments: Segments, collector: str, policy_step: int, env: str,
               waited: dict[str, float] | None = None) -> Path:
-        """Writes complete episodes as one new shard, one RLDS episode record each."""
-        if len(episodes.length) == 0:
-            raise DatasetError("a shard needs at least one episode")
+        """Writes segments of episodes as one new shard (one record: the module docstring)."""
+        if len(segments.length) == 0:
+            raise DatasetError("a shard needs at least one segment")
         self.root.mkdir(parents=True, exist_ok=True)
-        meta = {"env": env, "collector": collector, "policy_step": int(policy_step), "episodes": len(episodes.length),
-                "env_steps": int(episodes.length.sum()), "return_sum": float(np.sum(episodes.reward, dtype=np.float64)),
-                "created": time.time(), **waited_meta(waited or {})}
-        features = _features(episodes.final_observation[0], episodes.action[0])
-        starts = np.concatenate([[0], np.cumsum(episodes.length)])
+        ended = segments.ended.astype(bool)
+        meta = {"env": env, "collector": collector, "policy_step": int(policy_step), "episodes": int(ended.sum()),
+                "env_steps": segments.transitions,
+                "return_sum": float(np.sum(segments.episode_return[ended], dtype=np.float64)),
+                "episode_steps": int(segments.episode_length[ended].sum()), "created": time.time(),
+                **waited_meta(waited or {})}
+        features = _features(segments.final_observation[0], segments.action[0])
+        # each step's segment, and its place in it
+        segment = np.repeat(np.arange(len(segments.length)), segments.length)
+        place = np.arange(len(segment)) - np.concatenate([[0], np.cumsum(segments.length)[:-1]])[segment]
+        last = ended[segment] & (place == segments.length[segment] - 1)  # the last step of an episode
+        terminal = last & segments.terminated.astype(bool)[segment]
+        record = {"steps": {"observation": segments.observation, "action": segments.action,
+                            "reward": segments.reward, "discount": (~terminal).astype(np.float32),
+                            "is_first": (place == 0) & segments.first.astype(bool)[segment],
+                            "is_last": last, "is_terminal": terminal},
+                  "segments": {"length": segments.length, "lookahead": segments.lookahead,
+                               "final_observation": segments.final_observation}}
 
         def examples():
-            for i, (start, stop) in enumerate(zip(starts[:-1], starts[1:])):
-                n = stop - start
-                last = np.arange(n) == n - 1
-                terminal = last & bool(episodes.terminated[i])
-                yield i, {"steps": {"observation": episodes.observation[start:stop],
-                                    "action": episodes.action[start:stop], "reward": episodes.reward[start:stop],
-                                    "discount": (~terminal).astype(np.float32), "is_first": np.arange(n) == 0,
-                                    "is_last": last, "is_terminal": terminal},
-                          "final_observation": episodes.final_observation[i], "episode_index": i}
+            yield 0, record
 
         return rlds.build(self._new_path(collector), features, meta, examples)
 
@@ -150,11 +185,11 @@ class Store:
         return sum(s.meta["env_steps"] for s in self.shards() if after is None or s.path.name > after)
 
     def episodes(self) -> int:
-        """Episodes in the store now."""
+        """Episodes ended in the store's shards now."""
         return sum(s.meta["episodes"] for s in self.shards())
 
     def read(self, shard: Shard) -> Transitions:
-        """The shard's episodes as one-step transitions (checksums verified first)."""
+        """The shard's one-step transitions (checksums verified first)."""
         return read_transitions(shard)
 
     def clean_staging(self, older_than_s: float = 600.0) -> None:
@@ -187,39 +222,48 @@ class Store:
 
 
 def write_job(job: tuple) -> str:
-    """`Store(run_dir).write(episodes, collector, policy_step, env, waited)` for the `job` tuple
-    (run_dir, episodes, ...): what a collector's writer processes run (workers.Pool)."""
+    """`Store(run_dir).write(segments, collector, policy_step, env, waited)` for the `job` tuple
+    (run_dir, segments, ...): what a collector's writer processes run (workers.Pool)."""
     run_dir, *args = job
     return str(Store(run_dir).write(*args))
 
 
 def read_transitions(shard: Shard, n_step: int = 1, gamma: float = 1.0) -> Transitions:
-    """A shard's episodes as `n_step` transitions (checksums verified first), as --mode both's
-    replay samples them (dqn.n_step_return): from each step t, the steps t..t+k of its episode,
-    k = n_step - 1 or fewer where the episode ends first; reward = sum of gamma^i r_{t+i};
-    discount = gamma^(k+1), 0 where step t+k terminated the episode; next_obs = the observation
-    after step t+k (the final one where the episode ended there, a time limit included). With
-    the defaults, one-step transitions with discount 0 where the episode terminated, else 1.
-    A function of the shard, so that a decoder process can run it (workers.py)."""
+    """A shard's segments as `n_step` transitions (checksums verified first), as --mode both's
+    replay samples them (dqn.n_step_return): from each step t but a segment's lookahead steps,
+    the steps t..t+k of its segment, k = n_step - 1 or fewer where the segment ends first;
+    reward = sum of gamma^i r_{t+i}; discount = gamma^(k+1), 0 where step t+k terminated the
+    episode; next_obs = the observation after step t+k (the segment's final one after its last
+    step). A collector with the learner's --n-step leaves n_step - 1 lookahead steps on a
+    segment that does not end its episode, so only an episode's end cuts a window, as in --mode
+    both; a learner with a larger --n-step than its collectors gets shorter windows there, which
+    still bootstrap correctly. With the defaults, one-step transitions with discount 0 where the
+    episode terminated, else 1. A function of the shard, so that a decoder process can run it
+    (workers.py)."""
     rlds.verify(shard.path)
     builder = tfds.builder_from_directory(shard.path)
     try:
         source = builder.as_data_source(rlds.SPLIT, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
         parser = rlds.episode_parser(builder)
-        episodes = [parser(r) for r in source.__getitems__(range(len(source)))]
+        records = [parser(r) for r in source.__getitems__(range(len(source)))]
     except Exception as e:  # array_record raises RuntimeError on a damaged file
         raise DatasetError(f"cannot read shard {shard.path}: {type(e).__name__}: {e}".splitlines()[0]) from e
-    steps = {k: np.concatenate([e["steps"][k] for e in episodes]) for k in ("observation", "action", "reward",
-                                                                              "is_terminal")}
-    # The observation after each step: the next step's, or the episode's final one. Written
-    # into one array with a mask, not concatenated per episode.
+    if not records or any("segments" not in r for r in records):
+        raise DatasetError(f"shard {shard.path} is not a shard of episode segments (written by another version?)")
+    steps = {k: np.concatenate([r["steps"][k] for r in records]) for k in ("observation", "action", "reward",
+                                                                             "is_terminal")}
+    lengths, lookahead = (np.concatenate([r["segments"][k] for r in records]).astype(np.int64)
+                          for k in ("length", "lookahead"))
+    if lengths.sum() != len(steps["reward"]) or np.any(lengths < 1) or np.any(lookahead >= lengths):
+        raise DatasetError(f"shard {shard.path}: its segments' lengths do not add up to its steps")
+    # The observation after each step: the next step's, or the segment's final one. Written
+    # into one array with a mask, not concatenated per segment.
     next_obs = np.empty_like(steps["observation"])
     next_obs[:-1] = steps["observation"][1:]
-    lengths = np.array([len(e["steps"]["reward"]) for e in episodes])
     ends = np.cumsum(lengths) - 1
-    next_obs[ends] = np.stack([e["final_observation"] for e in episodes])
+    next_obs[ends] = np.concatenate([r["segments"]["final_observation"] for r in records])
     # n-step windows on whole arrays: each step's last usable step is n_step - 1 ahead or its
-    # episode's last step, whichever comes first.
+    # segment's last step, whichever comes first.
     reward = steps["reward"].astype(np.float32)
     step = np.arange(len(reward))
     last = np.minimum(step + n_step - 1, np.repeat(ends, lengths))
@@ -229,4 +273,7 @@ def read_transitions(shard: Shard, n_step: int = 1, gamma: float = 1.0) -> Trans
             np.float32)
     used = last - step + 1
     discount = (np.float32(gamma) ** used * ~steps["is_terminal"][last]).astype(np.float32)
-    return Transitions(steps["observation"], steps["action"], total, discount, next_obs[last])
+    # A segment's transitions: its steps but the lookahead
+    keep = step <= np.repeat(ends - lookahead, lengths)
+    return Transitions(steps["observation"][keep], steps["action"][keep], total[keep], discount[keep],
+                       next_obs[last][keep])

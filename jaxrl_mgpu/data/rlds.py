@@ -333,14 +333,17 @@ def episode_parser(builder) -> Callable[[bytes], dict]:
     features = builder.info.features
     parser = example_parser.ExampleParserNp(features.get_serialized_info())
     raw = lambda f: (np.dtype(f.np_dtype), tuple(f.shape))  # noqa: E731
-    step_bytes = {k: raw(f) for k, f in features["steps"].feature.items() if _is_bytes(f)}
-    top_bytes = {k: raw(f) for k, f in features.items() if k != "steps" and _is_bytes(f)}
+    # per sequence feature (`steps`, and any other tfds.features.Dataset), its BYTES fields
+    sequence_bytes = {name: {k: raw(f) for k, f in feature.feature.items() if _is_bytes(f)}
+                      for name, feature in features.items() if isinstance(feature, tfds.features.Dataset)}
+    top_bytes = {k: raw(f) for k, f in features.items() if k not in sequence_bytes and _is_bytes(f)}
 
     def parse(record: bytes) -> dict:
         e = parser.parse_example(record)
-        for k, (dtype, shape) in step_bytes.items():
-            rows = e["steps"][k]
-            e["steps"][k] = np.frombuffer(b"".join(rows), dtype).reshape((len(rows),) + shape)
+        for name, fields in sequence_bytes.items():
+            for k, (dtype, shape) in fields.items():
+                rows = e[name][k]
+                e[name][k] = np.frombuffer(b"".join(rows), dtype).reshape((len(rows),) + shape)
         for k, (dtype, shape) in top_bytes.items():
             e[k] = np.frombuffer(e[k], dtype).reshape(shape)
         return e
