@@ -80,12 +80,14 @@ collector_wait = sum(r.get("async/collector_wait_s") or 0 for r in steady[1:])
 why = {w: sum(r.get(f"async/collector_wait_s/{w}") or 0 for r in steady[1:]) for w in ("start", "reading", "samples")}
 ingest = sum(r.get("async/ingest_fraction") or 0 for r in steady[1:]) / (len(steady) - 1)
 decode = [r["async/decode_s_per_shard"] for r in steady[1:] if r.get("async/decode_s_per_shard")]
+mean = lambda k: (lambda v: sum(v) / len(v) if v else float("nan"))([r[k] for r in steady if r.get(k) is not None])
 print(f"{sys.argv[2]}: {rate('grad_steps'):.0f} grad steps/s, {rate('async/env_steps_received'):.0f} env steps/s received "
       f"over {span:.1f} s; samples/insert {last['async/samples_per_insert']:.2f} (target "
       f"{last['async/samples_per_insert_target']:g}); the learner waited {waited / span:.0%} of the time, "
       f"collectors {collector_wait:.1f} s ({', '.join(f'{w} {t:.1f}' for w, t in why.items())}); ingest fraction {ingest:.3f}; "
       f"decode {sum(decode) / max(len(decode), 1):.2f} s per shard; queued {last['async/queued_transitions']}, unread {last.get('async/unread_transitions')}, "
-      f"return {last.get('episode_return')}")
+      f"return {last.get('episode_return')}; policy lag {mean('async/policy_lag'):.1f} on arrival, "
+      f"{mean('async/policy_lag_inserted'):.1f} inserted (iterations)")
 PY
 }
 
