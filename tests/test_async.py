@@ -460,6 +460,15 @@ def test_eviction_deletes_only_consumed_shards_oldest_first(tmp_path, monkeypatc
     publisher.cfg = dataclasses.replace(cfg, store_max_episodes=1)
     assert publisher.publish_and_evict(2, None, ledger) == set()
     assert [s.path.name for s in store.shards()] == names[2:]
+    # A shard of an unfinished episode's segment ends none, and counts one all the same: with
+    # episodes that rarely end, the store stays bounded.
+    piece = Segments(np.zeros((4, 2), np.float32), np.zeros(4, np.int32), np.zeros(4, np.float32), np.array([4]),
+                     np.array([True]), np.array([False]), np.array([False]), np.array([2]),
+                     np.zeros((1, 2), np.float32), np.zeros(1, np.float32), np.zeros(1, np.int64))
+    pieces = [store.write(piece, "c1", 0, "CartPole-v1") for _ in range(3)]
+    shards = [s for s in store.shards() if s.path in pieces]
+    assert [s.meta["episodes"] for s in shards] == [0, 0, 0] and shards[0].meta["env_steps"] == 2
+    assert [s.path for s in store.evict(shards, max_episodes=1)] == pieces[2:]
 
 
 def test_shards_decoded_by_worker_processes_equal_the_thread_read_in_order_and_errors_come_back(tmp_path):

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from jaxrl_mgpu.asynchronous import rate
 from jaxrl_mgpu.asynchronous.reader import ShardReader
-from jaxrl_mgpu.asynchronous.store import Store
+from jaxrl_mgpu.asynchronous.store import Store, episodes_held
 from jaxrl_mgpu.asynchronous.workers import default_workers
 
 DONE_MARKER = "learner_done"  # written by the learner at the end: collectors then stop
@@ -105,7 +105,7 @@ class Publisher:
         self.publish(iteration, state, ledger)
         shards = self.store.shards()
         consumed = [s for s in shards if s.path.name in ledger.consumed]
-        unread = sum(s.meta["episodes"] for s in shards if s.path.name not in ledger.consumed)
+        unread = sum(episodes_held(s) for s in shards if s.path.name not in ledger.consumed)
         kept = self.store.evict(consumed, max(self.cfg.store_max_episodes - unread, 0))
         self.store.clean_staging()
         return {s.path.name for s in consumed} - {s.path.name for s in kept}

@@ -207,18 +207,25 @@ class Store:
                 shutil.rmtree(p, ignore_errors=True)
 
     def evict(self, shards: list[Shard], max_episodes: int) -> list[Shard]:
-        """Deletes the oldest of `shards` until at most `max_episodes` episodes remain; returns
-        the survivors. Only the learner calls this. A shard is renamed to a hidden name first,
-        so a listing never shows a half-deleted shard."""
-        total = sum(s.meta["episodes"] for s in shards)
+        """Deletes the oldest of `shards` until at most `max_episodes` episodes remain (each
+        shard counting `episodes_held`); returns the survivors. Only the learner calls this. A
+        shard is renamed to a hidden name first, so a listing never shows a half-deleted shard."""
+        total = sum(episodes_held(s) for s in shards)
         kept = list(shards)
         while kept and total > max_episodes:
             victim = kept.pop(0)
-            total -= victim.meta["episodes"]
+            total -= episodes_held(victim)
             trash = victim.path.parent / f".evicted-{victim.path.name}"
             os.rename(victim.path, trash)
             shutil.rmtree(trash, ignore_errors=True)
         return kept
+
+
+def episodes_held(shard: Shard) -> int:
+    """What a shard counts against --store-max-episodes: the episodes it ends, at least one (a
+    shard of unfinished episodes' segments ends none, and episodes that rarely end would
+    otherwise let the store grow without bound)."""
+    return max(shard.meta["episodes"], 1)
 
 
 def write_job(job: tuple) -> str:
