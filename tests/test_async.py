@@ -88,6 +88,9 @@ def test_learner_with_two_collectors_one_killed(tmp_path):
     # the lag is also logged as the data enters the replay (per transition, after the ingest queue)
     inserted_lags = [r["async/policy_lag_inserted"] for r in rows if r["async/policy_lag_inserted"] is not None]
     assert inserted_lags and min(inserted_lags) >= 0
+    # ... and the data's age in seconds since a writer began its shard, on arrival and as inserted
+    ages = [r[k] for r in rows for k in ("async/data_age_s", "async/data_age_inserted_s") if r[k] is not None]
+    assert len(ages) >= 2 and all(0 < age < 120 for age in ages)
     assert np.isfinite(last["loss/td"])
     assert last["async/decode_s_per_shard"] is None or last["async/decode_s_per_shard"] > 0
     assert 0 <= last["async/ingest_fraction"] < 1

@@ -301,7 +301,8 @@ class Feed(StoreFeed):
         self.inserted = 0
         # What arrived since the last log point (beyond StoreFeed's window).
         self.episodes_window = {"episodes": 0, "return_sum": 0.0, "length_sum": 0, "lag_sum": 0.0, "shards": 0,
-                                "inserted_lag_sum": 0.0, "inserted_lag_n": 0}
+                                "age_s_sum": 0.0, "inserted_lag_sum": 0.0, "inserted_age_s_sum": 0.0,
+                                "inserted_lag_n": 0}
         # Counted on the host (every iteration does the same number), so the loop never waits
         # on the devices to decide what to do next.
         self.per_learn = dqn.grad_steps_per_update(cfg)
@@ -325,19 +326,22 @@ class Feed(StoreFeed):
         # 1. shards the reader has read, oldest first (while the ingest queue has room); after a
         # restart, consumed ones only refill
         for shard, new, transitions in self.arrived() if self.ingest.has_room else ():
-            self.ingest.add(transitions, shard.meta["policy_step"] if new else None)
+            episodes = shard.meta
+            self.ingest.add(transitions, (episodes["policy_step"], episodes["created"]) if new else None)
             if new:
-                episodes = shard.meta
                 w["episodes"] += episodes["episodes"]
                 w["return_sum"] += episodes.get("return_sum", 0.0)
                 w["length_sum"] += episodes["episode_steps"]  # of the episodes it ends
                 w["lag_sum"] += update - episodes["policy_step"]
+                w["age_s_sum"] += time.time() - episodes["created"]
                 w["shards"] += 1
         # 2. into the replay, in whole blocks copied to the devices on a thread of their own
         self.inserted += self.ingest.step()
-        for n, policy_step in self.ingest.landed:  # how old the params that collected them are now
-            if policy_step is not None:
-                w["inserted_lag_sum"] += n * (update - policy_step)
+        now = time.time()
+        for n, stamp in self.ingest.landed:  # how old the params that collected them are now, and the data
+            if stamp is not None:
+                w["inserted_lag_sum"] += n * (update - stamp[0])
+                w["inserted_age_s_sum"] += n * (now - stamp[1])
                 w["inserted_lag_n"] += n
         self.ingest.landed = []
         self.window["ingest_s"] += time.perf_counter() - start
@@ -392,6 +396,11 @@ class Feed(StoreFeed):
                "async/policy_lag": w["lag_sum"] / w["shards"] if w["shards"] else None,
                # the same when they enter the replay, per transition (after the ingest queue)
                "async/policy_lag_inserted": (w["inserted_lag_sum"] / w["inserted_lag_n"]
+                                             if w["inserted_lag_n"] else None),
+               # seconds since a writer began the shard (the hosts' wall clocks): where the lag
+               # comes from, on arrival and per transition as inserted
+               "async/data_age_s": w["age_s_sum"] / w["shards"] if w["shards"] else None,
+               "async/data_age_inserted_s": (w["inserted_age_s_sum"] / w["inserted_lag_n"]
                                              if w["inserted_lag_n"] else None),
                **self.rate_metrics(self.samples, self.inserts, self.queued, self.grads)}
         self.episodes_window = dict.fromkeys(w, 0)
