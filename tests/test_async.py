@@ -315,7 +315,7 @@ def test_rate_limiter_semantics():
     # Behind: as many iterations as bring it up to the buffer's edge.
     assert limiter.iterations(samples=0, inserted=1000, in_replay=1000) == int((paid + limiter.buffer) // 256) + 1
     assert limiter.achieved(samples=paid, inserted=1000) == 32 and limiter.achieved(0, 512) is None
-    # Collectors: back-pressured while the learner has received more than its samples pay for
+    # Collectors: back-pressured while the learner has inserted more than its samples pay for
     # beyond the buffer, or while more is on its way to it than --max-data-lag iterations' worth
     # (at least two of its largest shards).
     assert limiter.max_in_flight == 8 * 256 / 32                  # --max-data-lag 8 of 8 transitions an iteration

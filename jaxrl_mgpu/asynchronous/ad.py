@@ -238,8 +238,7 @@ class Feed(StoreFeed):
         if self.inserted < self.devices and not self._said_waiting:
             self.log.print(f"  {self.waiting_for}")
             self._said_waiting = True
-        return self.allowed(self.samples, self.inserts, self.inserted * self.cfg.ad_history_steps,
-                            len(self.pending) * self.cfg.ad_history_steps)
+        return self.allowed(self.samples, self.inserts, self.inserted * self.cfg.ad_history_steps)
 
     @property
     def samples(self) -> int:
@@ -249,7 +248,12 @@ class Feed(StoreFeed):
     @property
     def inserts(self) -> int:
         """History steps received and taken in over the whole run (those still queued excepted)."""
-        return max(self.ledger.env_steps - len(self.pending) * self.cfg.ad_history_steps, 0)
+        return max(self.ledger.env_steps - self.queued, 0)
+
+    @property
+    def queued(self) -> int:
+        """History steps received, not yet in the buffer."""
+        return len(self.pending) * self.cfg.ad_history_steps
 
     def ran(self, updates: int, state) -> None:
         self.update += updates  # one gradient step per update: the update count is the gradient step count
@@ -262,7 +266,7 @@ class Feed(StoreFeed):
                 "grad_steps_per_s": updates / elapsed, "time": row["time"],
                 "async/buffer_histories": min(self.inserted, self.per_device * self.devices),
                 "async/dropped_histories": self.dropped,
-                **self.rate_metrics(sampled, self.inserts, len(self.pending) * self.cfg.ad_history_steps, update)}
+                **self.rate_metrics(sampled, self.inserts, self.queued, update)}
 
 
 # -- the history collector -----------------------------------------------------------------

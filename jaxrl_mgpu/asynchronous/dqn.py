@@ -302,7 +302,7 @@ class Feed(StoreFeed):
         # What arrived since the last log point (beyond StoreFeed's window).
         self.episodes_window = {"episodes": 0, "return_sum": 0.0, "length_sum": 0, "lag_sum": 0.0, "shards": 0,
                                 "age_s_sum": 0.0, "inserted_lag_sum": 0.0, "inserted_age_s_sum": 0.0,
-                                "inserted_lag_n": 0}
+                                "inserted_n": 0}
         # Counted on the host (every iteration does the same number), so the loop never waits
         # on the devices to decide what to do next.
         self.per_learn = dqn.grad_steps_per_update(cfg)
@@ -313,7 +313,7 @@ class Feed(StoreFeed):
         self.policy.offer(self.update, state.params, self.ledger.env_steps, force=True)
         # (its ingest inserts whole blocks: less than one waits for more)
         self.limit(self.per_learn * cfg.replay_batch_size, max(cfg.learning_starts, cfg.replay_batch_size),
-                   held_back=BLOCK * par.num_devices)
+                   min_in_flight=BLOCK * par.num_devices)
         self.waiting_for = (f"waiting for data from the collectors (--learning-starts {cfg.learning_starts} "
                             f"transitions, then {self.limiter.target:g} samples per insert)")
 
@@ -342,11 +342,11 @@ class Feed(StoreFeed):
             if stamp is not None:
                 w["inserted_lag_sum"] += n * (update - stamp[0])
                 w["inserted_age_s_sum"] += n * (now - stamp[1])
-                w["inserted_lag_n"] += n
+                w["inserted_n"] += n
         self.ingest.landed = []
         self.window["ingest_s"] += time.perf_counter() - start
         # 3. iterations the rate limiter allows
-        return self.allowed(self.samples, self.inserts, self.inserted, self.queued)
+        return self.allowed(self.samples, self.inserts, self.inserted)
 
     def _to_devices(self, block: Transitions) -> Transitions:
         """A block of transitions, [devices x rows, ...] on the host, as arrays split over the
@@ -395,13 +395,13 @@ class Feed(StoreFeed):
                "grad_steps_per_s": (self.grads - self.grads_logged) / elapsed,
                "async/policy_lag": w["lag_sum"] / w["shards"] if w["shards"] else None,
                # the same when they enter the replay, per transition (after the ingest queue)
-               "async/policy_lag_inserted": (w["inserted_lag_sum"] / w["inserted_lag_n"]
-                                             if w["inserted_lag_n"] else None),
+               "async/policy_lag_inserted": (w["inserted_lag_sum"] / w["inserted_n"]
+                                             if w["inserted_n"] else None),
                # seconds since a writer began the shard (the hosts' wall clocks): where the lag
                # comes from, on arrival and per transition as inserted
                "async/data_age_s": w["age_s_sum"] / w["shards"] if w["shards"] else None,
-               "async/data_age_inserted_s": (w["inserted_age_s_sum"] / w["inserted_lag_n"]
-                                             if w["inserted_lag_n"] else None),
+               "async/data_age_inserted_s": (w["inserted_age_s_sum"] / w["inserted_n"]
+                                             if w["inserted_n"] else None),
                **self.rate_metrics(self.samples, self.inserts, self.queued, self.grads)}
         self.episodes_window = dict.fromkeys(w, 0)
         self.grads_logged = self.grads

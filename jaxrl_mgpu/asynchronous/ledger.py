@@ -130,6 +130,7 @@ class StoreFeed:
     memory: str
     counts: tuple[str, ...]
     decode = None
+    queued: int  # transitions received, not yet in the learner's memory
 
     def __init__(self, cfg, par, ckpts, layout: dict, log, resume_step: int | None, state):
         self.cfg, self.par, self.log = cfg, par, log
@@ -149,11 +150,11 @@ class StoreFeed:
         self.per_collector_window: dict[str, int] = {}
         self.steps_logged, self.logged_at = self.ledger.env_steps, time.perf_counter()
 
-    def limit(self, samples_per_iteration: int, min_inserts: int, held_back: int = 0) -> None:
+    def limit(self, samples_per_iteration: int, min_inserts: int, min_in_flight: int = 0) -> None:
         """Starts the rate limiter: each iteration samples `samples_per_iteration`, none runs
         before the learner's memory holds `min_inserts` transitions; the feed's ingest may hold
-        back up to `held_back` transitions until more arrive."""
-        self.limiter = rate.Limiter(self.cfg, samples_per_iteration, min_inserts, held_back)
+        back up to `min_in_flight` transitions until more arrive."""
+        self.limiter = rate.Limiter(self.cfg, samples_per_iteration, min_inserts, min_in_flight)
         self.progress = rate.Progress(self.cfg.run_dir, self.limiter)
 
     def read(self, shard):
@@ -176,13 +177,12 @@ class StoreFeed:
                 self.per_collector_window[who] = self.per_collector_window.get(who, 0) + shard.meta["env_steps"]
             yield shard, new, data
 
-    def allowed(self, samples: int, inserts: int, in_memory: int, queued: int) -> int:
+    def allowed(self, samples: int, inserts: int, in_memory: int) -> int:
         """Iterations the rate limiter allows now; publishes the counts collectors pace
-        themselves by (`queued`: transitions received, not yet in the learner's memory), and
-        times the learner's waits."""
+        themselves by, and times the learner's waits."""
         allowed = self.limiter.iterations(samples, inserts, in_memory)
-        self.progress.publish(samples=samples, inserted=inserts, received=self.ledger.env_steps,
-                              last_read=self.reader.newest_taken, pipeline=self.reader.pipeline_steps + queued,
+        self.progress.publish(samples=samples, inserted=inserts, last_read=self.reader.newest_taken,
+                              pipeline=self.reader.pipeline_steps + self.queued,
                               max_in_flight=self.limiter.in_flight_bound(self.largest_shard))
         now = time.perf_counter()
         if allowed == 0 and self.waiting_since is None:

@@ -108,7 +108,7 @@ class Limiter:
 # Why a collector waits before its next shard (each logged apart, `async/collector_wait_s/<why>`):
 START = "start"      # no learner has published progress, and the store holds what it will start with
 READING = "reading"  # the learner has not yet taken in the data on its way (--max-data-lag)
-SAMPLES = "samples"  # the learner has received more than its samples pay for (it is behind)
+SAMPLES = "samples"  # the learner has inserted more than its samples pay for (it is behind)
 HOLD_REASONS = (START, READING, SAMPLES)
 
 

@@ -110,9 +110,8 @@ def _features(obs: np.ndarray, action: np.ndarray) -> tfds.features.FeaturesDict
                                       "final_observation": rlds.bytes_tensor(obs)})
 
     def encode_segments(items: dict) -> dict:  # whole arrays at once, as rlds.steps_feature
-        final = np.asarray(items["final_observation"], obs.dtype)
         return {"length": np.asarray(items["length"], np.int32), "lookahead": np.asarray(items["lookahead"], np.int32),
-                "final_observation": np.array([row.tobytes() for row in final], dtype=object)}
+                "final_observation": rlds.byte_rows(np.asarray(items["final_observation"], obs.dtype))}
 
     segments.encode_example = encode_segments  # this instance only; the spec stays TFDS's
     return tfds.features.FeaturesDict({"steps": rlds.steps_feature(obs, action), "segments": segments})

@@ -140,6 +140,11 @@ def bytes_tensor(x: np.ndarray) -> tfds.features.Tensor:
     return tfds.features.Tensor(shape=x.shape, dtype=x.dtype, encoding=tfds.features.Encoding.BYTES)
 
 
+def byte_rows(x: np.ndarray) -> np.ndarray:
+    """Items [n, ...] as the BYTES encoding of a sequence feature stores them: one bytes per row."""
+    return np.array([row.tobytes() for row in x], dtype=object)
+
+
 def _is_bytes(feature) -> bool:
     return getattr(feature, "_encoding", None) == tfds.features.Encoding.BYTES
 
@@ -162,8 +167,7 @@ def steps_feature(observation: np.ndarray, action: np.ndarray) -> tfds.features.
         for k, v in encoded.items():
             if v.shape != (n,) + shapes[k]:
                 raise DatasetError(f"step field {k!r} has shape {v.shape}, expected {(n,) + shapes[k]}")
-        obs = encoded["observation"]
-        encoded["observation"] = np.array([row.tobytes() for row in obs], dtype=object)
+        encoded["observation"] = byte_rows(encoded["observation"])
         return encoded
 
     feature.encode_example = encode_whole_episode  # this instance only; the class (and spec) stay TFDS's
