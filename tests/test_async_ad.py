@@ -59,8 +59,11 @@ def test_ad_learner_with_history_collectors_one_killed_and_a_restart(tmp_path):
     run_dir = tmp_path / "run"
     store = Store(run_dir)
     # Preempted long before the end of its first run (one chunk stays in flight, so it stops
-    # a chunk or two after the signal); the restart finishes the run at 40 updates.
-    learner = spawn("--mode", "learn", "--run-dir", str(run_dir), "--num-updates", "1000", devices=2)
+    # a chunk or two after the signal); the restart finishes the run at 40 updates. With data
+    # arriving fast, three chunks could run before the signal took effect, and the restart then
+    # had nothing to do: --stop-at-update 20 stops it there at the latest.
+    learner = spawn("--mode", "learn", "--run-dir", str(run_dir), "--num-updates", "1000", "--stop-at-update", "20",
+                    devices=2)
     wait_until(lambda: (run_dir / "checkpoints").is_dir())  # collectors start after the learner
     c1 = spawn("--mode", "collect", "--run-dir", str(run_dir), "--collector-id", "c1")
     c2 = spawn("--mode", "collect", "--run-dir", str(run_dir), "--collector-id", "c2")
