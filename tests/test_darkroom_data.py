@@ -10,8 +10,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+from tensorflow_datasets.core import example_serializer
+from tensorflow_datasets.proto import tf_example_pb2
 
 from jaxrl_mgpu import envs, histories, parallel
+from jaxrl_mgpu.asynchronous import store
 from jaxrl_mgpu.data import rlds
 from jaxrl_mgpu.envs import darkroom, vec
 
@@ -158,6 +161,31 @@ def test_rlds_episodes_through_public_tfds_api(dataset):
         assert np.array_equal(steps["discount"], 1.0 - h.terminated[task, start:stop])
         assert np.array_equal(steps["observation"], h.observation[task, start:stop])
         assert np.array_equal(ex["task"], h.task[task])
+
+
+def test_serializer_gives_tfds_examples_and_checks_shapes():
+    """rlds.serializer (whole arrays at a time) gives the tf.Example TFDS's own serializer gives
+    (equal protos), for a history's episode and for a store shard of MinAtar-like byte
+    observations; a field of the wrong shape is a DatasetError."""
+    h = small_histories()
+    steps = {"observation": h.observation[0, :10], "action": h.action[0, :10], "reward": h.reward[0, :10],
+             "discount": np.ones(10, np.float32), "is_first": np.arange(10) == 0, "is_last": np.arange(10) == 9,
+             "is_terminal": np.zeros(10, bool)}
+    history = (rlds._features(h), {"steps": steps, "task": h.task[0], "task_index": 0, "episode_index": 0})
+    rng = np.random.default_rng(0)
+    obs = rng.integers(0, 2, (12, 10, 10, 4), dtype=np.uint8)
+    shard = (store._features(obs[0], np.int32(0)),
+             {"steps": {**{k: np.resize(v, 12) for k, v in steps.items() if k != "observation"}, "observation": obs,
+                        "action": np.arange(12, dtype=np.int32)},
+              "segments": {"length": np.array([5, 7]), "lookahead": np.array([0, 2]), "final_observation": obs[:2]}})
+    for features, example in (history, shard):
+        ours = tf_example_pb2.Example.FromString(rlds.serializer(features)(example))
+        tfds_bytes = example_serializer.ExampleSerializer(features.get_serialized_info()).serialize_example(
+            features.encode_example(example))
+        assert ours == tf_example_pb2.Example.FromString(tfds_bytes)
+    bad = dict(shard[1], segments=dict(shard[1]["segments"], length=np.array([[5, 7]])))
+    with pytest.raises(rlds.DatasetError, match="feature 'segments/length' has shape"):
+        rlds.serializer(shard[0])(bad)
 
 
 def test_metadata_round_trip(dataset):

@@ -246,14 +246,7 @@ def read_transitions(shard: Shard, n_step: int = 1, gamma: float = 1.0) -> Trans
     still bootstrap correctly. With the defaults, one-step transitions with discount 0 where the
     episode terminated, else 1. A function of the shard, so that a decoder process can run it
     (workers.py)."""
-    rlds.verify(shard.path)
-    builder = tfds.builder_from_directory(shard.path)
-    try:
-        source = builder.as_data_source(rlds.SPLIT, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
-        parser = rlds.episode_parser(builder)
-        records = [parser(r) for r in source.__getitems__(range(len(source)))]
-    except Exception as e:  # array_record raises RuntimeError on a damaged file
-        raise DatasetError(f"cannot read shard {shard.path}: {type(e).__name__}: {e}".splitlines()[0]) from e
+    records = rlds.records(shard.path)
     if not records or any("segments" not in r for r in records):
         raise DatasetError(f"shard {shard.path} is not a shard of episode segments (written by another version?)")
     steps = {k: np.concatenate([r["steps"][k] for r in records]) for k in ("observation", "action", "reward",

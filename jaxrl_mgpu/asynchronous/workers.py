@@ -1,6 +1,6 @@
 """Child processes that run a function of one argument for an asynchronous learner or collector:
 the store's shards are encoded and decoded by TFDS in Python, work that holds the GIL (on the
-2-core development CPU: 40 ms to write and 10 ms to read a 4k-transition MinAtar shard). A collector hands
+2-core development CPU: 10 ms to write and 4 ms to read a 4k-transition MinAtar shard). A collector hands
 its shards to writers (`Pool` of `store.write_job`), the learner's reader hands shards to
 decoders (`Pool` of the feed's `decode`), so that neither the rollout nor the learner's thread
 waits for TFDS, and several shards are encoded or decoded at once.
