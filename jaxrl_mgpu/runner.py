@@ -262,6 +262,9 @@ class Feed(Protocol):
     def poll(self, update: int) -> int:
         """Takes in what arrived since the last call; how many updates may run now (0: none)."""
 
+    def take_in(self, update: int) -> None:
+        """Takes in what arrived since the last call (poll's first half), while a chunk runs."""
+
     def ran(self, updates: int, state) -> None:
         """The chunk just dispatched runs `updates` updates, to `state` (still being computed)."""
 
@@ -409,6 +412,10 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
         if feed is not None:
             feed.ran(length, state)
         if pending is not None:
+            if feed is not None:  # data taken in while the devices run the chunk before, not a chunk later
+                while not all(x.is_ready() for x in jax.tree.leaves(pending[2])) and not stop_requested():
+                    feed.take_in(update)
+                    time.sleep(POLL_S)
             settle(pending)
         update += length
         final = update == cfg.total_updates or update == stop_at

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import time
 import types
@@ -88,9 +89,10 @@ def test_learner_with_two_collectors_one_killed(tmp_path):
     # the lag is also logged as the data enters the replay (per transition, after the ingest queue)
     inserted_lags = [r["async/policy_lag_inserted"] for r in rows if r["async/policy_lag_inserted"] is not None]
     assert inserted_lags and min(inserted_lags) >= 0
-    # ... and the data's age in seconds since a writer began its shard, on arrival and as inserted
-    ages = [r[k] for r in rows for k in ("async/data_age_s", "async/data_age_inserted_s") if r[k] is not None]
-    assert len(ages) >= 2 and all(0 < age < 120 for age in ages)
+    # ... and the seconds each stage of the data's way took (one host: one clock, none negative)
+    for stage in async_dqn.STAGES:
+        seconds = [r[f"async/latency_s/{stage}"] for r in rows if r[f"async/latency_s/{stage}"] is not None]
+        assert seconds and all(0 <= s < 120 for s in seconds), (stage, seconds)
     assert np.isfinite(last["loss/td"])
     assert last["async/decode_s_per_shard"] is None or last["async/decode_s_per_shard"] > 0
     assert 0 <= last["async/ingest_fraction"] < 1
@@ -390,8 +392,12 @@ def test_ingest_uses_its_whole_budget_each_step_keeps_order_and_bounds_its_queue
     # Each add's tag came back with its transitions as they went in (the learner's lag at insert).
     assert ingest.landed == [(budget, "shard 0"), (shard - budget, "shard 0"), (2 * budget - shard, "shard 1"),
                              (budget, "shard 1")]
+    # Waiting (as the learner's poll does, briefly), a step inserts the copies it starts as they arrive.
+    ingest.landed, block = [], 2 * async_dqn.LARGE_BLOCK
+    ingest.add(transitions(added, block), tag="at once")
+    assert ingest.step(wait_s=10) == block and ingest.queued == 0 and ingest.landed == [(block, "at once")]
     ingest.close()
-    np.testing.assert_array_equal(np.concatenate(inserted), np.arange(added))  # all of it, in order
+    np.testing.assert_array_equal(np.concatenate(inserted), np.arange(added + block))  # all of it, in order
 
 
 def test_ten_collectors_started_before_the_learner_do_not_flood_it(tmp_path):
@@ -440,6 +446,32 @@ def test_ten_collectors_started_before_the_learner_do_not_flood_it(tmp_path):
         written = int(re.search(r"collector done: ([0-9,]+) env steps written", c_out).group(1).replace(",", ""))
         assert last.get(f"async/env_steps_received/c{i}", 0) == taken.get(f"c{i}", 0)
         assert taken.get(f"c{i}", 0) + unread.get(f"c{i}", 0) == written, (i, c_out[-500:])
+
+
+def test_store_listing_follows_the_directory_oldest_first(tmp_path):
+    """Store.shards keeps its last listing while the directory's names are unchanged (each
+    shard's metadata read once, its first-listed time kept), and follows additions, also one
+    that lands out of order, and removals; unread_steps counts the shards after a name."""
+    store = Store(tmp_path)
+
+    def add(i, steps):
+        path = store.root / f"{i:020d}-c-x"
+        path.mkdir(parents=True)
+        (path / "metadata.json").write_text(json.dumps({"env_steps": steps, "episodes": 1}))
+        return path.name
+
+    names = [add(i, 10 * i) for i in (1, 2, 4)]
+    (store.root / ".staging-partial").mkdir()  # hidden: never listed
+    first = store.shards()
+    assert [s.path.name for s in first] == names and all(s.listed is not None for s in first)
+    assert store.shards() == first  # unchanged: the same entries, the same first-listed times
+    late = add(3, 30)  # a writer that finished after a later-started one
+    shutil.rmtree(store.root / names[0])
+    listed = store.shards()
+    assert [s.path.name for s in listed] == [names[1], late, names[2]]
+    assert listed[0] == first[1]  # its entry kept, not re-read
+    assert store.unread_steps(None) == 20 + 30 + 40 and store.unread_steps(late) == 40
+    assert store.unread_steps(names[2]) == 0 and store.unread_steps(names[0]) == 90
 
 
 def test_eviction_deletes_only_consumed_shards_oldest_first(tmp_path, monkeypatch):
@@ -676,19 +708,21 @@ def test_collector_and_learner_stop_cleanly_when_their_process_group_is_signalle
 
 
 
-def test_params_published_for_collectors_are_read_once_each_and_exactly(tmp_path):
+def test_params_published_for_collectors_are_read_once_each_and_exactly(tmp_path, monkeypatch):
     """The learner's params reach the collectors through policy.msgpack: what a follower reads
     is what was offered (its iteration and env-step count too), and it reads each publication
     once; a publication within PUBLISH_S of the last is skipped unless forced."""
+    monkeypatch.setattr(policy, "PUBLISH_S", 60.0)  # the second offer below is always within it
     par = parallel.setup("pmap", 2)
     params = {"params": {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.float32)}}
     template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
     publisher, follower = policy.Publisher(tmp_path), policy.Follower(tmp_path, template)
     assert follower.newer() is None  # nothing published yet
+    before = time.time()
     publisher.offer(3, par.replicate(params), 1000, force=True)
     publisher.wait()
-    got, iteration, received = follower.newer()
-    assert (iteration, received) == (3, 1000)
+    got, iteration, received, published = follower.newer()
+    assert (iteration, received) == (3, 1000) and before <= published <= time.time()
     jax.tree.map(np.testing.assert_array_equal, got, params)
     assert follower.newer() is None  # the same publication is not read twice
     doubled = jax.tree.map(lambda x: 2 * x, params)
@@ -697,7 +731,7 @@ def test_params_published_for_collectors_are_read_once_each_and_exactly(tmp_path
     assert follower.newer() is None
     publisher.offer(5, par.replicate(doubled), 3000, force=True)
     publisher.close()
-    got, iteration, received = follower.newer()
+    got, iteration, received, _ = follower.newer()
     assert (iteration, received) == (5, 3000)
     jax.tree.map(np.testing.assert_array_equal, got, doubled)
     assert not [p for p in tmp_path.iterdir() if p.name != policy.POLICY]  # no temporary file left

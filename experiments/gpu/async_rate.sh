@@ -87,8 +87,8 @@ print(f"{sys.argv[2]}: {rate('grad_steps'):.0f} grad steps/s, {rate('async/env_s
       f"collectors {collector_wait:.1f} s ({', '.join(f'{w} {t:.1f}' for w, t in why.items())}); ingest fraction {ingest:.3f}; "
       f"decode {sum(decode) / max(len(decode), 1):.2f} s per shard; queued {last['async/queued_transitions']}, unread {last.get('async/unread_transitions')}, "
       f"return {last.get('episode_return')}; policy lag {mean('async/policy_lag'):.1f} on arrival, "
-      f"{mean('async/policy_lag_inserted'):.1f} inserted (iterations); data age {mean('async/data_age_s'):.3f} s on arrival, "
-      f"{mean('async/data_age_inserted_s'):.3f} s inserted")
+      f"{mean('async/policy_lag_inserted'):.1f} inserted (iterations); latency (ms) "
+      + ", ".join(f"{s} {1e3 * mean(f'async/latency_s/{s}'):.0f}" for s in ("params", "rollout", "write", "read", "insert")))
 PY
 }
 

@@ -63,11 +63,13 @@ for seed in sys.argv[2:]:
     rows = [r for r in rows if "grad_steps" in r]
     last, lags = rows[-1], [r["async/policy_lag"] for r in rows if r.get("async/policy_lag") is not None]
     inserted = [r["async/policy_lag_inserted"] for r in rows if r.get("async/policy_lag_inserted") is not None]
-    age = [r["async/data_age_inserted_s"] for r in rows if r.get("async/data_age_inserted_s") is not None]
+    stages = ("params", "rollout", "write", "read", "insert")  # asynchronous/dqn.py: STAGES
+    latency = {s: [r[f"async/latency_s/{s}"] for r in rows if r.get(f"async/latency_s/{s}") is not None] for s in stages}
     print(f"async{seed}: {last['env_steps']:,} env steps received, {last['grad_steps']:,} gradient steps, samples per "
           f"insert {last['async/samples_per_insert']:.2f}, {last['time']:.0f} s, mean policy lag "
           f"{sum(lags) / max(len(lags), 1):.1f} learner iterations on arrival, "
-          f"{sum(inserted) / max(len(inserted), 1):.1f} inserted ({sum(age) / max(len(age), 1):.3f} s); training return "
+          f"{sum(inserted) / max(len(inserted), 1):.1f} inserted; latency (ms) "
+          f"{', '.join(f'{s} {1e3 * sum(v) / max(len(v), 1):.0f}' for s, v in latency.items())}; training return "
           f"(collectors) "
           f"{[r['episode_return'] for r in rows[-3:]]}")
 PY

@@ -210,6 +210,14 @@ class Feed(StoreFeed):
         return (self.buffer,)
 
     def poll(self, update: int) -> int:
+        self.take_in(update)
+        # 3. updates allowed: once every device has a history, as many as the rate limiter allows
+        if self.inserted < self.devices and not self._said_waiting:
+            self.log.print(f"  {self.waiting_for}")
+            self._said_waiting = True
+        return self.allowed(self.samples, self.inserts, self.inserted * self.cfg.ad_history_steps)
+
+    def take_in(self, update: int) -> None:
         start, self.update = time.perf_counter(), update
         # 1. shards the reader has read, oldest first; after a restart, consumed ones only refill
         for _, _, tasks in self.arrived():
@@ -234,11 +242,7 @@ class Feed(StoreFeed):
                                       self.par.shard(self.par.local_rows(valid)))
             self.inserted += len(take)
         self.window["ingest_s"] += time.perf_counter() - start
-        # 3. updates allowed: once every device has a history, as many as the rate limiter allows
-        if self.inserted < self.devices and not self._said_waiting:
-            self.log.print(f"  {self.waiting_for}")
-            self._said_waiting = True
-        return self.allowed(self.samples, self.inserts, self.inserted * self.cfg.ad_history_steps)
+        self.publish_progress(self.samples, self.inserts)
 
     @property
     def samples(self) -> int:

@@ -13,7 +13,7 @@ runs). They can be started, killed and restarted at any time; nothing else notic
 learner's data rate.
 
 The learner is the runner's loop (runner.train, as for --mode both) with this module's `Feed`
-polled between compiled chunks:
+polled between compiled chunks (and taking in data, steps 1-2, while they run):
   1. take the shards a background thread (`reader.ShardReader`, with decoder processes) has
      read since, oldest first, as --mode both's n-step transitions, and queue them (`Ingest`:
      only while its queue has room, so a learner that falls behind stops its reader; collectors
@@ -70,6 +70,16 @@ WAITING_LOG_S = 60.0          # a collector waiting for the learner's first para
 BLOCK = 256                   # transitions per device per small replay insert (one compiled shape)
 LARGE_BLOCK = 4096            # ... and per large insert (a second compiled shape), while there are as many
 INSERT_BUDGET = 4 * LARGE_BLOCK   # transitions per device on their way to the replay at most
+# The data's way from the learner's params to its replay, each stage's seconds logged as
+# async/latency_s/<stage> (wall clocks: of several hosts where they are): params (published ->
+# a collector's rollout with them began), rollout (-> a writer began the shard: acting, the copy
+# to the host, cutting segments, a free writer), write (-> the learner's reader listed it:
+# encoding, the rename, the reader's next listing), read (-> the learner took it: a free
+# decoder, decoding, its turn), insert (-> in the replay, per transition: the ingest queue).
+STAGES = ("params", "rollout", "write", "read", "insert")
+INSERT_WAIT_S = 0.005        # a poll waits this long at most for the copies it started, to insert them at once:
+                             # the devices are still busy with the chunk before (the runner keeps one in
+                             # flight), and data that waited for the next poll waited a chunk longer
 QUEUE_STEPS = 2               # the learner takes shards from its reader while it holds fewer than this many budgets
 
 
@@ -257,19 +267,26 @@ class Ingest:
             if not head[0]:
                 self.stamps.popleft()
 
-    def step(self) -> int:
+    def step(self, wait_s: float = 0.0) -> int:
         """Inserts the blocks whose copies have arrived, then starts copying more (inserting
-        after staging left half the budget idle every other step); returns the transitions
-        inserted."""
+        after staging left half the budget idle every other step), and inserts those of them
+        that arrive within `wait_s`; returns the transitions inserted."""
+        inserted = self._insert_arrived()
+        blocks, self.pending = _host_blocks(self.pending, self.devices, self.budget - self.copying // self.devices)
+        for block in blocks:
+            self.copies.append((len(block.reward), self.copier.submit(self.to_devices, block)))
+        if blocks and wait_s > 0:
+            concurrent.futures.wait([copy for _, copy in self.copies], timeout=wait_s)
+            inserted += self._insert_arrived()
+        return inserted
+
+    def _insert_arrived(self) -> int:
         inserted = 0
         while self.copies and self.copies[0][1].done():
             rows, copied = self.copies.popleft()
             self.insert(copied.result())
             inserted += rows
         self._land(inserted)
-        blocks, self.pending = _host_blocks(self.pending, self.devices, self.budget - self.copying // self.devices)
-        for block in blocks:
-            self.copies.append((len(block.reward), self.copier.submit(self.to_devices, block)))
         return inserted
 
     def close(self) -> None:
@@ -301,8 +318,8 @@ class Feed(StoreFeed):
         self.inserted = 0
         # What arrived since the last log point (beyond StoreFeed's window).
         self.episodes_window = {"episodes": 0, "return_sum": 0.0, "length_sum": 0, "lag_sum": 0.0, "shards": 0,
-                                "age_s_sum": 0.0, "inserted_lag_sum": 0.0, "inserted_age_s_sum": 0.0,
-                                "inserted_n": 0}
+                                "inserted_lag_sum": 0.0, "inserted_n": 0}
+        self.latency_window = {stage: [0.0, 0] for stage in STAGES}  # seconds summed, and over how many
         # Counted on the host (every iteration does the same number), so the loop never waits
         # on the devices to decide what to do next.
         self.per_learn = dqn.grad_steps_per_update(cfg)
@@ -322,31 +339,38 @@ class Feed(StoreFeed):
         return (self.replay,)
 
     def poll(self, update: int) -> int:
+        self.take_in(update)
+        # 3. iterations the rate limiter allows
+        return self.allowed(self.samples, self.inserts, self.inserted)
+
+    def take_in(self, update: int) -> None:
         start, self.update, w = time.perf_counter(), update, self.episodes_window
         # 1. shards the reader has read, oldest first (while the ingest queue has room); after a
         # restart, consumed ones only refill
         for shard, new, transitions in self.arrived() if self.ingest.has_room else ():
-            episodes = shard.meta
-            self.ingest.add(transitions, (episodes["policy_step"], episodes["created"]) if new else None)
+            episodes, now = shard.meta, time.time()
+            self.ingest.add(transitions, (episodes["policy_step"], now) if new else None)
             if new:
                 w["episodes"] += episodes["episodes"]
                 w["return_sum"] += episodes.get("return_sum", 0.0)
                 w["length_sum"] += episodes["episode_steps"]  # of the episodes it ends
                 w["lag_sum"] += update - episodes["policy_step"]
-                w["age_s_sum"] += time.time() - episodes["created"]
                 w["shards"] += 1
+                for stage, seconds in _latencies(shard, now).items():
+                    self.latency_window[stage][0] += seconds
+                    self.latency_window[stage][1] += 1
         # 2. into the replay, in whole blocks copied to the devices on a thread of their own
-        self.inserted += self.ingest.step()
+        self.inserted += self.ingest.step(INSERT_WAIT_S)
         now = time.time()
-        for n, stamp in self.ingest.landed:  # how old the params that collected them are now, and the data
+        for n, stamp in self.ingest.landed:  # how old the params that collected them are now; their wait
             if stamp is not None:
                 w["inserted_lag_sum"] += n * (update - stamp[0])
-                w["inserted_age_s_sum"] += n * (now - stamp[1])
                 w["inserted_n"] += n
+                self.latency_window["insert"][0] += n * (now - stamp[1])
+                self.latency_window["insert"][1] += n
         self.ingest.landed = []
         self.window["ingest_s"] += time.perf_counter() - start
-        # 3. iterations the rate limiter allows
-        return self.allowed(self.samples, self.inserts, self.inserted)
+        self.publish_progress(self.samples, self.inserts)
 
     def _to_devices(self, block: Transitions) -> Transitions:
         """A block of transitions, [devices x rows, ...] on the host, as arrays split over the
@@ -397,13 +421,12 @@ class Feed(StoreFeed):
                # the same when they enter the replay, per transition (after the ingest queue)
                "async/policy_lag_inserted": (w["inserted_lag_sum"] / w["inserted_n"]
                                              if w["inserted_n"] else None),
-               # seconds since a writer began the shard (the hosts' wall clocks): where the lag
-               # comes from, on arrival and per transition as inserted
-               "async/data_age_s": w["age_s_sum"] / w["shards"] if w["shards"] else None,
-               "async/data_age_inserted_s": (w["inserted_age_s_sum"] / w["inserted_n"]
-                                             if w["inserted_n"] else None),
+               # where the lag comes from: seconds each stage of the data's way took (STAGES)
+               **{f"async/latency_s/{stage}": seconds / n if n else None
+                  for stage, (seconds, n) in self.latency_window.items()},
                **self.rate_metrics(self.samples, self.inserts, self.queued, self.grads)}
         self.episodes_window = dict.fromkeys(w, 0)
+        self.latency_window = {stage: [0.0, 0] for stage in STAGES}
         self.grads_logged = self.grads
         return out
 
@@ -444,7 +467,7 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     rollout = par.map(rollout, donate=True)
     base = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), collector_seed(name))
     envs = par.map(reset)(par.replicate(np.asarray(base)))
-    params, on_devices, on_devices_step, policy_step, eps = None, None, None, None, 1.0
+    params, on_devices, on_devices_step, policy_step, eps, published = None, None, None, None, 1.0, None
     follower = Follower(run_dir, params_template(cfg))
     if cfg.collect_before_checkpoint == "wait":
         log.print(f"collector {name}: following the learner's params in {run_dir / POLICY} (waiting for the first)")
@@ -463,12 +486,13 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
         # between a writer's rename and its receipt: a pause too early, never too late)
         return pacer.held_back(looked_from, in_flight=sum(writers.tags))
 
-    def write(segments: Segments, rolled_with: int) -> None:
+    def write(segments: Segments, rolled_with: int, acted: dict) -> None:
         """Hands the segments rolled out to a writer (waiting for the oldest shard if none is free)."""
         nonlocal total
         if writers.full:
             writers.receive()
-        writers.submit((run_dir, segments, name, rolled_with, cfg.env, pacer.take_waits()), tag=segments.transitions)
+        writers.submit((run_dir, segments, name, rolled_with, cfg.env, pacer.take_waits(), acted),
+                       tag=segments.transitions)
         total += segments.transitions
         window["shards"] += 1
         window["episodes"] += int(segments.ended.sum())
@@ -477,14 +501,6 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     try:
         while not stop() and not (run_dir / DONE_MARKER).exists():
             looked_from = time.monotonic()  # a pass that ends paused counts whole as waiting
-            params, policy_step, eps = _follow(cfg, follower, params, policy_step, eps)
-            if params is None:
-                if time.monotonic() - waited_from > WAITING_LOG_S and log.due("waiting", WAITING_LOG_S):
-                    log.print(f"collector {name}: still waiting for the learner's first params in "
-                              f"{run_dir / POLICY} ({time.monotonic() - waited_from:.0f}s); start one with --mode "
-                              f"learn --run-dir {run_dir}, or collect at random meanwhile with "
-                              f"--collect-before-checkpoint random")
-                continue
             # Paused before rolling out, never after: a rolled-out shard is written at once (its
             # data would age while it waited). Checked once a writer is free, its last shard in the
             # store where the other collectors see it: so each collector is at most one shard per
@@ -494,14 +510,26 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
                 writers.receive()
             if held_back(looked_from):
                 continue
+            # The newest params last, just before the rollout: following them first, then waiting
+            # for a writer, acted with params that much older.
+            params, policy_step, eps, published = _follow(cfg, follower, params, policy_step, eps, published)
+            if params is None:
+                if time.monotonic() - waited_from > WAITING_LOG_S and log.due("waiting", WAITING_LOG_S):
+                    log.print(f"collector {name}: still waiting for the learner's first params in "
+                              f"{run_dir / POLICY} ({time.monotonic() - waited_from:.0f}s); start one with --mode "
+                              f"learn --run-dir {run_dir}, or collect at random meanwhile with "
+                              f"--collect-before-checkpoint random")
+                continue
             if on_devices is None or on_devices_step != policy_step:
                 on_devices, on_devices_step = par.replicate(params), policy_step
             key = par.replicate(np.asarray(jax.random.fold_in(base, shard_index + 1)))
+            # when the data's stages began, for the learner's async/latency_s metrics
+            acted = {"acted": time.time(), **({"params_published": published} if published is not None else {})}
             envs, traj = rollout(envs, on_devices, key, par.replicate(np.float32(eps)))
             segments, shard_index = _segments(par, traj, open_, lookahead), shard_index + 1
             if segments is None:
                 continue
-            write(segments, policy_step)
+            write(segments, policy_step, acted)
             if window["episodes"] and log.due("shards", COLLECTOR_LOG_S):
                 log.print(f"collector {name}: {window['shards']} shard(s), {window['episodes']} episodes since the "
                           f"last line, mean return {window['return_sum'] / window['episodes']:.1f}, policy step "
@@ -514,20 +542,33 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     return total
 
 
-def _follow(cfg, follower: Follower, params, policy_step, eps):
+def _follow(cfg, follower: Follower, params, policy_step, eps, published):
     """The newest published params (or the ones held, if none is newer), the learner's iteration
-    that produced them and the epsilon of the env steps it had received then. Before the first
-    publication: wait (params None), or act uniformly at random (`--collect-before-checkpoint
-    random`: policy step -1, epsilon 1)."""
+    that produced them, the epsilon of the env steps it had received then, and when they were
+    published (wall clock). Before the first publication: wait (params None), or act uniformly
+    at random (`--collect-before-checkpoint random`: policy step -1, epsilon 1, published None)."""
     newer = follower.newer()
     if newer is not None:
-        params, policy_step, received = newer
-        return params, policy_step, float(dqn.epsilon(cfg, received))
+        params, policy_step, received, published = newer
+        return params, policy_step, float(dqn.epsilon(cfg, received)), published
     if params is None:
         if cfg.collect_before_checkpoint == "random":  # any params act uniformly with epsilon 1
-            return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), follower.template), -1, 1.0
+            return jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), follower.template), -1, 1.0, None
         time.sleep(0.5)
-    return params, policy_step, eps
+    return params, policy_step, eps, published
+
+
+def _latencies(shard, taken: float) -> dict[str, float]:
+    """A new shard's seconds in each stage of STAGES up to `taken` (the learner's wall clock
+    when it took the shard), those its metadata records (no params: random collection)."""
+    meta, out = shard.meta, {}
+    if "params_published" in meta and "acted" in meta:
+        out["params"] = meta["acted"] - meta["params_published"]
+    if "acted" in meta:
+        out["rollout"] = meta["created"] - meta["acted"]
+    if shard.listed is not None:
+        out["write"], out["read"] = shard.listed - meta["created"], taken - shard.listed
+    return out
 
 
 class Open(NamedTuple):

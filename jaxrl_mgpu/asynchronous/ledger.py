@@ -181,9 +181,7 @@ class StoreFeed:
         """Iterations the rate limiter allows now; publishes the counts collectors pace
         themselves by, and times the learner's waits."""
         allowed = self.limiter.iterations(samples, inserts, in_memory)
-        self.progress.publish(samples=samples, inserted=inserts, last_read=self.reader.newest_taken,
-                              pipeline=self.reader.pipeline_steps + self.queued,
-                              max_in_flight=self.limiter.in_flight_bound(self.largest_shard))
+        self.publish_progress(samples, inserts)
         now = time.perf_counter()
         if allowed == 0 and self.waiting_since is None:
             self.waiting_since = now
@@ -191,6 +189,12 @@ class StoreFeed:
             self.window["learner_wait_s"] += now - self.waiting_since
             self.waiting_since = None
         return min(allowed, self.cfg.total_updates)
+
+    def publish_progress(self, samples: int, inserts: int) -> None:
+        """The counts collectors pace themselves by (rate.Progress: at most every PUBLISH_S)."""
+        self.progress.publish(samples=samples, inserted=inserts, last_read=self.reader.newest_taken,
+                              pipeline=self.reader.pipeline_steps + self.queued,
+                              max_in_flight=self.limiter.in_flight_bound(self.largest_shard))
 
     def rate_metrics(self, samples: int, inserts: int, queued: int, grad_steps: int) -> dict:
         """The log's data and rate keys for the window since the last call (which they close):

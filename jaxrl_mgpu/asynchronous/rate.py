@@ -14,12 +14,13 @@ on both sides.
   shard. The learner publishes its counts in `<run-dir>/learner_progress.json` (atomically,
   every PUBLISH_S) for them, and a paused collector looks again every PAUSE_S; so the store
   never grows without bound, the learner never starves for long, and the data it inserts was
-  acted with params about `--max-data-lag` of its iterations old, not much more. DQN learns
+  acted with params at most about `--max-data-lag` of its iterations old. DQN learns
   much worse from stale acting params (experiments/RESULTS.md, issue 31: `--mode both` acting
   with params refreshed every 16 updates lost a tenth of its return, every 32 half). With a
   slack of four 8k-transition shards unread, collectors looking every 0.2 s and a
   32k-transition ingest queue, the learner inserted data 35-45 iterations old; with this bound
-  (8) on 2 H200s, 11-13.
+  (8) on 2 H200s, 11-13; with the faster path to the replay since (asynchronous/dqn.py: STAGES,
+  ~150-200 ms from the params to the replay), ~6, where the path's latency, not the bound, sets it.
 - The buffer is Acme's: `tolerance * samples_per_insert * min_inserts` samples
   (`--samples-per-insert-tolerance` x the samples `--learning-starts` transitions pay for), a
   fixed band. (A band relative to the whole run's counts, as before, let the learner run at the

@@ -74,11 +74,21 @@ class ShardReader:
                         continue
                     start = time.perf_counter()
                     self._taken(shard, lambda: self._read(shard), lambda: time.perf_counter() - start)
-                if self._decoders is not None and self._decoders.in_flight:
-                    shard = self._decoders.oldest
+                if self._decoders is None:
+                    if not listed:
+                        time.sleep(IDLE_S)
+                    continue
+                if not self._decoders.in_flight:
+                    if not listed:
+                        time.sleep(IDLE_S)
+                    continue
+                # Hand over the decoded shards, oldest first, waiting for the oldest at most
+                # IDLE_S, then list again: a reader that waited for the oldest decode before
+                # its next listing took up a written shard up to a decode late.
+                wait = IDLE_S
+                while not self._stop.is_set() and self._decoders.oldest_answers_within(wait):
+                    shard, wait = self._decoders.oldest, 0.0
                     self._taken(shard, lambda: self._decoders.receive()[1], lambda: self._decoders.seconds)
-                elif not listed:
-                    time.sleep(IDLE_S)
         except BaseException as e:  # handed to the learner's thread by ready()
             self._error = e
 

@@ -30,6 +30,7 @@ processes may finish its shards a little out of order).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import os
@@ -97,6 +98,7 @@ class Segments(NamedTuple):
 class Shard(NamedTuple):
     path: Path
     meta: dict
+    listed: float | None = None  # wall-clock time this process's Store first listed it
 
 
 def waited_meta(waited: dict[str, float]) -> dict:
@@ -120,11 +122,13 @@ def _features(obs: np.ndarray, action: np.ndarray) -> tfds.features.FeaturesDict
 class Store:
     def __init__(self, run_dir: str | os.PathLike):
         self.root = Path(run_dir).absolute() / "store"
-        self._meta: dict[str, dict] = {}  # shard name -> metadata, read once per shard
+        self._listing: tuple[dict, list[str], list[Shard]] = ({}, [], [])  # the last listing (_list)
 
     def write(self, segments: Segments, collector: str, policy_step: int, env: str,
-              waited: dict[str, float] | None = None) -> Path:
-        """Writes segments of episodes as one new shard (one record: the module docstring)."""
+              waited: dict[str, float] | None = None, acted: dict[str, float] | None = None) -> Path:
+        """Writes segments of episodes as one new shard (one record: the module docstring).
+        `acted`: wall-clock times of the rollout, recorded in the metadata (`acted`: when it
+        began, `params_published`: when the params it acted with were), with `created` (now)."""
         if len(segments.length) == 0:
             raise DatasetError("a shard needs at least one segment")
         self.root.mkdir(parents=True, exist_ok=True)
@@ -133,7 +137,7 @@ class Store:
                 "env_steps": segments.transitions,
                 "return_sum": float(np.sum(segments.episode_return[ended], dtype=np.float64)),
                 "episode_steps": int(segments.episode_length[ended].sum()), "created": time.time(),
-                **waited_meta(waited or {})}
+                **(acted or {}), **waited_meta(waited or {})}
         features = _features(segments.final_observation[0], segments.action[0])
         # each step's segment, and its place in it
         segment = np.repeat(np.arange(len(segments.length)), segments.length)
@@ -166,22 +170,39 @@ class Store:
 
     def shards(self) -> list[Shard]:
         """Complete shards, oldest first (staging directories are hidden, hence skipped). Each
-        shard's metadata is read once (TFDS keeps it in the shard's metadata.json)."""
+        shard's metadata is read once (TFDS keeps it in the shard's metadata.json), when this
+        Store first lists it (`Shard.listed`). A listing where nothing changed costs the
+        directory's names only: the learner's reader and paused collectors list every few ms,
+        and rebuilding every shard's entry each time held the GIL ~3 ms per 1,000 shards."""
+        return list(self._list()[2])
+
+    def _list(self) -> tuple[dict, list[str], list[Shard]]:
+        """The listing: {name: Shard}, the names and the shards, oldest first (one tuple,
+        replaced whole, so threads that share the Store see one listing or the next)."""
+        listing = self._listing
         if not self.root.is_dir():
-            return []
-        known = {}
-        for n in sorted(n for n in os.listdir(self.root) if not n.startswith(".")):
+            return listing
+        names = {n for n in os.listdir(self.root) if not n.startswith(".")}
+        if names == listing[0].keys():
+            return listing
+        known = {n: shard for n, shard in listing[0].items() if n in names}
+        new = sorted(names - known.keys())
+        in_order = not (new and known and new[0] < next(reversed(known)))
+        for n in new:
             try:
-                known[n] = self._meta.get(n) or json.loads((self.root / n / "metadata.json").read_text())
+                known[n] = Shard(self.root / n, json.loads((self.root / n / "metadata.json").read_text()), time.time())
             except FileNotFoundError:  # evicted by the learner since the listing
                 continue
-        self._meta = known
-        return [Shard(self.root / n, m) for n, m in known.items()]
+        if not in_order:  # a writer finished after a later-started one
+            known = dict(sorted(known.items()))
+        self._listing = (known, list(known), list(known.values()))
+        return self._listing
 
     def unread_steps(self, after: str | None) -> int:
         """Transitions in the shards named after `after` (the newest shard a reader has taken;
         None: all of them)."""
-        return sum(s.meta["env_steps"] for s in self.shards() if after is None or s.path.name > after)
+        _, names, shards = self._list()
+        return sum(s.meta["env_steps"] for s in shards[0 if after is None else bisect.bisect_right(names, after):])
 
     def episodes(self) -> int:
         """Episodes ended in the store's shards now."""

@@ -65,12 +65,11 @@ class Worker:
         self._send(x)
         self.busy = True
 
-    @property
-    def answered(self) -> bool:
-        """Whether the call in flight has answered (or the child has stopped): `receive` would
-        not wait for it to finish. (Python's reader holds nothing beyond a received answer: one
-        call at a time.)"""
-        return bool(select.select([self._proc.stdout], [], [], 0)[0])
+    def answered(self, within_s: float = 0.0) -> bool:
+        """Whether the call in flight has answered (or the child has stopped), waiting up to
+        `within_s`: `receive` would not wait for it to finish. (Python's reader holds nothing
+        beyond a received answer: one call at a time.)"""
+        return bool(select.select([self._proc.stdout], [], [], within_s)[0])
 
     def receive(self) -> Any:
         self.busy = False
@@ -136,7 +135,11 @@ class Pool:
     @property
     def oldest_answered(self) -> bool:
         """Whether the oldest call in flight has answered (`receive` would not wait for it)."""
-        return bool(self._in_flight) and self._in_flight[0][0].answered
+        return self.oldest_answers_within(0.0)
+
+    def oldest_answers_within(self, seconds: float) -> bool:
+        """Whether the oldest call in flight answers within `seconds` (waits at most that long)."""
+        return bool(self._in_flight) and self._in_flight[0][0].answered(seconds)
 
     def receive(self) -> tuple[Any, Any]:
         """The oldest call's (tag, result); blocks until it is done (`seconds`: what fn took).
