@@ -74,11 +74,7 @@ class ShardReader:
                         continue
                     start = time.perf_counter()
                     self._taken(shard, lambda: self._read(shard), lambda: time.perf_counter() - start)
-                if self._decoders is None:
-                    if not listed:
-                        time.sleep(IDLE_S)
-                    continue
-                if not self._decoders.in_flight:
+                if self._decoders is None or not self._decoders.in_flight:
                     if not listed:
                         time.sleep(IDLE_S)
                     continue
