@@ -209,16 +209,7 @@ class Feed(StoreFeed):
     def data(self) -> tuple:
         return (self.buffer,)
 
-    def poll(self, update: int) -> int:
-        self.take_in(update)
-        # 3. updates allowed: once every device has a history, as many as the rate limiter allows
-        if self.inserted < self.devices and not self._said_waiting:
-            self.log.print(f"  {self.waiting_for}")
-            self._said_waiting = True
-        return self.allowed(self.samples, self.inserts, self.inserted * self.cfg.ad_history_steps)
-
-    def take_in(self, update: int) -> None:
-        start, self.update = time.perf_counter(), update
+    def receive(self, update: int) -> None:
         # 1. shards the reader has read, oldest first; after a restart, consumed ones only refill
         for _, _, tasks in self.arrived():
             self.pending.extend(tasks)
@@ -241,8 +232,10 @@ class Feed(StoreFeed):
             self.buffer = self.insert(self.buffer, self.par.shard(self.par.local_rows(block)),
                                       self.par.shard(self.par.local_rows(valid)))
             self.inserted += len(take)
-        self.window["ingest_s"] += time.perf_counter() - start
-        self.publish_progress(self.samples, self.inserts)
+        # 3. (poll) updates are allowed once every device has a history, as many as the rate limiter allows
+        if self.inserted < self.devices and not self._said_waiting:
+            self.log.print(f"  {self.waiting_for}")
+            self._said_waiting = True
 
     @property
     def samples(self) -> int:
@@ -258,6 +251,11 @@ class Feed(StoreFeed):
     def queued(self) -> int:
         """History steps received, not yet in the buffer."""
         return len(self.pending) * self.cfg.ad_history_steps
+
+    @property
+    def in_memory(self) -> int:
+        """History steps in the buffer (once every device has a history, the limiter's terms)."""
+        return self.inserted * self.cfg.ad_history_steps
 
     def ran(self, updates: int, state) -> None:
         self.update += updates  # one gradient step per update: the update count is the gradient step count

@@ -338,13 +338,8 @@ class Feed(StoreFeed):
     def data(self) -> tuple:
         return (self.replay,)
 
-    def poll(self, update: int) -> int:
-        self.take_in(update)
-        # 3. iterations the rate limiter allows
-        return self.allowed(self.samples, self.inserts, self.inserted)
-
-    def take_in(self, update: int) -> None:
-        start, self.update, w = time.perf_counter(), update, self.episodes_window
+    def receive(self, update: int) -> None:
+        w = self.episodes_window
         # 1. shards the reader has read, oldest first (while the ingest queue has room); after a
         # restart, consumed ones only refill
         for shard, new, transitions in self.arrived() if self.ingest.has_room else ():
@@ -369,8 +364,6 @@ class Feed(StoreFeed):
                 self.latency_window["insert"][0] += n * (now - stamp[1])
                 self.latency_window["insert"][1] += n
         self.ingest.landed = []
-        self.window["ingest_s"] += time.perf_counter() - start
-        self.publish_progress(self.samples, self.inserts)
 
     def _to_devices(self, block: Transitions) -> Transitions:
         """A block of transitions, [devices x rows, ...] on the host, as arrays split over the
@@ -397,6 +390,10 @@ class Feed(StoreFeed):
     @property
     def queued(self) -> int:
         return self.ingest.queued
+
+    @property
+    def in_memory(self) -> int:
+        return self.inserted
 
     def close(self) -> None:
         self.ingest.close()

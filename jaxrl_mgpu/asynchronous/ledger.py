@@ -130,7 +130,13 @@ class StoreFeed:
     memory: str
     counts: tuple[str, ...]
     decode = None
-    queued: int  # transitions received, not yet in the learner's memory
+    # counts of the subclass (properties): transitions (history steps for AD) received and not
+    # yet in the learner's memory; sampled and inserted over the whole run (the rate limiter's
+    # terms); in the learner's memory now
+    queued: int
+    samples: int
+    inserts: int
+    in_memory: int
 
     def __init__(self, cfg, par, ckpts, layout: dict, log, resume_step: int | None, state):
         self.cfg, self.par, self.log = cfg, par, log
@@ -177,11 +183,11 @@ class StoreFeed:
                 self.per_collector_window[who] = self.per_collector_window.get(who, 0) + shard.meta["env_steps"]
             yield shard, new, data
 
-    def allowed(self, samples: int, inserts: int, in_memory: int) -> int:
-        """Iterations the rate limiter allows now; publishes the counts collectors pace
-        themselves by, and times the learner's waits."""
-        allowed = self.limiter.iterations(samples, inserts, in_memory)
-        self.publish_progress(samples, inserts)
+    def poll(self, update: int) -> int:
+        """runner.Feed.poll: takes in what arrived (take_in), then the iterations the rate
+        limiter allows now; times the learner's waits."""
+        self.take_in(update)
+        allowed = self.limiter.iterations(self.samples, self.inserts, self.in_memory)
         now = time.perf_counter()
         if allowed == 0 and self.waiting_since is None:
             self.waiting_since = now
@@ -190,11 +196,20 @@ class StoreFeed:
             self.waiting_since = None
         return min(allowed, self.cfg.total_updates)
 
-    def publish_progress(self, samples: int, inserts: int) -> None:
-        """The counts collectors pace themselves by (rate.Progress: at most every PUBLISH_S)."""
-        self.progress.publish(samples=samples, inserted=inserts, last_read=self.reader.newest_taken,
+    def take_in(self, update: int) -> None:
+        """runner.Feed.take_in (also while a chunk runs): the shards read since, into the
+        learner's memory (the subclass's `receive`), then the counts collectors pace themselves
+        by, published (rate.Progress: at most every PUBLISH_S)."""
+        start, self.update = time.perf_counter(), update
+        self.receive(update)
+        self.window["ingest_s"] += time.perf_counter() - start
+        self.progress.publish(samples=self.samples, inserted=self.inserts, last_read=self.reader.newest_taken,
                               pipeline=self.reader.pipeline_steps + self.queued,
                               max_in_flight=self.limiter.in_flight_bound(self.largest_shard))
+
+    def receive(self, update: int) -> None:
+        """Takes the shards the reader has read since (`arrived`) into the learner's memory."""
+        raise NotImplementedError
 
     def rate_metrics(self, samples: int, inserts: int, queued: int, grad_steps: int) -> dict:
         """The log's data and rate keys for the window since the last call (which they close):

@@ -44,13 +44,12 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 from array_record.python import array_record_module
-from etils import epath
 
 import tensorflow_datasets as tfds
 # The numpy parser of TFDS's tf.Example records: it parses a whole episode into stacked arrays.
 # The public decode path (`as_data_source()[i]["steps"]`) decodes step by step in Python, about
 # 15x slower; tests check both agree.
-from tensorflow_datasets.core import example_parser, example_serializer
+from tensorflow_datasets.core import example_parser
 from tensorflow_datasets.proto import tf_example_pb2, tf_feature_pb2
 
 from jaxrl_mgpu.cli import UserError
@@ -205,12 +204,12 @@ def serializer(features: tfds.features.FeaturesDict) -> Callable[[dict], bytes]:
     """`features`' examples as TFDS stores them (a tf.Example), whole arrays at a time: the same
     tf.Example as TFDS's serializer, which converts a sequence feature's items one by one in
     Python (30 ms a 4k-step shard of the store, against 3), serialized deterministically (its
-    features in key order). For features of one sequence level at most (all of ours); deeper
-    ones go through TFDS's."""
+    features in key order). For features of one sequence level at most (all of ours: TFDS
+    stores deeper ones as ragged row lengths)."""
     specs = tfds.core.utils.flatten_nest_dict(features.get_serialized_info())
-    if any(info.sequence_rank > 1 for info in specs.values()):
-        tfds_serializer = example_serializer.ExampleSerializer(features.get_serialized_info())
-        return lambda example: tfds_serializer.serialize_example(features.encode_example(example))
+    nested = [k for k, info in specs.items() if info.sequence_rank > 1]
+    if nested:
+        raise DatasetError(f"feature {nested[0]!r} is a sequence of sequences, which rlds.serializer does not write")
 
     def feature(key: str, value, info) -> tf_feature_pb2.Feature:
         v = np.asanyarray(value, dtype=info.np_dtype)
@@ -245,7 +244,7 @@ def build(path: Path, features: tfds.features.FeaturesDict, metadata: dict, exam
     staging = path.parent / f".{path.name}.partial-{uuid.uuid4().hex[:8]}"
     try:
         staging.mkdir()
-        template = tfds.core.ShardedFileTemplate(data_dir=epath.Path(staging), template=FILENAME_TEMPLATE,
+        template = tfds.core.ShardedFileTemplate(data_dir=tfds.core.Path(staging), template=FILENAME_TEMPLATE,
                                                  dataset_name=NAME, split=SPLIT, filetype_suffix="array_record")
         serialize, count, size = serializer(features), 0, 0
         writer = array_record_module.ArrayRecordWriter(os.fspath(template.sharded_filepath(shard_index=0, num_shards=1)),
