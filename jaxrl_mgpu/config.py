@@ -179,7 +179,8 @@ class Config:
     samples_per_insert_tolerance: float = option(0.1, "learn/collect: the band around --samples-per-insert "
                                                       "within which neither side waits, as a fraction of the "
                                                       "samples --learning-starts transitions pay for (Acme's "
-                                                      "error buffer)")
+                                                      "error buffer); at least --max-data-lag iterations' "
+                                                      "samples, the data that may be on its way")
     collect_before_checkpoint: str = option("wait", "collect: before the learner first publishes its params "
                                                     "(DQN: policy.msgpack), wait or act uniformly at random",
                                             choices=("wait", "random"))

@@ -35,8 +35,9 @@ def spawn(*argv):
 
 def most_samples_per_insert(inserted: int) -> float:
     """What DQN's limiter allows at most: 32 samples per transition after the first 512, plus
-    its error buffer (0.1 x 32 x 512 samples) and one iteration (4 x 64)."""
-    return 32 + (0.1 * 32 * 512 + 4 * 64) / (inserted - 512)
+    its error buffer (0.1 x 32 x 512 samples, at least --max-data-lag 8 iterations of 4 x 64)
+    and one iteration."""
+    return 32 + (max(0.1 * 32 * 512, 8 * 4 * 64) + 4 * 64) / (inserted - 512)
 
 
 def consumed_by_collector(run_dir) -> tuple[dict, dict]:
@@ -303,9 +304,13 @@ def test_a_collector_without_a_learner_says_what_it_waits_for(tmp_path, capsys, 
 
 def test_rate_limiter_semantics():
     cfg = config_lib.Config(algo="dqn", num_envs=8, updates_per_step=4, replay_batch_size=64, learning_starts=512)
+    acme = 0.1 * 32 * 512  # Acme's error buffer, in samples: --samples-per-insert-tolerance x 32 x 512
+    # ... at least the samples of what collectors may have on its way: --max-data-lag iterations'
+    assert rate.Limiter(cfg, samples_per_iteration=256, min_inserts=512).buffer == 8 * 256 > acme
+    cfg = dataclasses.replace(cfg, max_data_lag=4.0)
     limiter = rate.Limiter(cfg, samples_per_iteration=256, min_inserts=512)
     assert rate.samples_per_insert(cfg) == 32 == limiter.target  # --mode both's ratio: 4 x 64 / 8
-    assert limiter.buffer == 0.1 * 32 * 512                        # Acme's error buffer, in samples
+    assert limiter.buffer == acme > 4 * 256
     assert limiter.iterations(0, 10_000, in_replay=500) == 0     # before --learning-starts
     # Counted from --learning-starts on, as --mode both counts: at the start, the buffer's worth
     # and one, not the samples that all 512 transitions would pay for (64 iterations).
@@ -320,8 +325,8 @@ def test_rate_limiter_semantics():
     # Collectors: back-pressured while the learner has inserted more than its samples pay for
     # beyond the buffer, or while more is on its way to it than --max-data-lag iterations' worth
     # (at least two of its largest shards).
-    assert limiter.max_in_flight == 8 * 256 / 32                  # --max-data-lag 8 of 8 transitions an iteration
-    assert limiter.in_flight_bound(largest_shard=16) == 64 and limiter.in_flight_bound(100) == 200
+    assert limiter.max_in_flight == 4 * 256 / 32                  # --max-data-lag 4 of 8 transitions an iteration
+    assert limiter.in_flight_bound(largest_shard=8) == 32 and limiter.in_flight_bound(100) == 200
     # ... plus what the learner's ingest may hold back until more arrives (a partial block)
     assert rate.Limiter(cfg, 256, 512, min_in_flight=256).in_flight_bound(100) == 456
     samples = 32 * (10_000 - 512)

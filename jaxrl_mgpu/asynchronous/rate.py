@@ -21,12 +21,19 @@ on both sides.
   32k-transition ingest queue, the learner inserted data 35-45 iterations old; with this bound
   (8) on 2 H200s, 11-13; with the faster path to the replay since (asynchronous/dqn.py: STAGES,
   ~150-200 ms from the params to the replay), ~6, where the path's latency, not the bound, sets it.
-- The buffer is Acme's: `tolerance * samples_per_insert * min_inserts` samples
-  (`--samples-per-insert-tolerance` x the samples `--learning-starts` transitions pay for), a
-  fixed band. (A band relative to the whole run's counts, as before, let the learner run at the
-  top of it, 8.8 samples per insert for a target of 8 over a 3M-step run, and with no offset it
-  drew the samples of all of --learning-starts' transitions at once: ~1,700 DQN gradient steps
-  on the random start, which `--mode both` never does.)
+- The buffer is Acme's, `tolerance * samples_per_insert * min_inserts` samples
+  (`--samples-per-insert-tolerance` x the samples `--learning-starts` transitions pay for), and
+  at least the samples of the data collectors may have on its way (`--max-data-lag`
+  iterations'): a fixed band. Collectors that pause at the band's top resume only as the
+  learner reaches its bottom, and their data then takes the pipeline's latency to arrive; a
+  band narrower than what is on its way meanwhile starves the learner (Acme's 5k transitions
+  for the Breakout DQN preset, against ~16k on its way: the learner waited 9% of the time and
+  ran 0.70 of its ceiling on an H200; with the band at the bound, 0% and 0.76-0.81,
+  experiments/RESULTS.md). The long-run ratio is the target either way: the band bounds the
+  counts' difference, not their ratio. (A band relative to the whole run's counts, as before,
+  let the learner run at the top of it, 8.8 samples per insert for a target of 8 over a
+  3M-step run, and with no offset it drew the samples of all of --learning-starts' transitions
+  at once: ~1,700 DQN gradient steps on the random start, which `--mode both` never does.)
 
 The default target. DQN: the ratio of `--mode both` (each update steps every environment
 `num_steps` times, `num_envs * num_steps` transitions, then does `num_steps * updates_per_step`
@@ -80,12 +87,13 @@ class Limiter:
         self.target = samples_per_insert(cfg)
         self.min_inserts = min_inserts
         self.per_iteration = samples_per_iteration
-        self.buffer = error_buffer(self.target, cfg.samples_per_insert_tolerance, min_inserts)
         # transitions on their way to the learner's memory that collectors keep below: at least
         # MIN_IN_FLIGHT_SHARDS of the largest shard so far, plus `min_in_flight` (what the
         # learner's ingest may hold back, e.g. a partial block), or collectors could wait forever
         self.max_in_flight = cfg.max_data_lag * samples_per_iteration / self.target
         self.min_in_flight = min_in_flight
+        self.buffer = max(error_buffer(self.target, cfg.samples_per_insert_tolerance, min_inserts),
+                          self.target * self.max_in_flight)
 
     def in_flight_bound(self, largest_shard: int) -> int:
         return int(max(self.max_in_flight, MIN_IN_FLIGHT_SHARDS * largest_shard + self.min_in_flight))
