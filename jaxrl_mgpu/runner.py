@@ -119,6 +119,7 @@ class Trainer:
         self._compiled = None
         self._init = None
         self._eval = None
+        self._lengths: dict[int, jax.Array] = {}
 
     def init_state(self):
         return self.compile_init()(self.key(self.cfg.seed))
@@ -155,7 +156,11 @@ class Trainer:
             self._compiled = self.par.compile(mapped, state, self._length(1), *(self.data if data is None else data))
 
     def _length(self, n: int):
-        return self.par.replicate(np.int32(n))
+        """A chunk's length on the devices, put there once per length (a learner's chunks take a
+        few lengths, and a transfer per chunk is a needless step on its way)."""
+        if n not in self._lengths:
+            self._lengths[n] = self.par.replicate(np.int32(n))
+        return self._lengths[n]
 
     def chunk_fn(self, length: int, state, data: tuple | None = None) -> Callable:
         """`state -> (state, Chunk)` running `length` updates (the one compiled program) on
@@ -260,13 +265,18 @@ class Feed(Protocol):
     waiting_for: str    # what the loop waits for while `poll` allows no update
 
     def poll(self, update: int) -> int:
-        """Takes in what arrived since the last call; how many updates may run now (0: none)."""
+        """Between chunks: takes in what arrived since the last call, into the device memory;
+        how many updates may run now (0: none)."""
 
     def take_in(self, update: int) -> None:
-        """Takes in what arrived since the last call (poll's first half), while a chunk runs."""
+        """While a chunk runs: takes in what arrived since the last call as far as the host can
+        (reading, staging, copies to the devices), without touching the device memory the chunk
+        reads (poll puts it there)."""
 
-    def ran(self, updates: int, state) -> None:
-        """The chunk just dispatched runs `updates` updates, to `state` (still being computed)."""
+    def ran(self, updates: int, state, between_s: float | None) -> None:
+        """The chunk just dispatched runs `updates` updates, to `state` (possibly still being
+        computed); `between_s`: the host's seconds from the last dispatch's return to this one
+        (None: after a wait for data, or the first)."""
 
     def log_row(self, row: dict, updates: int) -> dict:
         """The log row of the chunks since the last one (`updates` updates) with what the feed
@@ -389,54 +399,84 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
             write(chunk[0])
 
     # One chunk stays in flight: the next one is dispatched before the host reads (and logs)
-    # the last, and a learner's feed takes in data (feed.poll) while the device learns.
+    # the last, and a learner's feed takes in data (feed.take_in) while the devices learn. The
+    # dispatch itself runs on a thread of its own: XLA:GPU drives a while loop whose trip count
+    # is a run-time value (the chunk's `n`) from the host, so the call returns only when the
+    # chunk is all but done (an H200's async DQN learner spent ~100% of its time inside it,
+    # experiments/gpu/learner_ceiling.py), and the host's work between chunks would otherwise
+    # leave the devices idle.
+    dispatcher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="chunk-dispatch")
+    # Across processes, reading a chunk's metrics and asking for a stop are collectives, which
+    # every process must issue in the same order as the chunks': never beside a dispatch.
+    alone = jax.process_count() == 1
+
+    def settle_taking_in(chunk: tuple, update: int) -> None:
+        if feed is not None:  # data taken in while the devices run, not a chunk later
+            while not all(x.is_ready() for x in jax.tree.leaves(chunk[2])):
+                feed.take_in(update)
+                time.sleep(POLL_S)
+        settle(chunk)
+
     update, pending, written = start_update, None, {"update": start_update}
-    while update < end:
-        if profile is not None:
-            profile.at(update, state)
-        length = trainer.next_length(update, end)  # a feed may allow fewer updates, never more
-        if feed is not None:
-            allowed = feed.poll(update)
-            if not allowed:
-                if pending is not None:  # its row is not held back while the learner waits
-                    settle(pending)
-                    pending = None
-                with log.waiting(feed.waiting_for):
-                    while not (allowed := feed.poll(update)) and not stop_requested():
-                        time.sleep(POLL_S)
-            if not allowed:  # stopped while waiting (the learner's last checkpoint follows)
-                break
-            length = min(length, allowed)
-        # Dispatch; it runs while the host logs below. (A feed's data is new after each poll.)
-        state, metrics = trainer.chunk_fn(length, state, None if feed is None else feed.data)(state)
-        if feed is not None:
-            feed.ran(length, state)
-        if pending is not None:
-            if feed is not None:  # data taken in while the devices run the chunk before, not a chunk later
-                while not all(x.is_ready() for x in jax.tree.leaves(pending[2])) and not stop_requested():
+    returned_at = None  # when the last dispatch returned (the host's time between chunks, for a feed's log)
+    try:
+        while update < end:
+            if profile is not None:
+                profile.at(update, state)
+            length = trainer.next_length(update, end)  # a feed may allow fewer updates, never more
+            waited = False
+            if feed is not None:
+                allowed = feed.poll(update)
+                if not allowed:
+                    waited = True
+                    if pending is not None:  # its row is not held back while the learner waits
+                        settle(pending)
+                        pending = None
+                    with log.waiting(feed.waiting_for):
+                        while not (allowed := feed.poll(update)) and not stop_requested():
+                            time.sleep(POLL_S)
+                if not allowed:  # stopped while waiting (the learner's last checkpoint follows)
+                    break
+                length = min(length, allowed)
+            # Dispatch (a feed's data is new after each poll); meanwhile the host reads and logs
+            # the chunk before, and a feed takes in data.
+            between = None if waited or returned_at is None else time.perf_counter() - returned_at
+            dispatch = dispatcher.submit(trainer.chunk_fn(length, state, None if feed is None else feed.data), state)
+            if pending is not None and alone:
+                settle_taking_in(pending, update)
+                pending = None
+            if feed is not None:
+                while not dispatch.done():
                     feed.take_in(update)
-                    time.sleep(POLL_S)
+                    concurrent.futures.wait([dispatch], timeout=POLL_S)
+            state, metrics = dispatch.result()
+            returned_at = time.perf_counter()
+            if pending is not None:  # several processes: read once the dispatch is done
+                settle_taking_in(pending, update)
+            if feed is not None:
+                feed.ran(length, state, between)
+            update += length
+            final = update == cfg.total_updates or update == stop_at
+            stop = stop_requested()
+            boundary = update % cfg.log_every == 0 or final or stop
+            pending = (update, length, metrics, boundary)
+            evaluate = hooks.evaluate is not None and (due(cfg.eval_every, update) or final)
+            checkpoint = hooks.checkpoint is not None and (due(cfg.checkpoint_every, update) or final or stop)
+            if evaluate or checkpoint or final or stop:
+                emit(*pending[:3])  # the state is needed as it is now: read this chunk
+                pending = None
+                if evaluate:
+                    last_row.update(hooks.evaluate(update, state))
+                if boundary:
+                    write(update)
+                if checkpoint:
+                    hooks.checkpoint(update, state)
+            if final or stop:
+                break
+        if pending is not None:
             settle(pending)
-        update += length
-        final = update == cfg.total_updates or update == stop_at
-        stop = stop_requested()
-        boundary = update % cfg.log_every == 0 or final or stop
-        pending = (update, length, metrics, boundary)
-        evaluate = hooks.evaluate is not None and (due(cfg.eval_every, update) or final)
-        checkpoint = hooks.checkpoint is not None and (due(cfg.checkpoint_every, update) or final or stop)
-        if evaluate or checkpoint or final or stop:
-            emit(*pending[:3])  # the state is needed as it is now: read this chunk
-            pending = None
-            if evaluate:
-                last_row.update(hooks.evaluate(update, state))
-            if boundary:
-                write(update)
-            if checkpoint:
-                hooks.checkpoint(update, state)
-        if final or stop:
-            break
-    if pending is not None:
-        settle(pending)
+    finally:
+        dispatcher.shutdown(wait=True)
     if profile is not None:  # the run ended inside the profiled updates, or before them
         profile.close(update, state)
     return state, last_row, update

@@ -97,6 +97,11 @@ def test_learner_with_two_collectors_one_killed(tmp_path):
     assert np.isfinite(last["loss/td"])
     assert last["async/decode_s_per_shard"] is None or last["async/decode_s_per_shard"] > 0
     assert 0 <= last["async/ingest_fraction"] < 1
+    # Chunks run at most --max-data-lag / 2 (4) iterations, fewer than --log-every's 10: data
+    # enters the replay and params reach the collectors only between them.
+    lengths = [r["async/iterations_per_chunk"] for r in rows if r["async/iterations_per_chunk"] is not None]
+    assert lengths and all(1 <= n <= 4 for n in lengths) and any(n > 1 for n in lengths)
+    assert all(0 <= r["async/between_chunks_fraction"] < 1 for r in rows)
     # Every listed shard is complete (checksums verified on read). What the killed collector
     # was writing, if anything, stays in a hidden staging directory that is never listed.
     for shard in store.shards():
@@ -372,10 +377,10 @@ def test_ingest_is_bounded_and_in_large_blocks():
 
 
 def test_ingest_uses_its_whole_budget_each_step_keeps_order_and_bounds_its_queue():
-    """The learner's ingest: each step inserts the copies that arrived and starts a full budget
-    of new ones (inserting after staging left half the budget idle every other step, and with a
-    checkpoint per chunk a 3-collector queue grew to 700k transitions, H200); order is kept; and
-    it stops taking shards past QUEUE_STEPS budgets."""
+    """The learner's ingest: while a chunk runs it starts copying all it holds to the devices;
+    between chunks it inserts a whole budget of the copies that arrived (with a checkpoint per
+    chunk, and less inserted per chunk, a 3-collector queue once grew to 700k transitions,
+    H200); order is kept; and it stops taking shards past QUEUE_STEPS budgets."""
     def transitions(start, n):
         return Transitions(np.zeros((n, 2), np.float32), np.arange(start, start + n, dtype=np.int32),
                            np.zeros(n, np.float32), np.ones(n, np.float32), np.zeros((n, 2), np.float32))
@@ -389,18 +394,22 @@ def test_ingest_uses_its_whole_budget_each_step_keeps_order_and_bounds_its_queue
         ingest.add(transitions(added, shard), tag=f"shard {added // shard}")
         added += shard
     assert added == 2 * shard  # QUEUE_STEPS = 2 budgets, taken a shard at a time
-    assert ingest.step() == 0 and ingest.queued == added and ingest.landed == []  # the first copies start
+    ingest.stage()  # (while a chunk runs) every whole block's copy starts
+    assert ingest.copying == added == ingest.queued and ingest.landed == []
+    wait_until(lambda: all(f.done() for _, f in ingest.copies), timeout=10)
     for _ in range(3):
-        wait_until(lambda: all(f.done() for _, f in ingest.copies), timeout=10)
-        assert ingest.step() == budget  # the copies that arrived go in, and a whole budget starts again
+        assert ingest.insert_arrived() == budget  # (between chunks) a budget of the copies goes in
     assert ingest.queued == 0 and ingest.has_room
     # Each add's tag came back with its transitions as they went in (the learner's lag at insert).
     assert ingest.landed == [(budget, "shard 0"), (shard - budget, "shard 0"), (2 * budget - shard, "shard 1"),
                              (budget, "shard 1")]
-    # Waiting (as the learner's poll does, briefly), a step inserts the copies it starts as they arrive.
+    # Nothing goes in before its copy has arrived; then all of it, at the next insert.
     ingest.landed, block = [], 2 * async_dqn.LARGE_BLOCK
-    ingest.add(transitions(added, block), tag="at once")
-    assert ingest.step(wait_s=10) == block and ingest.queued == 0 and ingest.landed == [(block, "at once")]
+    ingest.add(transitions(added, block), tag="next")
+    assert ingest.insert_arrived() == 0 and ingest.landed == []
+    ingest.stage()
+    wait_until(lambda: all(f.done() for _, f in ingest.copies), timeout=10)
+    assert ingest.insert_arrived() == block and ingest.queued == 0 and ingest.landed == [(block, "next")]
     ingest.close()
     np.testing.assert_array_equal(np.concatenate(inserted), np.arange(added + block))  # all of it, in order
 

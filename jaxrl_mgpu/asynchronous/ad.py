@@ -210,14 +210,17 @@ class Feed(StoreFeed):
         return (self.buffer,)
 
     def receive(self, update: int) -> None:
-        # 1. shards the reader has read, oldest first; after a restart, consumed ones only refill
+        # shards the reader has read, oldest first; after a restart, consumed ones only refill;
+        # histories beyond the buffer's capacity would be overwritten unused
         for _, _, tasks in self.arrived():
             self.pending.extend(tasks)
-        # 2. into the buffers, at most INSERT_BUDGET inserts; histories beyond the buffer's
-        # capacity would be overwritten unused
         capacity = self.per_device * self.devices
         self.dropped += max(len(self.pending) - capacity, 0)
         self.pending = self.pending[-capacity:]
+
+    def insert_ready(self, update: int) -> None:
+        """Into the buffers (between chunks), at most INSERT_BUDGET inserts; then, once every
+        device has a history, poll allows as many updates as the rate limiter does."""
         for _ in range(INSERT_BUDGET):
             if not self.pending:
                 break
@@ -232,7 +235,6 @@ class Feed(StoreFeed):
             self.buffer = self.insert(self.buffer, self.par.shard(self.par.local_rows(block)),
                                       self.par.shard(self.par.local_rows(valid)))
             self.inserted += len(take)
-        # 3. (poll) updates are allowed once every device has a history, as many as the rate limiter allows
         if self.inserted < self.devices and not self._said_waiting:
             self.log.print(f"  {self.waiting_for}")
             self._said_waiting = True
@@ -257,7 +259,8 @@ class Feed(StoreFeed):
         """History steps in the buffer (once every device has a history, the limiter's terms)."""
         return self.inserted * self.cfg.ad_history_steps
 
-    def ran(self, updates: int, state) -> None:
+    def ran(self, updates: int, state, between_s: float | None = None) -> None:
+        super().ran(updates, state, between_s)
         self.update += updates  # one gradient step per update: the update count is the gradient step count
 
     def log_row(self, row: dict, updates: int) -> dict:

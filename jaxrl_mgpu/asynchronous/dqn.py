@@ -77,9 +77,6 @@ INSERT_BUDGET = 4 * LARGE_BLOCK   # transitions per device on their way to the r
 # encoding, the rename, the reader's next listing), read (-> the learner took it: a free
 # decoder, decoding, its turn), insert (-> in the replay, per transition: the ingest queue).
 STAGES = ("params", "rollout", "write", "read", "insert")
-INSERT_WAIT_S = 0.005        # a poll waits this long at most for the copies it started, to insert them at once:
-                             # the devices are still busy with the chunk before (the runner keeps one in
-                             # flight), and data that waited for the next poll waited a chunk longer
 QUEUE_STEPS = 2               # the learner takes shards from its reader while it holds fewer than this many budgets
 
 
@@ -267,22 +264,22 @@ class Ingest:
             if not head[0]:
                 self.stamps.popleft()
 
-    def step(self, wait_s: float = 0.0) -> int:
-        """Inserts the blocks whose copies have arrived, then starts copying more (inserting
-        after staging left half the budget idle every other step), and inserts those of them
-        that arrive within `wait_s`; returns the transitions inserted."""
-        inserted = self._insert_arrived()
-        blocks, self.pending = _host_blocks(self.pending, self.devices, self.budget - self.copying // self.devices)
+    def stage(self) -> None:
+        """Starts copying the queue's whole blocks to the devices (on the copier thread): host
+        work, done while a chunk runs, so that they are there to insert when it ends. (The
+        queue, and so what is on its way, is bounded by `has_room`.)"""
+        room = -(-sum(len(t.reward) for t in self.pending) // self.devices)
+        blocks, self.pending = _host_blocks(self.pending, self.devices, room)
         for block in blocks:
             self.copies.append((len(block.reward), self.copier.submit(self.to_devices, block)))
-        if blocks and wait_s > 0:
-            concurrent.futures.wait([copy for _, copy in self.copies], timeout=wait_s)
-            inserted += self._insert_arrived()
-        return inserted
 
-    def _insert_arrived(self) -> int:
+    def insert_arrived(self) -> int:
+        """Inserts the blocks whose copies have arrived, oldest first, at most `budget`
+        transitions per device (between chunks: the insert takes the replay the chunks read, and
+        the devices wait for it); returns the transitions inserted."""
         inserted = 0
-        while self.copies and self.copies[0][1].done():
+        while (self.copies and self.copies[0][1].done()
+               and inserted + self.copies[0][0] <= self.budget * self.devices):
             rows, copied = self.copies.popleft()
             self.insert(copied.result())
             inserted += rows
@@ -331,6 +328,11 @@ class Feed(StoreFeed):
         # (its ingest inserts whole blocks: less than one waits for more)
         self.limit(self.per_learn * cfg.replay_batch_size, max(cfg.learning_starts, cfg.replay_batch_size),
                    min_in_flight=BLOCK * par.num_devices)
+        # Data enters the replay, and new params reach the collectors, only between chunks: a
+        # chunk runs at most half of --max-data-lag's iterations, so that neither waits longer
+        # than the data may be old. (With --log-every's 50 the preset's chunks would run ~0.7 s
+        # on an H200; DQN learns much worse from stale acting params, rate.py.)
+        self.max_chunk = max(int(cfg.max_data_lag // 2), 1)
         self.waiting_for = (f"waiting for data from the collectors (--learning-starts {cfg.learning_starts} "
                             f"transitions, then {self.limiter.target:g} samples per insert)")
 
@@ -354,8 +356,14 @@ class Feed(StoreFeed):
                 for stage, seconds in _latencies(shard, now).items():
                     self.latency_window[stage][0] += seconds
                     self.latency_window[stage][1] += 1
-        # 2. into the replay, in whole blocks copied to the devices on a thread of their own
-        self.inserted += self.ingest.step(INSERT_WAIT_S)
+        # 2. towards the replay: whole blocks start their copies to the devices (on a thread of
+        # their own), for the next poll to insert
+        self.ingest.stage()
+
+    def insert_ready(self, update: int) -> None:
+        """The blocks whose copies have arrived, into the replay (between chunks)."""
+        w = self.episodes_window
+        self.inserted += self.ingest.insert_arrived()
         now = time.time()
         for n, stamp in self.ingest.landed:  # how old the params that collected them are now; their wait
             if stamp is not None:
@@ -403,7 +411,8 @@ class Feed(StoreFeed):
             self.log.print(f"  the last params publication failed: {type(e).__name__}: {e}")
         super().close()
 
-    def ran(self, updates: int, state) -> None:
+    def ran(self, updates: int, state, between_s: float | None = None) -> None:
+        super().ran(updates, state, between_s)
         self.grads += updates * self.per_learn
         self.policy.offer(self.update + updates, state.params, self.ledger.env_steps)
 

@@ -137,6 +137,7 @@ class StoreFeed:
     samples: int
     inserts: int
     in_memory: int
+    max_chunk: int | None = None  # the most updates a chunk may run (None: as --log-every and the limiter allow)
 
     def __init__(self, cfg, par, ckpts, layout: dict, log, resume_step: int | None, state):
         self.cfg, self.par, self.log = cfg, par, log
@@ -151,8 +152,8 @@ class StoreFeed:
         self._publishing: concurrent.futures.Future | None = None
         self._copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))  # the state, on the devices
         # What arrived since the last log point, and how the learner's host time went.
-        self.window = dict.fromkeys(("collector_wait_s", "learner_wait_s", "ingest_s",
-                                     *(f"collector_wait_s/{why}" for why in rate.HOLD_REASONS)), 0)
+        self.window = dict.fromkeys(("collector_wait_s", "learner_wait_s", "ingest_s", "chunks", "chunk_updates",
+                                     "between_chunks_s", *(f"collector_wait_s/{why}" for why in rate.HOLD_REASONS)), 0)
         self.per_collector_window: dict[str, int] = {}
         self.steps_logged, self.logged_at = self.ledger.env_steps, time.perf_counter()
 
@@ -184,32 +185,61 @@ class StoreFeed:
             yield shard, new, data
 
     def poll(self, update: int) -> int:
-        """runner.Feed.poll: takes in what arrived (take_in), then the iterations the rate
-        limiter allows now; times the learner's waits."""
-        self.take_in(update)
+        """runner.Feed.poll, between chunks: puts what take_in made ready while the last chunk
+        ran into the learner's memory (the subclass's `insert_ready`), then the iterations the
+        rate limiter allows now; with none, takes in what arrived first (nothing runs) and
+        publishes the counts. Times the learner's waits. Only the inserts wait for here: on a
+        GPU the devices idle between chunks (runner.train)."""
+        start, self.update = time.perf_counter(), update
+        self.insert_ready(update)
         allowed = self.limiter.iterations(self.samples, self.inserts, self.in_memory)
+        if not allowed:
+            self.receive(update)
+            self.insert_ready(update)
+            allowed = self.limiter.iterations(self.samples, self.inserts, self.in_memory)
+            self._publish()
+        self.window["ingest_s"] += time.perf_counter() - start
         now = time.perf_counter()
         if allowed == 0 and self.waiting_since is None:
             self.waiting_since = now
         elif allowed and self.waiting_since is not None:
             self.window["learner_wait_s"] += now - self.waiting_since
             self.waiting_since = None
-        return min(allowed, self.cfg.total_updates)
+        return min(allowed, self.cfg.total_updates, self.max_chunk or allowed)
 
     def take_in(self, update: int) -> None:
-        """runner.Feed.take_in (also while a chunk runs): the shards read since, into the
-        learner's memory (the subclass's `receive`), then the counts collectors pace themselves
-        by, published (rate.Progress: at most every PUBLISH_S)."""
+        """runner.Feed.take_in, while a chunk runs: the shards read since, as far towards the
+        learner's memory as the host takes them without touching it (the subclass's `receive`);
+        then the counts collectors pace themselves by, published."""
         start, self.update = time.perf_counter(), update
         self.receive(update)
         self.window["ingest_s"] += time.perf_counter() - start
+        self._publish()
+
+    def _publish(self) -> None:
+        """The learner's counts for the collectors (rate.Progress: at most every PUBLISH_S)."""
         self.progress.publish(samples=self.samples, inserted=self.inserts, last_read=self.reader.newest_taken,
                               pipeline=self.reader.pipeline_steps + self.queued,
                               max_in_flight=self.limiter.in_flight_bound(self.largest_shard))
 
     def receive(self, update: int) -> None:
-        """Takes the shards the reader has read since (`arrived`) into the learner's memory."""
+        """Takes the shards the reader has read since (`arrived`) towards the learner's memory,
+        host work only: the device memory may be in use by a running chunk."""
         raise NotImplementedError
+
+    def insert_ready(self, update: int) -> None:
+        """Puts what `receive` made ready into the learner's device memory (between chunks)."""
+        raise NotImplementedError
+
+    def ran(self, updates: int, state, between_s: float | None = None) -> None:
+        """runner.Feed.ran: counts the chunk, its updates and the host's time since the chunk
+        before (`between_s`, none after a wait for data): where dispatching a chunk returns only
+        once it is done (XLA:GPU, runner.train), that time leaves the devices idle. (Subclasses
+        extend it.)"""
+        w = self.window
+        w["chunks"] += 1
+        w["chunk_updates"] += updates
+        w["between_chunks_s"] += between_s or 0.0
 
     def rate_metrics(self, samples: int, inserts: int, queued: int, grad_steps: int) -> dict:
         """The log's data and rate keys for the window since the last call (which they close):
@@ -232,6 +262,12 @@ class StoreFeed:
                # on it: the reader decodes in a thread or process of its own)
                "async/ingest_fraction": w["ingest_s"] / elapsed,
                "async/decode_s_per_shard": self.reader.decode_seconds(),
+               # how the learner's chunks went: their mean length (the limiter may allow fewer
+               # than --log-every), and the share of the window the host spent between one chunk's
+               # dispatch returning and the next one's (waits for data excepted; on a GPU the
+               # devices idle then: runner.train)
+               "async/iterations_per_chunk": w["chunk_updates"] / w["chunks"] if w["chunks"] else None,
+               "async/between_chunks_fraction": w["between_chunks_s"] / elapsed,
                **{f"async/env_steps_per_s/{c}": n / elapsed for c, n in self.per_collector_window.items()},
                **self.ledger.metrics(grad_steps)}
         self.per_collector_window = {}
