@@ -43,6 +43,9 @@ class Publisher:
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="policy-publisher")
         self._writing: concurrent.futures.Future | None = None
         self._offered_at = float("-inf")
+        # One program copies every leaf (a copy per leaf was 8 dispatches, 0.86 ms against 0.24
+        # of the learner's thread between chunks for the Breakout Q-network, on the dev CPU).
+        self._copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
 
     def offer(self, iteration: int, params, env_steps_received: int, force: bool = False) -> None:
         """Publishes `params` (global arrays, replicated; possibly still being computed) as
@@ -58,7 +61,7 @@ class Publisher:
         # A copy of this process's first device's slice, on that device: the learner's next
         # chunk takes (donates) the params. (One device's op, no collective: only the main
         # process of a multi-host learner publishes.)
-        local = jax.tree.map(lambda x: jnp.copy(x.addressable_shards[0].data), params)
+        local = self._copy(jax.tree.map(lambda x: x.addressable_shards[0].data, params))
         self._writing = self._thread.submit(self._write, iteration, local, env_steps_received)
 
     def _write(self, iteration: int, local, env_steps_received: int) -> None:
