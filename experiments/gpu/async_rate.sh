@@ -12,7 +12,9 @@
 #      (rates over the last two thirds of the rows: differences of counts over their time).
 # Run from the repo root:  bash experiments/gpu/run.sh async_rate
 # COLLECTORS=cpu runs the collectors on the host's CPU (JAX_PLATFORMS=cpu) and only the learner on
-# GPU 0: a one-GPU stand-in that loads the learner as collectors on other GPUs do.
+# GPU 0: a one-GPU stand-in that loads the learner as collectors on other GPUs do. On a one-GPU
+# machine GPU collectors share GPU 0 with the learner (memory: the learner 0.35, each collector
+# 0.1); compare those cases with the LOADED=1 ceiling, whose GPU is as shared.
 # LEARNER_CPUS=0-3 COLLECTOR_CPUS=4-15 pins them to host cores (taskset), so that collectors on
 # the CPU do not take the learner's host thread's cores. PROFILE=U has each learner write a
 # jax.profiler trace of two log intervals after iteration U (train --profile --profile-from U) to
@@ -35,7 +37,10 @@ if [ "${DRY:-0}" = 1 ]; then
 fi
 GPUS=$(nvidia-smi -L 2>/dev/null | wc -l)
 gpu() { if [ "${DRY:-0}" = 1 ]; then env -u CUDA_VISIBLE_DEVICES "${@:2}"; else CUDA_VISIBLE_DEVICES=$1 "${@:2}"; fi; }
-collector_gpu() { if [ "$GPUS" -ge 4 ]; then echo $1; else echo 1; fi; }  # collector i: GPU i, or all on GPU 1
+collector_gpu() { if [ "$GPUS" -ge 4 ]; then echo $1; elif [ "$GPUS" -ge 2 ]; then echo 1; else echo 0; fi; }  # GPU i, GPU 1, or GPU 0
+# the collectors' share of their GPU's memory (several on one GPU share it; with the learner on one GPU)
+collector_mem() { python3 -c "print(0.75 if $GPUS >= 4 else round(0.9 / $1, 2) if $GPUS >= 2 else 0.1)"; }
+LEARNER_MEM=$([ "$GPUS" -ge 2 ] || echo 0.35)
 collector() {  # $1: collector number, rest: the command
   if [ "${COLLECTORS:-gpu}" = cpu ]; then JAX_PLATFORMS=cpu "${@:2}"; else gpu $(collector_gpu $1) "${@:2}"; fi
 }
@@ -46,7 +51,7 @@ split() {  # $1 collectors, $2 name, rest: learner options
   local n=$1 name=$2 run=$R/$2; shift 2
   local switch=()  # LEARNER_SWITCH_S: the learner's GIL switch interval (experiments/gpu/switchinterval)
   [ -n "${LEARNER_SWITCH_S:-}" ] && switch=(env SWITCH_INTERVAL_S=$LEARNER_SWITCH_S PYTHONPATH=$PWD/experiments/gpu/switchinterval:$PYTHONPATH)
-  gpu 0 ${LEARNER_CPUS:+taskset -c $LEARNER_CPUS} "${switch[@]}" timeout $T python3 -m jaxrl_mgpu.train $Q --run-dir $run --mode learn \
+  gpu 0 ${LEARNER_MEM:+env XLA_PYTHON_CLIENT_MEM_FRACTION=$LEARNER_MEM} ${LEARNER_CPUS:+taskset -c $LEARNER_CPUS} "${switch[@]}" timeout $T python3 -m jaxrl_mgpu.train $Q --run-dir $run --mode learn \
       ${PROFILE:+--profile $OUT/trace_$name --profile-from $PROFILE} ${LEARNER_ARGS:-} "$@" > $OUT/rate_${name}_learner.log 2>&1 &
   local pids=($!)
   if [ -n "${PYSPY:-}" ]; then
@@ -55,8 +60,7 @@ split() {  # $1 collectors, $2 name, rest: learner options
         --rate 100 --format raw -o $OUT/pyspy_$name.txt > $OUT/pyspy_$name.log 2>&1) &
   fi
   for c in $(seq 1 $n); do
-    # several collectors on one GPU share its memory
-    XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.9 / $n, 2) if $GPUS < 4 else 0.75)") \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=$(collector_mem $n) \
     collector $c ${COLLECTOR_CPUS:+taskset -c $COLLECTOR_CPUS} timeout $((T - 2)) python3 -m jaxrl_mgpu.train $Q --run-dir $run --mode collect \
         --collector-id c$c --collect-before-checkpoint random ${COLLECTOR_ARGS:-} > $OUT/rate_${name}_c$c.log 2>&1 &
     pids+=($!)
@@ -87,7 +91,8 @@ print(f"{sys.argv[2]}: {rate('grad_steps'):.0f} grad steps/s, {rate('async/env_s
       f"collectors {collector_wait:.1f} s ({', '.join(f'{w} {t:.1f}' for w, t in why.items())}); ingest fraction {ingest:.3f}; "
       f"decode {sum(decode) / max(len(decode), 1):.2f} s per shard; queued {last['async/queued_transitions']}, unread {last.get('async/unread_transitions')}, "
       f"return {last.get('episode_return')}; policy lag {mean('async/policy_lag'):.1f} on arrival, "
-      f"{mean('async/policy_lag_inserted'):.1f} inserted (iterations); latency (ms) "
+      f"{mean('async/policy_lag_inserted'):.1f} inserted (iterations); {mean('async/iterations_per_chunk'):.2f} "
+      f"iterations per chunk, {mean('async/between_chunks_fraction'):.0%} of the time between chunks; latency (ms) "
       + ", ".join(f"{s} {1e3 * mean(f'async/latency_s/{s}'):.0f}" for s in ("params", "rollout", "write", "read", "insert")))
 PY
 }
@@ -100,7 +105,7 @@ if [ "${LOADED:-0}" = 1 ]; then
   # learner's host shares memory bandwidth and caches with the same work but takes in nothing.
   n=$(echo ${CASES:-1 2 3} | tr ' ' '\n' | sort -n | tail -1); sink=$R/sink; mkdir -p $sink/store; loads=()
   for c in $(seq 1 $n); do
-    XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.9 / $n, 2))") \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=$(collector_mem $n) \
     collector $c ${COLLECTOR_CPUS:+taskset -c $COLLECTOR_CPUS} timeout $((T + 5)) python3 -m jaxrl_mgpu.train $Q --run-dir $sink --mode collect \
         --collector-id load$c --collect-before-checkpoint random ${COLLECTOR_ARGS:-} > $OUT/rate_load_c$c.log 2>&1 &
     loads+=($!)
