@@ -147,6 +147,7 @@ class StoreFeed:
         self.reader = ShardReader(self.store, self.ledger.consumed, refill=resume_step is not None, read=self.read,
                                   decode=self.decode, workers=self.cfg.store_workers or default_workers())
         self.largest_shard, self.waiting_since = 0, None
+        self._taken_in = False  # take_in ran since the last poll
         # checkpoints are published on a thread of their own (checkpoint())
         self._background = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="publisher")
         self._publishing: concurrent.futures.Future | None = None
@@ -188,15 +189,22 @@ class StoreFeed:
         """runner.Feed.poll, between chunks: puts what take_in made ready while the last chunk
         ran into the learner's memory (the subclass's `insert_ready`), then the iterations the
         rate limiter allows now; with none, takes in what arrived first (nothing runs) and
-        publishes the counts. Times the learner's waits. Only the inserts wait for here: on a
-        GPU the devices idle between chunks (runner.train)."""
+        publishes the counts; so too where no take_in ran since the last poll (a chunk done
+        before the host looked). Times the learner's waits. Little else happens here: on a GPU
+        the devices idle between chunks (runner.train)."""
         start, self.update = time.perf_counter(), update
+        received = not self._taken_in  # no take_in since the last poll: the chunk ended before the host looked
+        if received:
+            self.receive(update)
+        self._taken_in = False
         self.insert_ready(update)
         allowed = self.limiter.iterations(self.samples, self.inserts, self.in_memory)
         if not allowed:
             self.receive(update)
             self.insert_ready(update)
             allowed = self.limiter.iterations(self.samples, self.inserts, self.in_memory)
+            received = True
+        if received:
             self._publish()
         self.window["ingest_s"] += time.perf_counter() - start
         now = time.perf_counter()
@@ -213,6 +221,7 @@ class StoreFeed:
         then the counts collectors pace themselves by, published."""
         start, self.update = time.perf_counter(), update
         self.receive(update)
+        self._taken_in = True
         self.window["ingest_s"] += time.perf_counter() - start
         self._publish()
 
