@@ -273,10 +273,10 @@ class Feed(Protocol):
         (reading, staging, copies to the devices), without touching the device memory the chunk
         reads (poll puts it there)."""
 
-    def ran(self, updates: int, state, between_s: float | None) -> None:
+    def ran(self, updates: int, state, between: tuple[float, float] | None) -> None:
         """The chunk just dispatched runs `updates` updates, to `state` (possibly still being
-        computed); `between_s`: the host's seconds from the last dispatch's return to this one
-        (None: after a wait for data, or the first)."""
+        computed); `between`: when (time.perf_counter) the last dispatch returned and this one
+        began (None: after a wait for data, or the first)."""
 
     def log_row(self, row: dict, updates: int) -> dict:
         """The log row of the chunks since the last one (`updates` updates) with what the feed
@@ -440,7 +440,7 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
                 length = min(length, allowed)
             # Dispatch (a feed's data is new after each poll); meanwhile the host reads and logs
             # the chunk before, and a feed takes in data.
-            between = None if waited or returned_at is None else time.perf_counter() - returned_at
+            between = None if waited or returned_at is None else (returned_at, time.perf_counter())
             dispatch = dispatcher.submit(trainer.chunk_fn(length, state, None if feed is None else feed.data), state)
             if pending is not None and alone:
                 settle_taking_in(pending, update)

@@ -98,10 +98,11 @@ def test_learner_with_two_collectors_one_killed(tmp_path):
     assert last["async/decode_s_per_shard"] is None or last["async/decode_s_per_shard"] > 0
     assert 0 <= last["async/ingest_fraction"] < 1
     # Chunks run at most --max-data-lag / 2 (4) iterations, fewer than --log-every's 10: data
-    # enters the replay and params reach the collectors only between them.
+    # enters the replay and params reach the collectors only between them. The time between
+    # chunks is a share of its own window (a row written between chunks splits one such time).
     lengths = [r["async/iterations_per_chunk"] for r in rows if r["async/iterations_per_chunk"] is not None]
-    assert lengths and all(1 <= n <= 4 for n in lengths) and any(n > 1 for n in lengths)
-    assert all(0 <= r["async/between_chunks_fraction"] < 1 for r in rows)
+    assert lengths and all(1 <= n <= 4 for n in lengths)
+    assert all(0 <= r["async/between_chunks_fraction"] <= 1 for r in rows)
     # Every listed shard is complete (checksums verified on read). What the killed collector
     # was writing, if anything, stays in a hidden staging directory that is never listed.
     for shard in store.shards():

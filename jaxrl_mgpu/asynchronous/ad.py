@@ -259,8 +259,8 @@ class Feed(StoreFeed):
         """History steps in the buffer (once every device has a history, the limiter's terms)."""
         return self.inserted * self.cfg.ad_history_steps
 
-    def ran(self, updates: int, state, between_s: float | None = None) -> None:
-        super().ran(updates, state, between_s)
+    def ran(self, updates: int, state, between: tuple[float, float] | None = None) -> None:
+        super().ran(updates, state, between)
         self.update += updates  # one gradient step per update: the update count is the gradient step count
 
     def log_row(self, row: dict, updates: int) -> dict:

@@ -411,8 +411,8 @@ class Feed(StoreFeed):
             self.log.print(f"  the last params publication failed: {type(e).__name__}: {e}")
         super().close()
 
-    def ran(self, updates: int, state, between_s: float | None = None) -> None:
-        super().ran(updates, state, between_s)
+    def ran(self, updates: int, state, between: tuple[float, float] | None = None) -> None:
+        super().ran(updates, state, between)
         self.grads += updates * self.per_learn
         self.policy.offer(self.update + updates, state.params, self.ledger.env_steps)
 

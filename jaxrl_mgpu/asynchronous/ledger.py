@@ -240,15 +240,17 @@ class StoreFeed:
         """Puts what `receive` made ready into the learner's device memory (between chunks)."""
         raise NotImplementedError
 
-    def ran(self, updates: int, state, between_s: float | None = None) -> None:
+    def ran(self, updates: int, state, between: tuple[float, float] | None = None) -> None:
         """runner.Feed.ran: counts the chunk, its updates and the host's time since the chunk
-        before (`between_s`, none after a wait for data): where dispatching a chunk returns only
-        once it is done (XLA:GPU, runner.train), that time leaves the devices idle. (Subclasses
-        extend it.)"""
+        before (`between`, from the last dispatch's return to this one's start; none after a
+        wait for data): where dispatching a chunk returns only once it is done (XLA:GPU,
+        runner.train), that time leaves the devices idle. Only its part in this log window
+        counts (a row written between chunks falls inside it). (Subclasses extend it.)"""
         w = self.window
         w["chunks"] += 1
         w["chunk_updates"] += updates
-        w["between_chunks_s"] += between_s or 0.0
+        if between is not None:
+            w["between_chunks_s"] += max(between[1] - max(between[0], self.logged_at), 0.0)
 
     def rate_metrics(self, samples: int, inserts: int, queued: int, grad_steps: int) -> dict:
         """The log's data and rate keys for the window since the last call (which they close):
