@@ -380,6 +380,13 @@ def zeros(shape: jax.ShapeDtypeStruct) -> jax.Array:
     return jax.lax.pcast(out, varying, to="varying") if varying else out
 
 
+@jax.jit
+def copy_on_devices(tree):
+    """A copy of `tree` where its arrays lie, in one program for every leaf: a snapshot of
+    values the next chunk takes (donates), for a thread that saves or publishes them."""
+    return jax.tree.map(jnp.copy, tree)
+
+
 def global_indices(local_count: int) -> jax.Array:
     """Global indices of this device's `local_count` items (environments, samples), inside a
     mapped function. Items are laid out device after device, so item i of the global batch

@@ -18,11 +18,11 @@ polled between compiled chunks (and taking in data, steps 1-2, while they run):
      read since, oldest first, as --mode both's n-step transitions, and queue them (`Ingest`:
      only while its queue has room, so a learner that falls behind stops its reader; collectors
      pause while more than `--max-data-lag` iterations' worth is on its way, rate.py);
-  2. copy queued transitions to the devices in fixed-size blocks on a copier thread, and insert
-     the blocks that have arrived into the on-device replay (one compiled insert each, each
-     device taking its share) (bounded: at most INSERT_BUDGET transitions per device on their
-     way at a time, in blocks of LARGE_BLOCK where there are that many, so ingest never crowds
-     out learning);
+  2. copy queued transitions to the devices in fixed-size blocks on a copier thread (while a
+     chunk runs), and between chunks insert the blocks that have arrived into the on-device
+     replay (one compiled insert each, each device taking its share; at most INSERT_BUDGET
+     transitions per device between two chunks, in blocks of LARGE_BLOCK where there are that
+     many, so ingest never crowds out learning);
   3. allow as many iterations as the rate limiter (rate.py: `--samples-per-insert` with
      `--samples-per-insert-tolerance`) leaves room for, once the replay holds
      `--learning-starts` transitions; the runner runs them in one compiled chunk, each
@@ -69,7 +69,7 @@ COUNTS = ("env_steps", "episodes")  # what the learner counts of each shard it r
 WAITING_LOG_S = 60.0          # a collector waiting for the learner's first params says so this often
 BLOCK = 256                   # transitions per device per small replay insert (one compiled shape)
 LARGE_BLOCK = 4096            # ... and per large insert (a second compiled shape), while there are as many
-INSERT_BUDGET = 4 * LARGE_BLOCK   # transitions per device on their way to the replay at most
+INSERT_BUDGET = 4 * LARGE_BLOCK   # transitions per device inserted between two chunks at most
 # The data's way from the learner's params to its replay, each stage's seconds logged as
 # async/latency_s/<stage> (wall clocks: of several hosts where they are): params (published ->
 # a collector's rollout with them began), rollout (-> a writer began the shard: acting, the copy
@@ -185,15 +185,16 @@ class Learner:
         self.learn = par.map(learn, donate=True)
 
 
-def _host_blocks(pending: list[Transitions], devices: int, budget: int) -> tuple[list[Transitions], list[Transitions]]:
-    """Whole blocks from the front of `pending`, at most `budget` transitions per device: of
+def _host_blocks(pending: list[Transitions], devices: int,
+                 budget: int | None = None) -> tuple[list[Transitions], list[Transitions]]:
+    """Whole blocks from the front of `pending`, at most `budget` transitions per device (None: all): of
     LARGE_BLOCK per device while there are that many, then of BLOCK; and what remains (the
     queue's arrays, or views of them). A block within one queued array is a view of it; only a
     block across two joins its own rows. Joining the whole queue once per call copied every new
     shard (~100 MB for a 71k-step MinAtar shard, ~0.1-0.2 s of the learner's thread spent in
     fresh pages: longer than a learning chunk), and joining it for every block was quadratic."""
     available = sum(len(t.reward) for t in pending)
-    sizes, room = [], budget * devices
+    sizes, room = [], available if budget is None else budget * devices
     for size in (LARGE_BLOCK * devices, BLOCK * devices):
         while available >= size and room >= size:
             sizes.append(size)
@@ -218,9 +219,9 @@ class Ingest:
     """Transitions on their way from the shard reader to the replay: queued on the host, copied
     to the devices in whole blocks (_host_blocks) on a copier thread, then inserted. `to_devices`
     (on the copier thread) lays a host block out on the devices; `insert` puts a copied block
-    into the replay. A step inserts the copies that have arrived, then starts copying new blocks,
-    at most `budget` transitions per device on their way at a time, so a step's ingest never
-    crowds out learning. The queue is bounded: the learner takes shards from its reader only
+    into the replay. While a chunk runs, `stage` starts copying every whole block; between
+    chunks, `insert_arrived` inserts the copies that have arrived, at most `budget` transitions
+    per device, so ingest never crowds out learning. The queue is bounded: the learner takes shards from its reader only
     while `has_room`, so when ingest falls behind, the reader stops, unread shards pile up in the
     store, and collectors pause (rate.READING) instead of the learner's memory growing."""
 
@@ -268,8 +269,7 @@ class Ingest:
         """Starts copying the queue's whole blocks to the devices (on the copier thread): host
         work, done while a chunk runs, so that they are there to insert when it ends. (The
         queue, and so what is on its way, is bounded by `has_room`.)"""
-        room = -(-sum(len(t.reward) for t in self.pending) // self.devices)
-        blocks, self.pending = _host_blocks(self.pending, self.devices, room)
+        blocks, self.pending = _host_blocks(self.pending, self.devices)
         for block in blocks:
             self.copies.append((len(block.reward), self.copier.submit(self.to_devices, block)))
 

@@ -14,9 +14,7 @@ import time
 import zlib
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-
+from jaxrl_mgpu import parallel
 from jaxrl_mgpu.asynchronous import rate
 from jaxrl_mgpu.asynchronous.reader import ShardReader
 from jaxrl_mgpu.asynchronous.store import Store, episodes_held
@@ -151,7 +149,6 @@ class StoreFeed:
         # checkpoints are published on a thread of their own (checkpoint())
         self._background = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="publisher")
         self._publishing: concurrent.futures.Future | None = None
-        self._copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))  # the state, on the devices
         # What arrived since the last log point, and how the learner's host time went.
         self.window = dict.fromkeys(("collector_wait_s", "learner_wait_s", "ingest_s", "chunks", "chunk_updates",
                                      "between_chunks_s", *(f"collector_wait_s/{why}" for why in rate.HOLD_REASONS)), 0)
@@ -294,7 +291,7 @@ class StoreFeed:
         shards). The state is copied on the devices first, since the next chunk takes (donates)
         it; the ledger as it is now goes with it. One publication at a time: the next waits."""
         self._published()
-        snapshot, ledger = self._copy(state), copy.deepcopy(self.ledger)
+        snapshot, ledger = parallel.copy_on_devices(state), copy.deepcopy(self.ledger)
         self._publishing = self._background.submit(self.publisher.publish_and_evict, update, snapshot, ledger)
 
     def _published(self) -> None:
