@@ -21,7 +21,10 @@ listed checkpoint that fails to restore.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from jaxrl_mgpu import parallel
 from jaxrl_mgpu.parallel import Parallel
 
 REPLICATED, PER_ENV, PER_DEVICE = "replicated", "per_env", "per_device"
@@ -46,6 +50,38 @@ def _join_env_axis(tree, par: Parallel):
     n = par.num_devices
     return jax.jit(lambda t: jax.tree.map(lambda x: x.reshape((n, -1) + x.shape[1:]), t),
                    out_shardings=par.sharding)(tree)
+
+
+class DamagedCheckpoint(Exception):
+    """A checkpoint that does not read back whole: a file of it truncated, emptied or missing."""
+
+    def __init__(self, step: int, why: str):
+        super().__init__(f"the checkpoint at update {step} cannot be read ({why})")
+        self.step, self.why = step, why
+
+
+def _why(error: BaseException) -> str:
+    """An Orbax or TensorStore error in one line: its first line, without the traceback."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else 'no message'}"
+
+
+def _quiet_closed_loop() -> None:
+    """After a failed read, TensorStore completes the reads still in flight on its own threads
+    and hands each result to Orbax's asyncio loop, which the failure closed: every one is a
+    'RuntimeError: Event loop is closed' that Python reports as unraisable, a traceback each on
+    stderr. The failure itself is reported in one line, so these are dropped (only these)."""
+    previous = sys.unraisablehook
+    if getattr(previous, "quiet_closed_loop", False):
+        return
+
+    def hook(unraisable):
+        error = unraisable.exc_value
+        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook.quiet_closed_loop = True
+    sys.unraisablehook = hook
 
 
 class CheckpointMismatch(Exception):
@@ -145,8 +181,45 @@ class Checkpoints:
         return self.best.latest_step()
 
     def meta(self, step: int, best: bool = False) -> dict:
+        """The step's metadata (update, env steps, config), or DamagedCheckpoint."""
         mgr = self.best if best else self.latest
-        return mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        with self._reading(step, mgr):
+            return mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+    @contextlib.contextmanager
+    def _reading(self, step: int, mgr: ocp.CheckpointManager):
+        """Any error while reading `step` (other than a tree that does not fit) is the
+        checkpoint's damage: DamagedCheckpoint. Orbax's own metadata file is checked first,
+        since Orbax logs its errors and goes on."""
+        path = Path(mgr.directory) / str(step) / "_CHECKPOINT_METADATA"
+        try:
+            if path.exists():
+                json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise DamagedCheckpoint(step, f"{path.name} is not readable JSON ({e})") from None
+        try:
+            yield
+        except CheckpointMismatch:
+            raise
+        except Exception as e:  # noqa: BLE001  (Orbax and TensorStore raise many kinds)
+            _quiet_closed_loop()
+            raise DamagedCheckpoint(step, _why(e)) from e
+
+    def set_aside(self, step: int) -> Path:
+        """Moves a damaged checkpoint out of the listing, to `<run-dir>/damaged/checkpoints-<step>`
+        (never deleted: a user may want what is left of it). Process 0 moves it; every process
+        then reads the listing again."""
+        source, target = self.root / "checkpoints" / str(step), self.root / "damaged" / f"checkpoints-{step}"
+        n = 1
+        while target.exists():
+            n += 1
+            target = self.root / "damaged" / f"checkpoints-{step}-{n}"
+        if jax.process_index() == 0:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source.rename(target)
+        parallel.barrier(f"checkpoint {step} set aside")
+        self.latest.reload()
+        return target
 
     def restore(self, step: int, template, layout: dict, par: Parallel) -> tuple[Any, list[str]]:
         """The state saved at `step`, laid out on `par`'s devices. `template` is a freshly
@@ -179,10 +252,12 @@ class Checkpoints:
                 continue
             args[name] = ocp.args.StandardRestore({name: target})
         try:
-            restored = self.latest.restore(step, args=ocp.args.Composite(**args))
-        except ValueError as e:
+            with self._reading(step, self.latest):
+                restored = self.latest.restore(step, args=ocp.args.Composite(**args))
+        except DamagedCheckpoint as damaged:
             # Orbax compares the saved tree with the template's before it reads any array.
-            if "tree structures do not match" not in str(e):
+            e = damaged.__cause__
+            if not (isinstance(e, ValueError) and "tree structures do not match" in str(e)):
                 raise
             where = next((line.strip().rstrip(":") for line in str(e).splitlines()[1:] if line.strip()), "?")
             raise CheckpointMismatch(
@@ -204,7 +279,8 @@ class Checkpoints:
         `template_params` gives their shapes."""
         target = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), template_params)
         mgr = self.best if best else self.latest
-        restored = mgr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore({"params": target})))
+        with self._reading(step, mgr):
+            restored = mgr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore({"params": target})))
         return restored["params"]["params"]
 
 

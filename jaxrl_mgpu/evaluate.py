@@ -31,7 +31,7 @@ from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import mappo, module_for
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.episodes import make_episodes, summarize
-from jaxrl_mgpu.runs import load_params, load_run, params_template, pick_step  # noqa: F401  (load_params: for callers)
+from jaxrl_mgpu.runs import load_params, load_run, params_template, readable_params  # noqa: F401  (load_params: for callers)
 
 
 def _args(argv):
@@ -66,28 +66,25 @@ def main(argv=None) -> int:
         if cfg.algo == "ad":
             raise ConfigError(f"--run-dir {args.run_dir} is an --algo ad run: it acts from its context of past "
                               f"episodes, so evaluate it with --in-context")
-        if args.best:
-            step = ckpts.best_step()
-            if step is None:
-                raise ConfigError(f"--best: the run in {args.run_dir} has no best checkpoint (train with --eval-every)")
-        else:
-            step = pick_step(ckpts, args.run_dir, args.step)
         par = parallel.setup(args.parallel, args.devices)
         runs = multirun.Runs.of(cfg)
         if args.run is not None and not (runs is not None and 0 <= args.run < runs.count):
             raise ConfigError(f"--run {args.run}: the run directory holds " +
                               ("one run (no --num-seeds or --sweep)" if runs is None else f"runs 0..{runs.count - 1}"))
+        template = params_template(cfg)
+        if runs is not None:  # every run's params, [runs, ...]
+            template = jax.tree.map(lambda x: jax.ShapeDtypeStruct((runs.count,) + x.shape, x.dtype), template)
+        step, params = readable_params(ckpts, args.run_dir, template, args.step, args.best)
+        ckpts.close()
     except cli.USER_ERRORS as e:
         cli.fail(e)
 
     env, env_params = envs_lib.make(cfg.env, cfg.env_args)
     module = module_for(cfg)
     if runs is not None:
-        evaluate_runs(cfg, runs, module, env, env_params, ckpts, step, par, args)
-        ckpts.close()
+        evaluate_runs(cfg, runs, module, env, env_params, params, step, par, args)
         return 0
     algo = module.make(cfg, env, env_params, module.check(cfg, par.num_devices))
-    params = ckpts.restore_params(step, params_template(cfg), best=args.best)
     params, key = par.replicate(params), par.replicate(np.asarray(jax.random.PRNGKey(args.seed)))
     if envs_lib.is_multi_agent(env):
         # Every pairing of trained and uniform-random teams, on the same games (the same key).
@@ -98,19 +95,16 @@ def main(argv=None) -> int:
             result = mappo.summarize_match(par.first(run(params, key)), tuple(env.teams))
             sides = {name: "random" if name in random_teams else "trained" for name in env.teams}
             print(json.dumps({**sides, **result, "step": step, "greedy": args.greedy}), flush=True)
-        ckpts.close()
         return 0
     run = par.map(make_episodes(algo.policy, env, env_params, args.episodes, par.num_devices, args.greedy))
     totals = run(params, key)
-    ckpts.close()
     print(json.dumps({**summarize(par.first(totals)), "step": step, "greedy": args.greedy}))
     return 0
 
 
-def evaluate_runs(cfg, runs: multirun.Runs, module, env, env_params, ckpts, step: int, par, args) -> None:
-    """Every run of a many-run directory (or `--run`), one JSON line each, on the same episodes."""
-    template = jax.tree.map(lambda x: jax.ShapeDtypeStruct((runs.count,) + x.shape, x.dtype), params_template(cfg))
-    params = ckpts.restore_params(step, template, best=args.best)
+def evaluate_runs(cfg, runs: multirun.Runs, module, env, env_params, params, step: int, par, args) -> None:
+    """Every run of a many-run directory (or `--run`), one JSON line each, on the same episodes;
+    `params`: every run's, [runs, ...]."""
     key = par.replicate(np.asarray(jax.random.PRNGKey(args.seed)))
     episodes = {}  # per configuration: its swept values may shape the policy (DQN's --eps-end)
     for i in range(runs.count) if args.run is None else (args.run,):

@@ -45,7 +45,7 @@ from jaxrl_mgpu.data import rlds
 from jaxrl_mgpu.envs import darkroom, vec
 from jaxrl_mgpu.nets import actor_critic
 from jaxrl_mgpu.parallel import AXIS, global_indices
-from jaxrl_mgpu.runs import load_run, params_template, pick_step
+from jaxrl_mgpu.runs import load_run, params_template, readable_params
 
 
 def make_incontext(policy, env, goals: np.ndarray, envs_per_goal: int, episodes: int, num_devices: int,
@@ -186,15 +186,15 @@ def evaluate(argv=None) -> int:
             raise ConfigError(f"--in-context evaluates --algo ad runs; the run in {args.run_dir} is --algo {cfg.algo}")
         meta, h, where = source_histories(cfg, args.run_dir)  # the goal split and seed, the source's curve
         goals = darkroom.goals(cfg.env, args.goals, meta.get("seed", 0))
-        step = pick_step(ckpts, args.run_dir, args.step)
         par = parallel.setup(args.parallel, args.devices)
+        step, params = readable_params(ckpts, args.run_dir, params_template(cfg), args.step)
+        ckpts.close()
     except cli.USER_ERRORS as e:
         cli.fail(e)
 
     env, env_params = envs_lib.make(cfg.env, cfg.env_args)
     algo = ad.make(cfg, env, env_params, ad.check_batch(cfg, par.num_devices))
-    params = par.replicate(ckpts.restore_params(step, params_template(cfg)))
-    ckpts.close()
+    params = par.replicate(params)
     key = par.replicate(np.asarray(jax.random.PRNGKey(args.seed)))
     envs = len(goals) * args.envs_per_goal
     run = lambda uniform: par.first(par.map(make_incontext(  # noqa: E731

@@ -291,6 +291,16 @@ def any_process(flag: bool) -> bool:
     return bool(np.asarray(multihost_utils.process_allgather(np.array(flag))).any())
 
 
+def agree(flag: bool, count: int) -> tuple[bool, int]:
+    """`(any process's flag, the smallest count)` on every process, in one collective: what the
+    loop decides between chunks (a stop, the next chunk's length) must be the same everywhere."""
+    if jax.process_count() == 1:
+        return flag, count
+    from jax.experimental import multihost_utils
+    both = np.asarray(multihost_utils.process_allgather(np.array([int(flag), count], np.int64)))
+    return bool(both[:, 0].any()), int(both[:, 1].min())
+
+
 def broadcast(value: int) -> int:
     """Process 0's value of an int, on every process."""
     if jax.process_count() == 1:

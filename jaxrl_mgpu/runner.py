@@ -19,10 +19,8 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
-import signal
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, NamedTuple, Protocol
@@ -38,39 +36,50 @@ from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu import multirun, parallel, runstats
 from jaxrl_mgpu.algos import ALGOS, module_for
 from jaxrl_mgpu.algos.base import Algorithm, Split, all_finite
-from jaxrl_mgpu.checkpoint import CheckpointMismatch, Checkpoints
+from jaxrl_mgpu.checkpoint import CheckpointMismatch, Checkpoints, DamagedCheckpoint
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.episodes import make_episodes, summarize
 from jaxrl_mgpu.log import RunLog, truncate_metrics
 from jaxrl_mgpu.parallel import Parallel
+from jaxrl_mgpu.stop import StopSignal
 
 
 class Chunk(NamedTuple):
-    """What the host reads after a chunk (already reduced over devices)."""
-    losses: dict          # means over the chunk's updates
-    episodes: Any         # vec.EpisodeStats summed over the chunk's updates
-    first_bad: jax.Array  # index in the chunk of the first update with a non-finite loss or parameter; -1: none
+    """What a chunk leaves for the host (already reduced over devices): the numbers of its log
+    interval so far. A log interval may take several chunks (they are sized to a wall time
+    too: `ChunkSizer`), and each chunk carries the sums on from the one before it, so the
+    interval's numbers are the same however many chunks ran it."""
+    losses: dict          # means over the interval's updates so far
+    episodes: Any         # vec.EpisodeStats (or a game's dict of sums) summed over them
+    first_bad: jax.Array  # index in the interval of the first update with a non-finite loss or parameter; -1: none
+    loss_sum: dict        # what the next chunk of the interval carries on from
+    updates: jax.Array    # the interval's updates so far
 
 
 class NonFinite(RuntimeError):
     """A loss or parameter became NaN/inf."""
 
 
-def make_chunk(update: Callable, finite: Callable | None = None) -> Callable:
-    """A per-device function `(state, n, *data)` running `n` updates in one loop; `n` is an
-    argument, not a shape, so one compiled program runs chunks of any length. `data`
-    (optional) is a read-only input every update sees, e.g. a dataset shard kept on the device.
-    `finite` is the algorithm's (algos/base.Algorithm.finite): the chunk records the first
-    update where it said no (per run, where it answers per run)."""
+def make_chunk(update: Callable, finite: Callable | None = None) -> tuple[Callable, Callable]:
+    """Per-device functions `empty(state, *data) -> Chunk` (an interval with no update yet) and
+    `chunk(state, n, before, fresh, *data) -> (state, Chunk)`, which runs `n` updates in one
+    loop, carrying the interval's sums on from `before` (`fresh`: a new interval, `before`'s
+    values unused). `n` and `fresh` are arguments, not shapes, so one compiled program runs
+    chunks of any length. `data` (optional) is a read-only input every update sees, e.g. a
+    dataset shard kept on the device. `finite` is the algorithm's (algos/base.Algorithm.finite):
+    the chunk records the first update where it said no (per run, where it answers per run)."""
     # Traced once: eval_shape below and every call in the loop hit jit's trace cache (the same
     # function at the same abstract arguments), instead of tracing the update twice.
     update = jax.jit(update)
     finite = finite or (lambda losses, state: all_finite(losses, state.params))
 
-    def chunk(state, n, *data):
+    def empty(state, *data) -> Chunk:
         # The accumulators' shapes, from the update's abstract trace (nothing is computed).
-        losses0, episodes0 = jax.tree.map(parallel.zeros, jax.eval_shape(update, state, *data)[1])
+        losses, episodes = jax.tree.map(parallel.zeros, jax.eval_shape(update, state, *data)[1])
+        none_bad = jnp.full(jax.eval_shape(finite, losses, state).shape, -1, jnp.int32)
+        return Chunk(losses, episodes, none_bad, losses, jnp.zeros((), jnp.int32))
 
+    def chunk(state, n, before: Chunk, fresh, *data):
         def body(_, carry):
             state, loss_sum, episode_sum, done, first_bad = carry
             state, (losses, episodes) = update(state, *data)
@@ -78,14 +87,15 @@ def make_chunk(update: Callable, finite: Callable | None = None) -> Callable:
             return (state, jax.tree.map(jnp.add, loss_sum, losses), jax.tree.map(jnp.add, episode_sum, episodes),
                     done + 1, first_bad)
 
-        # Counters made from `n`: under shard_map they must vary by device as the loop does.
-        zero = jnp.zeros_like(n)
-        none_bad = jnp.broadcast_to(zero - 1, jax.eval_shape(finite, losses0, state).shape)
-        state, loss_sum, episodes, _, first_bad = jax.lax.fori_loop(
-            0, n, body, (state, losses0, episodes0, zero, none_bad))
-        losses = jax.tree.map(lambda x: x / jnp.maximum(n, 1).astype(x.dtype), loss_sum)
-        return state, Chunk(losses, episodes, first_bad)
-    return chunk
+        def carried(x, start=0):
+            return jnp.where(fresh, jnp.full_like(x, start), x)
+
+        start = (state, jax.tree.map(carried, before.loss_sum), jax.tree.map(carried, before.episodes),
+                 carried(before.updates), carried(before.first_bad, -1))
+        state, loss_sum, episodes, done, first_bad = jax.lax.fori_loop(0, n, body, start)
+        losses = jax.tree.map(lambda x: x / jnp.maximum(done, 1).astype(x.dtype), loss_sum)
+        return state, Chunk(losses, episodes, first_bad, loss_sum, done)
+    return empty, chunk
 
 
 def step_unit(cfg) -> str:
@@ -120,6 +130,8 @@ class Trainer:
         self._init = None
         self._eval = None
         self._lengths: dict[int, jax.Array] = {}
+        self._flags: dict[bool, jax.Array] = {}
+        self._empty = None
 
     def init_state(self):
         return self.compile_init()(self.key(self.cfg.seed))
@@ -152,8 +164,14 @@ class Trainer:
         """Compiles the chunk for `state`'s (and `data`'s) shapes, once (ahead of time where the
         backend can)."""
         if self._compiled is None:
-            mapped = self.par.map(make_chunk(self.algorithm.update, self.algorithm.finite), donate=True)
-            self._compiled = self.par.compile(mapped, state, self._length(1), *(self.data if data is None else data))
+            data = self.data if data is None else data
+            empty, chunk = make_chunk(self.algorithm.update, self.algorithm.finite)
+            # An interval with no update yet: zeros of the chunk's sums (its values are unused
+            # where a chunk starts an interval), put on the devices from the host.
+            shapes = jax.eval_shape(self.par.map(empty), state, *data)
+            self._empty = self.par.replicate(jax.tree.map(lambda s: np.zeros(s.shape[1:], s.dtype), shapes))
+            mapped = self.par.map(chunk, donate=True)
+            self._compiled = self.par.compile(mapped, state, self._length(1), self._empty, self._flag(True), *data)
 
     def _length(self, n: int):
         """A chunk's length on the devices, put there once per length (a learner's chunks take a
@@ -162,13 +180,24 @@ class Trainer:
             self._lengths[n] = self.par.replicate(np.int32(n))
         return self._lengths[n]
 
+    def _flag(self, value: bool):
+        if value not in self._flags:
+            self._flags[value] = self.par.replicate(np.bool_(value))
+        return self._flags[value]
+
+    def run_chunk(self, length: int, state, before: Chunk | None, data: tuple | None = None):
+        """Dispatches `length` updates from `state` (donated): `(state, Chunk)`, whose numbers
+        carry on from `before`'s interval (None: a new interval)."""
+        self.compile(state, data)
+        fresh = before is None
+        return self._compiled(state, self._length(length), self._empty if fresh else before, self._flag(fresh),
+                              *(self.data if data is None else data))
+
     def chunk_fn(self, length: int, state, data: tuple | None = None) -> Callable:
         """`state -> (state, Chunk)` running `length` updates (the one compiled program) on
-        `data` (default: the algorithm's)."""
+        `data` (default: the algorithm's), each call an interval of its own."""
         self.compile(state, data)
-        n = self._length(length)
-        data = self.data if data is None else data
-        return lambda state: self._compiled(state, n, *data)
+        return lambda state: self.run_chunk(length, state, None, data)
 
     def end(self, stop_at: int | None = None) -> int:
         return self.cfg.total_updates if stop_at is None else min(stop_at, self.cfg.total_updates)
@@ -202,23 +231,33 @@ class Trainer:
         return self._summarize(self.par.first(self._eval(params, key)))
 
 
-def read_chunk(par: Parallel, chunk: Chunk, first_update: int, diverged: dict | None = None) -> dict:
-    """Device 0's copy of the (already all-reduced) chunk metrics, as plain numbers. With many
-    runs: each run's row under "runs", and their means over the runs that have not diverged
-    (the console's line). A single run that goes non-finite raises NonFinite; with many runs,
-    `diverged` ({run: the update where it went non-finite}) gains the runs that did (their rows
-    say so: "diverged_at"), and NonFinite comes when every run has."""
+def check_finite(par: Parallel, first_bad: jax.Array, first_update: int, diverged: dict | None = None) -> None:
+    """A single run that went non-finite raises NonFinite (`first_bad`: a Chunk's, counted from
+    `first_update`); with many runs, `diverged` ({run: the update where it went non-finite})
+    gains the runs that did, and NonFinite comes when every run has. Blocks until the chunk
+    is done."""
     if par.runs is None:
-        first_bad = par.first(chunk.first_bad)
-        if first_bad >= 0:
-            raise NonFinite(f"non-finite loss or parameters at update {first_update + int(first_bad)}")
-        return chunk_row(*par.first((chunk.losses, chunk.episodes)))
+        bad = par.first(first_bad)
+        if bad >= 0:
+            raise NonFinite(f"non-finite loss or parameters at update {first_update + int(bad)}")
+        return
     diverged = {} if diverged is None else diverged
-    for run, bad in enumerate(par.runs_of(chunk.first_bad)):
+    for run, bad in enumerate(par.runs_of(first_bad)):
         if bad >= 0:
             diverged.setdefault(run, first_update + int(bad))
     if len(diverged) == par.runs:
         raise NonFinite(f"non-finite loss or parameters in every run (the last at update {max(diverged.values())})")
+
+
+def read_chunk(par: Parallel, chunk: Chunk, first_update: int, diverged: dict | None = None) -> dict:
+    """Device 0's copy of the (already all-reduced) numbers of a chunk's log interval, which
+    began at `first_update`, as plain numbers (after `check_finite`). With many runs: each
+    run's row under "runs", and their means over the runs that have not diverged (the
+    console's line); the rows of runs that went non-finite say so ("diverged_at")."""
+    diverged = {} if diverged is None else diverged
+    check_finite(par, chunk.first_bad, first_update, diverged)
+    if par.runs is None:
+        return chunk_row(*par.first((chunk.losses, chunk.episodes)))
     losses, episodes = par.runs_of((chunk.losses, chunk.episodes))
     rows = [chunk_row(*jax.tree.map(lambda x: x[i], (losses, episodes))) for i in range(par.runs)]
     live = [r for i, r in enumerate(rows) if i not in diverged]
@@ -253,7 +292,7 @@ class Hooks(NamedTuple):
     """What the loop does between chunks; any may be None."""
     checkpoint: Callable | None = None   # (update, state) -> None
     evaluate: Callable | None = None     # (update, state) -> dict of eval/ metrics
-    stop_requested: Callable | None = None  # () -> bool
+    stop: StopSignal | None = None       # stop requests (SIGTERM / SIGINT)
 
 
 class Feed(Protocol):
@@ -319,6 +358,44 @@ class Profile:
                            f"profile ({self.start + 1}-{self.stop}); nothing was traced")
 
 
+# A chunk runs for about this long at most, so that a stop request, which waits for the chunks
+# already dispatched (at most two), is honoured within seconds whatever --log-every is.
+CHUNK_S = 2.0
+
+
+class ChunkSizer:
+    """How many updates the next chunk may run: what fits in about `target_s` seconds of the
+    devices' time at the speed of the last chunk read (one update to begin with). Chunks also
+    end at every log point; where they end does not change the numbers (every update is the
+    same computation, and a chunk carries its log interval's sums on), only where the host
+    may stop."""
+
+    def __init__(self, target_s: float = CHUNK_S):
+        self.target_s = target_s
+        self.update_s: float | None = None  # seconds per update, as last measured
+        self._last_done: float | None = None
+
+    def limit(self) -> int:
+        return 1 if self.update_s is None else max(1, int(self.target_s / self.update_s))
+
+    def done(self, length: int, dispatched_at: float, now: float) -> None:
+        """A chunk of `length` updates, dispatched at `dispatched_at`, was found done at `now`
+        (time.perf_counter): it ran from then, or from when the chunk before it was done."""
+        began = dispatched_at if self._last_done is None else max(dispatched_at, self._last_done)
+        self.update_s = max(now - began, 1e-6) / length
+        self._last_done = now
+
+
+class InFlight(NamedTuple):
+    """A dispatched chunk whose numbers the host has not read yet."""
+    interval_start: int   # the update its log interval began after
+    last: int             # its last update
+    length: int           # its updates
+    metrics: Chunk        # on the devices
+    dispatched_at: float  # time.perf_counter()
+    row_due: bool         # its interval ends with it (a log point, the last update, a stop): a row is written
+
+
 def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks = Hooks(),
           stop_at: int | None = None, feed: Feed | None = None,
           diverged: dict[int, int] | None = None) -> tuple[Any, dict, int]:
@@ -329,9 +406,12 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
     cfg = trainer.cfg
     end = trainer.end(stop_at)
     data = None if feed is None else feed.data
+    stop = hooks.stop
     t0 = time.perf_counter()
     aot = trainer.par.backend != "pmap" or jax.process_count() == 1
     compile_cache.settle()  # before two threads compile at once
+    if stop is not None:
+        stop.activity = lambda: "before the first update, once the training chunk is compiled"
     if state is None and aot:
         # The initial state (its own small program) is built while the chunk compiles for its
         # shapes: the two compiles overlap.
@@ -353,32 +433,48 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
     clock = {"start": time.perf_counter(), "prev": time.perf_counter()}
     last_row: dict = {}
     diverged = dict(diverged or {})  # many runs: {run: the update where it went non-finite}
+    sizer = ChunkSizer()
     profile = None
     if cfg.profile:
         first = start_update + cfg.log_every - start_update % cfg.log_every if cfg.profile_from is None else cfg.profile_from
         profile = Profile(cfg.profile, first, first + 2 * cfg.log_every, start_update, log)
+    dispatched = {"last": start_update}  # the last update dispatched (what a stop waits for)
+    if stop is not None:
+        def doing() -> str:
+            eta = "" if sizer.update_s is None else f", about {sizer.update_s * (dispatched['last'] - update):.0f}s"
+            return f"after update {dispatched['last']}, the last one dispatched{eta}"
+        stop.activity = doing
 
-    def emit(update: int, length: int, metrics: Chunk) -> None:
+    def emit(chunk: InFlight) -> None:
+        """Reads a chunk (blocks until it is done): its non-finite check, and where its row is
+        due, the row."""
         nonlocal last_row
-        first = update - length + 1
-        what = f"updates {first}-{update}" + ("" if aot or first > start_update + 1 else
-                                              " (compiled on this first call: pmap over several processes)")
+        first = chunk.last - chunk.length + 1
+        what = f"updates {first}-{chunk.last}" + ("" if aot or first > start_update + 1 else
+                                                  " (compiled on this first call: pmap over several processes)")
         known = len(diverged)
         with log.waiting(what):
-            row = read_chunk(trainer.par, metrics, first, diverged)  # blocks until that chunk is done
+            if chunk.row_due:
+                row = read_chunk(trainer.par, chunk.metrics, chunk.interval_start + 1, diverged)
+            else:
+                check_finite(trainer.par, chunk.metrics.first_bad, chunk.interval_start + 1, diverged)
+        now = time.perf_counter()
+        if chunk.length:
+            sizer.done(chunk.length, chunk.dispatched_at, now)
         for run in list(diverged)[known:]:
             who = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
                             for k, v in trainer.runs.describe(run).items())
             log.print(f"  {who}: non-finite loss or parameters at update {diverged[run]}; this run stops learning "
                       f"there (its last finite parameters go on acting), the other {trainer.runs.count - len(diverged)} "
                       f"go on")
-        now = time.perf_counter()
         log.timeline.setdefault("first_chunk_s", now - clock["start"])
-        last_row = {"update": update, unit: cfg.steps_at(update, per_update), **row,
-                    "sps": length * per_update / (now - clock["prev"]), "time": now - clock["start"]}
-        if trainer.algorithm.agents_per_env > 1:
-            last_row["agent_sps"] = last_row["sps"] * trainer.algorithm.agents_per_env
-        clock["prev"] = now
+        if chunk.row_due:
+            updates = chunk.last - chunk.interval_start
+            last_row = {"update": chunk.last, unit: cfg.steps_at(chunk.last, per_update), **row,
+                        "sps": updates * per_update / (now - clock["prev"]), "time": now - clock["start"]}
+            if trainer.algorithm.agents_per_env > 1:
+                last_row["agent_sps"] = last_row["sps"] * trainer.algorithm.agents_per_env
+            clock["prev"] = now
 
     def write(update: int) -> None:
         nonlocal last_row
@@ -387,43 +483,48 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
         log.write(last_row)
         written["update"] = update
 
-    def stop_requested() -> bool:
-        return hooks.stop_requested is not None and hooks.stop_requested()
+    def stop_requested() -> bool:  # a collective across processes
+        return stop is not None and stop()
 
     def due(every: int | None, update: int) -> bool:
         return bool(every) and update % every == 0
 
-    def settle(chunk: tuple) -> None:  # (update, length, metrics, ends a log interval)
-        emit(*chunk[:3])
-        if chunk[3]:
-            write(chunk[0])
+    def settle(chunk: InFlight) -> None:
+        emit(chunk)
+        if chunk.row_due:
+            write(chunk.last)
 
     # One chunk stays in flight: the next one is dispatched before the host reads (and logs)
     # the last, and a learner's feed takes in data (feed.take_in) while the devices learn. The
     # dispatch itself runs on a thread of its own: XLA:GPU drives a while loop whose trip count
     # is a run-time value (the chunk's `n`) from the host, so the call returns only when the
-    # chunk is all but done (an H200's async DQN learner spent ~100% of its time inside it,
-    # experiments/gpu/learner_ceiling.py), and the host's work between chunks would otherwise
-    # leave the devices idle.
+    # chunk is all but done, and the host's work between chunks would otherwise leave the
+    # devices idle.
     dispatcher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="chunk-dispatch")
-    # Across processes, reading a chunk's metrics and asking for a stop are collectives, which
-    # every process must issue in the same order as the chunks': never beside a dispatch.
+    # Across processes, reading a chunk's metrics and the per-chunk decisions (a stop, the next
+    # length) are collectives, which every process must issue in the same order as the
+    # chunks': never beside a dispatch.
     alone = jax.process_count() == 1
 
-    def settle_taking_in(chunk: tuple, update: int) -> None:
+    def settle_taking_in(chunk: InFlight, update: int) -> None:
         if feed is not None:  # data taken in while the devices run, not a chunk later
-            while not all(x.is_ready() for x in jax.tree.leaves(chunk[2])):
+            while not all(x.is_ready() for x in jax.tree.leaves(chunk.metrics)):
                 feed.take_in(update)
                 time.sleep(POLL_S)
         settle(chunk)
 
-    update, pending, written = start_update, None, {"update": start_update}
+    update, pending, written, saved = start_update, None, {"update": start_update}, {"update": start_update}
+    interval_start, before = start_update, None  # the open log interval: where it began, its last chunk
+    limit, stopping = 1, False
     returned_at = None  # when the last dispatch returned (the host's time between chunks, for a feed's log)
     try:
         while update < end:
             if profile is not None:
                 profile.at(update, state)
-            length = trainer.next_length(update, end)  # a feed may allow fewer updates, never more
+            if alone and stop is not None and stop.requested:
+                stopping = True  # no chunk is dispatched after a stop request
+                break
+            length = min(trainer.next_length(update, end), limit)  # a feed may allow fewer updates, never more
             waited = False
             if feed is not None:
                 allowed = feed.poll(update)
@@ -436,12 +537,15 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
                         while not (allowed := feed.poll(update)) and not stop_requested():
                             time.sleep(POLL_S)
                 if not allowed:  # stopped while waiting (the learner's last checkpoint follows)
+                    stopping = True
                     break
                 length = min(length, allowed)
             # Dispatch (a feed's data is new after each poll); meanwhile the host reads and logs
             # the chunk before, and a feed takes in data.
             between = None if waited or returned_at is None else (returned_at, time.perf_counter())
-            dispatch = dispatcher.submit(trainer.chunk_fn(length, state, None if feed is None else feed.data), state)
+            dispatched_at = time.perf_counter()
+            dispatch = dispatcher.submit(trainer.run_chunk, length, state, before, data)
+            dispatched["last"] = update + length
             if pending is not None and alone:
                 settle_taking_in(pending, update)
                 pending = None
@@ -453,28 +557,39 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
             returned_at = time.perf_counter()
             if pending is not None:  # several processes: read once the dispatch is done
                 settle_taking_in(pending, update)
+                pending = None
             if feed is not None:
                 feed.ran(length, state, between)
             update += length
             final = update == cfg.total_updates or update == stop_at
-            stop = stop_requested()
-            boundary = update % cfg.log_every == 0 or final or stop
-            pending = (update, length, metrics, boundary)
+            # One collective for both decisions; the length from the chunks read so far.
+            stopping, limit = parallel.agree(stop is not None and stop.requested, sizer.limit())
+            ends_interval = update % cfg.log_every == 0 or final or stopping
+            pending = InFlight(interval_start, update, length, metrics, dispatched_at, ends_interval)
+            interval_start, before = (update, None) if ends_interval else (interval_start, metrics)
             evaluate = hooks.evaluate is not None and (due(cfg.eval_every, update) or final)
-            checkpoint = hooks.checkpoint is not None and (due(cfg.checkpoint_every, update) or final or stop)
-            if evaluate or checkpoint or final or stop:
-                emit(*pending[:3])  # the state is needed as it is now: read this chunk
-                pending = None
+            checkpoint = hooks.checkpoint is not None and (due(cfg.checkpoint_every, update) or final or stopping)
+            if evaluate or checkpoint or final or stopping:
+                emit(pending)  # the state is needed as it is now: read this chunk
+                pending, row_due = None, ends_interval
                 if evaluate:
                     last_row.update(hooks.evaluate(update, state))
-                if boundary:
+                if row_due:
                     write(update)
                 if checkpoint:
                     hooks.checkpoint(update, state)
-            if final or stop:
+                    saved["update"] = update
+            if final or stopping:
                 break
+        if stopping and before is not None:
+            # Asked to stop between log points, after the last chunk's checks: its interval's
+            # row, and its checkpoint.
+            pending = InFlight(interval_start, update, 0, before, time.perf_counter(), True) if pending is None \
+                else pending._replace(row_due=True)
         if pending is not None:
             settle(pending)
+        if stopping and hooks.checkpoint is not None and saved["update"] < update:
+            hooks.checkpoint(update, state)
     finally:
         dispatcher.shutdown(wait=True)
     if profile is not None:  # the run ended inside the profiled updates, or before them
@@ -489,66 +604,6 @@ def _background(fn: Callable, *args) -> concurrent.futures.Future:
     future = pool.submit(fn, *args)
     pool.shutdown(wait=False)
     return future
-
-
-# -- signals -------------------------------------------------------------------------------
-
-class StopSignal:
-    """SIGTERM (cluster preemption) or SIGINT (Ctrl-C): finish the current chunk, save, exit 0.
-    A second signal, a second or more after the first, stops at once. Closer together they are
-    one request: `timeout` and some schedulers signal the process and then its whole process
-    group, so the same request arrives twice within microseconds.
-
-    SIGUSR1 is the launcher saying that another process of the job failed: nothing can be saved
-    (a checkpoint needs every process), and the main thread may be waiting in a collective for
-    the dead process, where no Python signal handler runs. So a watcher thread, woken through
-    the signal wakeup fd, leaves at once with exit code 1; the complete checkpoints stay."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-    REPEAT_S = 1.0  # a signal this soon after the first is the same request
-
-    def __init__(self, log):
-        self.requested, self.log, self.first_at = False, log, 0.0
-        self.previous = {sig: signal.signal(sig, self._handle) for sig in self.SIGNALS}
-        self.previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda signum, frame: None)
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
-        self._previous_wakeup = signal.set_wakeup_fd(self._wake_w)
-        threading.Thread(target=self._watch, name="peer-failure", daemon=True).start()
-
-    def _watch(self) -> None:
-        while True:
-            try:
-                got = os.read(self._wake_r, 64)
-            except OSError:
-                return
-            if not got:
-                return
-            if signal.SIGUSR1 in got:
-                print(f"error: process {jax.process_index()}: another process of this job failed; leaving without "
-                      f"a checkpoint (the run's complete checkpoints are kept)", file=sys.stderr, flush=True)
-                os._exit(1)
-            if 0 in got:  # restore(): done
-                return
-
-    def restore(self):
-        signal.set_wakeup_fd(self._previous_wakeup)
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-        os.write(self._wake_w, b"\0")
-        os.close(self._wake_w)
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            if time.monotonic() - self.first_at < self.REPEAT_S:
-                return
-            raise KeyboardInterrupt
-        self.requested, self.first_at = True, time.monotonic()
-        self.log.print(f"{signal.Signals(signum).name}: stopping after the current chunk, with a checkpoint")
-
-    def __call__(self) -> bool:
-        # Every process must stop at the same chunk, even if the signal reached only some.
-        return parallel.any_process(self.requested)
 
 
 # -- the run directory and resume -----------------------------------------------------------
@@ -661,6 +716,41 @@ def saved_steps(ckpts: Checkpoints, step: int, unit: str, steps_per_update: int)
     return int(meta.get(unit, step * steps_per_update))
 
 
+def _reading(run_dir: Path, read: Callable):
+    """`read(Checkpoints)` on a read-only view of the run's checkpoints. A checkpoint damaged on
+    any process is damaged on every one (DamagedCheckpoint everywhere), so that all processes
+    take the same way on; a checkpoint of another version is a ConfigError."""
+    reader = Checkpoints(run_dir, read_only=True)
+    damaged = None
+    try:
+        value = read(reader)
+    except DamagedCheckpoint as e:
+        damaged = e
+    except CheckpointMismatch as e:
+        raise ConfigError(f"--resume: {e}") from None
+    finally:
+        reader.close()
+    if parallel.any_process(damaged is not None):
+        raise damaged or DamagedCheckpoint(-1, "unreadable on another process")
+    return value
+
+
+def _set_aside(run_dir: Path, damaged: DamagedCheckpoint) -> tuple[int, str]:
+    """Moves a damaged checkpoint out of the way (never deletes it); the next older one to try,
+    and the line that says so. With none left, a ConfigError."""
+    ckpts = Checkpoints(run_dir, read_only=True)
+    try:
+        step = damaged.step if damaged.step >= 0 else ckpts.latest_step()
+        moved = ckpts.set_aside(step)
+        older = ckpts.latest_step()
+    finally:
+        ckpts.close()
+    note = f"checkpoint at update {step} cannot be read ({damaged.why}); set aside in {moved}"
+    if older is None:
+        raise ConfigError(f"--resume: no checkpoint of {run_dir} reads back whole: {note}")
+    return older, f"{note}; resuming from update {older} instead"
+
+
 def run(cfg, par: Parallel, layout: Split, changes: list[str], asynchronous=None) -> int:
     """Trains in the run directory, from its latest checkpoint with `--resume`: `--mode both`,
     or a `--mode learn` learner fed by `asynchronous` (asynchronous/dqn.py or ad.py), in the
@@ -671,39 +761,44 @@ def run(cfg, par: Parallel, layout: Split, changes: list[str], asynchronous=None
         check_writable(Path(cfg.profile), "--profile")
     cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
     learner = cfg.mode == "learn"
-    if resume_step is not None:
-        if not learner:
-            reader = Checkpoints(run_dir, read_only=True)
-            try:
-                done = saved_steps(reader, resume_step, step_unit(cfg), steps_per_update(cfg))
-            finally:
-                reader.close()
-            cfg = dataclasses.replace(cfg, resumed_update=resume_step, resumed_steps=done)
-        if cfg.stop_at_update is not None and cfg.stop_at_update <= resume_step < cfg.total_updates:
-            raise ConfigError(f"--stop-at-update {cfg.stop_at_update}: the run is already at update {resume_step}")
-        if resume_step >= cfg.total_updates:
-            ended = "" if learner else f", {cfg.resumed_steps:,} {step_unit(cfg)}"
-            print(f"the run in {run_dir} is already complete (update {resume_step} of {cfg.total_updates}{ended}); "
-                  f"nothing to do. To train it further, resume with a larger "
-                  f"{'--num-updates' if cfg.num_updates is not None else '--total-timesteps'}")
-            return 0
-    parallel.barrier("run directory checked")  # every process checks it before process 0 writes in it
-    trainer = Trainer(cfg, par, asynchronous.algorithm(cfg, par, layout) if learner else None, layout)
-    par = trainer.par  # with many runs, laid out for them (multirun.setup)
-    # A learner publishes its initial state for the collectors before it compiles.
-    state = trainer.init_state() if learner else None
     recreated: list[str] = []
-    if resume_step is not None:
-        # Restored before process 0 rewrites config.json and metrics.jsonl, so that a checkpoint
-        # this version cannot read leaves the run directory as it was.
-        target = state if learner else trainer.init_state()
-        reader = Checkpoints(run_dir, read_only=True)
+    set_aside: list[str] = []  # damaged checkpoints moved out of the way, said in the log
+    start_cfg = cfg
+    while True:  # from the newest checkpoint down, until one reads back whole
+        cfg = start_cfg
         try:
-            state, recreated = reader.restore(resume_step, target, trainer.layout, par)
-        except CheckpointMismatch as e:
-            raise ConfigError(f"--resume: {e}") from None
-        finally:
-            reader.close()
+            if resume_step is not None:
+                if not learner:
+                    done = _reading(run_dir, lambda r: saved_steps(r, resume_step, step_unit(cfg), steps_per_update(cfg)))
+                    cfg = dataclasses.replace(cfg, resumed_update=resume_step, resumed_steps=done)
+                else:
+                    _reading(run_dir, lambda r: r.meta(resume_step))
+                if cfg.stop_at_update is not None and cfg.stop_at_update <= resume_step < cfg.total_updates:
+                    raise ConfigError(f"--stop-at-update {cfg.stop_at_update}: the run is already at update "
+                                      f"{resume_step}")
+                if resume_step >= cfg.total_updates:
+                    for line in set_aside:
+                        print(line)
+                    ended = "" if learner else f", {cfg.resumed_steps:,} {step_unit(cfg)}"
+                    print(f"the run in {run_dir} is already complete (update {resume_step} of {cfg.total_updates}"
+                          f"{ended}); nothing to do. To train it further, resume with a larger "
+                          f"{'--num-updates' if cfg.num_updates is not None else '--total-timesteps'}")
+                    return 0
+            parallel.barrier("run directory checked")  # every process checks it before process 0 writes in it
+            trainer = Trainer(cfg, par, asynchronous.algorithm(cfg, par, layout) if learner else None, layout)
+            # A learner publishes its initial state for the collectors before it compiles.
+            state = trainer.init_state() if learner else None
+            if resume_step is not None:
+                # Restored before process 0 rewrites config.json and metrics.jsonl, so that a
+                # checkpoint this version cannot read leaves the run directory as it was.
+                target = state if learner else trainer.init_state()
+                state, recreated = _reading(run_dir, lambda r: r.restore(resume_step, target, trainer.layout,
+                                                                         trainer.par))
+            break
+        except DamagedCheckpoint as e:
+            resume_step, note = _set_aside(run_dir, e)
+            set_aside.append(note)
+    par = trainer.par  # with many runs, laid out for them (multirun.setup)
     if parallel.is_main():
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(config_lib.dump(cfg))
@@ -717,6 +812,8 @@ def run(cfg, par: Parallel, layout: Split, changes: list[str], asynchronous=None
     log.banner(banner(cfg, par, layout, asynchronous.per_update(cfg) if learner else f"{per_update:,} {unit}"))
     for change in changes:
         log.print(f"  --resume: {change}")
+    for line in set_aside:
+        log.print(f"  {line}")
     ckpts = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
     start = 0
     if resume_step is None:
@@ -737,7 +834,7 @@ def run(cfg, par: Parallel, layout: Split, changes: list[str], asynchronous=None
     try:
         if learner:
             feed = asynchronous.Feed(cfg, par, layout, trainer.algo, ckpts, log, resume_step, state)
-            hooks = Hooks(checkpoint=feed.checkpoint, stop_requested=stop)
+            hooks = Hooks(checkpoint=feed.checkpoint, stop=stop)
         else:
             hooks = trainer_hooks(cfg, trainer, par, ckpts, stop)
         # A resumed run's diverged runs (their frozen state is in the checkpoint) keep the update
@@ -836,4 +933,4 @@ def trainer_hooks(cfg, trainer, par: Parallel, ckpts, stop):
         more = {f"eval/{k}": v for k, v in result.items() if k not in ("mean_return", "std_return", "episodes")}
         return {"eval/episode_return": result["mean_return"], "eval/episode_return_std": result["std_return"], **more}
 
-    return Hooks(checkpoint=checkpoint, evaluate=evaluate if cfg.eval_every else None, stop_requested=stop)
+    return Hooks(checkpoint=checkpoint, evaluate=evaluate if cfg.eval_every else None, stop=stop)

@@ -3,6 +3,7 @@ asynchronous collectors): its config, its checkpoints and the shapes of its para
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import jax
@@ -10,7 +11,7 @@ import jax
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import module_for
-from jaxrl_mgpu.checkpoint import Checkpoints
+from jaxrl_mgpu.checkpoint import Checkpoints, DamagedCheckpoint
 from jaxrl_mgpu.config import ConfigError
 
 
@@ -36,6 +37,41 @@ def pick_step(ckpts, run_dir: str, step: int | None) -> int:
     return step
 
 
+def readable_params(ckpts, run_dir: str, template, step: int | None = None, best: bool = False,
+                    warn=None) -> tuple[int, object]:
+    """`(step, params)` (host numpy; `template` gives their shapes): of `step`, of the best
+    checkpoint, or by default of the newest checkpoint that reads back whole. A damaged
+    checkpoint asked for by name is a ConfigError; one passed over on the way down is said
+    through `warn` (default: a line on stderr). Nothing in the run directory is changed (a
+    trainer may be writing it; a --resume sets damaged checkpoints aside)."""
+    warn = warn or (lambda text: print(text, file=sys.stderr, flush=True))
+    if best or step is not None:
+        if best:
+            step = ckpts.best_step()
+            if step is None:
+                raise ConfigError(f"--best: the run in {run_dir} has no best checkpoint (train with --eval-every)")
+        else:
+            step = pick_step(ckpts, run_dir, step)
+        try:
+            return step, ckpts.restore_params(step, template, best=best)
+        except DamagedCheckpoint as e:
+            raise ConfigError(f"--run-dir {run_dir}: {'the best checkpoint' if best else f'--step {step}'}: {e}") \
+                from None
+    pick_step(ckpts, run_dir, None)  # a ConfigError when there is none
+    passed: list[DamagedCheckpoint] = []
+    for step in sorted(ckpts.steps(), reverse=True):
+        try:
+            params = ckpts.restore_params(step, template)
+        except DamagedCheckpoint as e:
+            passed.append(e)
+            continue
+        for e in passed:
+            warn(f"warning: {run_dir}: {e}; passed over (a --resume sets it aside)")
+        return step, params
+    raise ConfigError(f"--run-dir {run_dir}: no checkpoint reads back whole (updates "
+                      f"{', '.join(str(e.step) for e in passed)}; the latest: {passed[0].why})")
+
+
 def params_template(cfg):
     """Shapes and dtypes of the run's params (no device axis), from its config."""
     env, env_params = envs_lib.make(cfg.env, cfg.env_args)
@@ -47,9 +83,7 @@ def params_template(cfg):
 def load_params(run_dir: str, step: int | None = None, best: bool = False):
     """`(step, params)` of a checkpoint (default: the latest) as host numpy arrays."""
     cfg, ckpts = load_run(run_dir)
-    if step is None:
-        step = ckpts.best_step() if best else ckpts.latest_step()
     try:
-        return step, ckpts.restore_params(step, params_template(cfg), best=best)
+        return readable_params(ckpts, run_dir, params_template(cfg), step, best)
     finally:
         ckpts.close()

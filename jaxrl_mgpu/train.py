@@ -19,6 +19,7 @@ from jaxrl_mgpu import parallel
 from jaxrl_mgpu.cli import USER_ERRORS, fail
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.log import RunLog
+from jaxrl_mgpu.stop import StopSignal
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,20 +49,20 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.mode == "collect":
             if not cfg.run_dir:
                 raise ConfigError("--mode collect needs --run-dir: the run whose store it fills")
-            return collect(cfg, par, layout, learner, runner.StopSignal)
+            return collect(cfg, par, layout, learner)
         return runner.run(cfg, par, layout, changes, learner)
     except USER_ERRORS as e:
         fail(e)
 
 
-def collect(cfg, par, layout, asynchronous, stop_signal) -> int:
+def collect(cfg, par, layout, asynchronous) -> int:
     """`--mode collect`: no run directory of its own; it adds episodes (or, for --algo ad,
     learning histories) to `--run-dir`'s store."""
     log = RunLog(None, 0)
     log.print(f"collector on {par.num_devices} {par.devices[0].platform} device(s), "
               + (f"{cfg.ad_history_tasks} tasks" if cfg.algo == "ad" else f"{cfg.num_envs} envs")
               + f", store {cfg.run_dir}/store")
-    stop = stop_signal(log)
+    stop = StopSignal(log)
     try:
         total = asynchronous.collect(cfg, par, layout, log, stop)
     finally:

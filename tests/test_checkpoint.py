@@ -140,6 +140,96 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, caps
     assert saved_params(run_dir)[0] == 4
 
 
+# -- damaged checkpoints ---------------------------------------------------------------------
+def _truncate(files):
+    for f in files:
+        os.truncate(f, os.path.getsize(f) // 2)
+
+
+def _arrays(step_dir, item):
+    """The array data files of one item (params, opt_state, ...) of a checkpoint, largest first."""
+    return sorted((p for p in (step_dir / item).rglob("*") if p.is_file() and p.parent.name == "d" and p.parent.parent.name.startswith("ocdbt.process")),
+                  key=lambda p: -p.stat().st_size)
+
+
+# how: (the damage, whether evaluation (which reads the params only) meets it)
+DAMAGE = {
+    "one params file truncated": (lambda d: _truncate(_arrays(d, "params")[:1]), True),
+    "every params file truncated": (lambda d: _truncate(_arrays(d, "params")), True),
+    "one opt_state file truncated": (lambda d: _truncate(_arrays(d, "opt_state")[:1]), False),
+    "Orbax's metadata emptied": (lambda d: (d / "_CHECKPOINT_METADATA").write_text(""), True),
+}
+
+
+# Arrays of some size (OCDBT keeps small values inside its tree nodes instead of data files).
+WIDE = [*TINY, "--devices", "2", "--hidden-size", "64"]
+
+
+@pytest.fixture(scope="module")
+def six_updates(tmp_path_factory):
+    """A run stopped at update 6, with checkpoints at 2, 4 and 6."""
+    run_dir = tmp_path_factory.mktemp("damaged") / "base"
+    assert run(*WIDE, "--run-dir", str(run_dir), "--stop-at-update", "6") == 0
+    return run_dir
+
+
+def test_a_damaged_latest_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_before(six_updates, tmp_path,
+                                                                                          capsys):
+    import shutil
+    by_hand = tmp_path / "by_hand"
+    shutil.copytree(six_updates, by_hand)
+    shutil.move(by_hand / "checkpoints" / "6", tmp_path / "moved_by_hand")
+    assert run(*WIDE, "--run-dir", str(by_hand), "--resume") == 0
+    expected_rows, (step, expected) = [without_timing(r) for r in rows(by_hand)], saved_params(by_hand)
+    assert step == 8
+    capsys.readouterr()
+    for i, (how, (damage, in_params)) in enumerate(DAMAGE.items()):
+        run_dir = tmp_path / f"damaged{i}"
+        shutil.copytree(six_updates, run_dir)
+        damage(run_dir / "checkpoints" / "6")
+        # evaluate passes over it where it needs what is damaged (and changes nothing), with one
+        # line that says so
+        assert evaluate.main(["--run-dir", str(run_dir), "--episodes", "2"]) == 0, how
+        out, err = capsys.readouterr()
+        assert json.loads(out.splitlines()[-1])["step"] == (4 if in_params else 6), how
+        if in_params:
+            assert err.count("\n") == 1 and "the checkpoint at update 6 cannot be read" in err, (how, err)
+        assert (run_dir / "checkpoints" / "6").is_dir()
+        # a resume sets it aside, says so in one line, and goes on from update 4
+        assert run(*WIDE, "--run-dir", str(run_dir), "--resume") == 0, how
+        out, err = capsys.readouterr()
+        assert "ERROR" not in out + err and "Traceback" not in out + err, (how, out, err)
+        said = [line for line in out.splitlines() if "cannot be read" in line]
+        assert len(said) == 1 and "checkpoint at update 6" in said[0] and "resuming from update 4" in said[0], out
+        assert (run_dir / "damaged" / "checkpoints-6").is_dir()  # (checkpoints/6 is the resumed run's own)
+        step, params = saved_params(run_dir)
+        assert step == 8, how
+        jax.tree.map(np.testing.assert_array_equal, params, expected)
+        assert [without_timing(r) for r in rows(run_dir)] == expected_rows, how
+
+
+def test_with_no_whole_checkpoint_left_resume_and_evaluate_are_one_line(six_updates, tmp_path, capsys):
+    import shutil
+    run_dir = tmp_path / "run"
+    shutil.copytree(six_updates, run_dir)
+    for step in (2, 4, 6):
+        DAMAGE["one params file truncated"][0](run_dir / "checkpoints" / str(step))
+    capsys.readouterr()
+    for argv, words in [([], "no checkpoint reads back whole (updates 6, 4, 2; the latest: ValueError: OUT_OF_RANGE"),
+                        (["--step", "4"], "--step 4: the checkpoint at update 4 cannot be read (ValueError")]:
+        with pytest.raises(SystemExit) as e:
+            evaluate.main(["--run-dir", str(run_dir), *argv])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and words in err, err
+    files = (run_dir / "config.json").read_text(), (run_dir / "metrics.jsonl").read_text()
+    assert run(*WIDE, "--run-dir", str(run_dir), "--resume") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --resume: no checkpoint of") and err.count("\n") == 1, err
+    assert files == ((run_dir / "config.json").read_text(), (run_dir / "metrics.jsonl").read_text())
+    assert sorted(p.name for p in (run_dir / "damaged").iterdir()) == ["checkpoints-2", "checkpoints-4",
+                                                                      "checkpoints-6"]
+
+
 # -- real processes: SIGKILL at random moments, SIGTERM -----------------------------------
 LONG = ["--num-envs", "8", "--num-steps", "8", "--num-minibatches", "1", "--hidden-size", "16",
         "--total-timesteps", str(8 * 8 * 100_000), "--log-every", "1", "--checkpoint-every", "1",
@@ -223,3 +313,80 @@ def test_sigterm_finishes_the_chunk_saves_and_exits_0(tmp_path):
     assert "SIGTERM" in out and "continue with --resume" in out
     step, _ = saved_params(run_dir)
     assert rows(run_dir)[-1]["update"] == step  # the checkpoint is at the last logged update
+
+
+# -- a stop request in the middle of a long log interval ------------------------------------
+# One log interval of 1,000 updates, each a few hundredths of a second on a CPU: before chunks
+# were sized to a wall time, a stop waited for the whole interval (and the one dispatched
+# after it).
+SLOW = ["--num-envs", "64", "--num-steps", "64", "--num-minibatches", "2", "--hidden-size", "64",
+        "--total-timesteps", str(64 * 64 * 100_000), "--log-every", "1000", "--checkpoint-every", "0",
+        "--devices", "1"]
+STOP_BOUND_S = 10.0  # README: a stop is honoured within seconds (two chunks of about 2 s, then the save)
+
+
+class Lines:
+    """A process's output, read on a thread as it comes."""
+
+    def __init__(self, proc):
+        import threading
+        self.proc, self.lines = proc, []
+        threading.Thread(target=lambda: self.lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+
+    def wait_for(self, text, timeout=240):
+        deadline = time.time() + timeout
+        while not any(text in line for line in self.lines):
+            assert time.time() < deadline and self.proc.poll() is None, "".join(self.lines)[-3000:]
+            time.sleep(0.05)
+
+    def text(self):
+        return "".join(self.lines)
+
+
+def spawn_slow(run_dir, *extra):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "jaxrl_mgpu.train", *SLOW, "--run-dir", str(run_dir), *extra],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, Lines(proc)
+
+
+def test_sigterm_in_a_long_log_interval_saves_within_the_bound_and_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    proc, out = spawn_slow(run_dir)
+    out.wait_for("training chunk")
+    time.sleep(4.0)  # well into the first log interval, several chunks on
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    took = time.monotonic() - sent
+    assert proc.returncode == 0, out.text()
+    assert took < STOP_BOUND_S, (took, out.text())
+    assert "SIGTERM: stopping" in out.text()
+    step, _ = saved_params(run_dir)
+    assert 0 < step < 1000  # between log points
+    assert rows(run_dir)[-1]["update"] == step  # the interval's row so far
+    assert f"stopped at update {step} of" in out.text()
+    resumed, more = spawn_slow(run_dir, "--resume", "--stop-at-update", str(step + 2))
+    assert resumed.wait(timeout=240) == 0, more.text()
+    assert f"resumed from the checkpoint at update {step}" in more.text()
+    assert saved_params(run_dir)[0] == step + 2
+
+
+def test_a_second_ctrl_c_exits_at_once_keeping_the_complete_checkpoints(tmp_path):
+    run_dir = tmp_path / "run"
+    # Updates of seconds each: the first Ctrl-C waits for the one in flight, the second does not.
+    proc, out = spawn_slow(run_dir, "--num-envs", "4096", "--num-steps", "128", "--log-every", "1",
+                           "--checkpoint-every", "1")
+    wait_for_checkpoint(run_dir, timeout=240)
+    proc.send_signal(signal.SIGINT)
+    out.wait_for("SIGINT: stopping")
+    time.sleep(1.2)  # a second request, not the process group's copy of the first
+    assert proc.poll() is None, out.text()
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=60)
+    assert time.monotonic() - sent < 3.0, out.text()
+    assert proc.returncode == 128 + signal.SIGINT, out.text()
+    assert "SIGINT again: exiting now" in out.text()
+    step, params = saved_params(run_dir)  # what was complete still restores
+    assert step >= 1 and all(np.isfinite(x).all() for x in jax.tree.leaves(params))

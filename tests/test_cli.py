@@ -87,23 +87,34 @@ def test_a_short_run_on_8_devices_learns_cartpole(tmp_path, capsys):
     assert "8 global" in capsys.readouterr().out
 
 
-def test_stop_signal_twice_at_once_is_one_request_later_it_forces():
+def test_stop_signal_twice_at_once_is_one_request_later_it_forces(monkeypatch):
     """`timeout` signals a process and then its process group: the same SIGTERM twice within
     microseconds must still finish the chunk and save; a second signal later stops at once."""
     import signal
     import time
 
+    from jaxrl_mgpu import stop as stop_lib
+
+    said = []
+
     class Log:
         def print(self, text):
-            pass
+            said.append(text)
 
-    stop = runner.StopSignal(Log())
+    def leave(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(stop_lib, "_leave", leave)
+    stop = stop_lib.StopSignal(Log(), activity=lambda: "after update 7")
     try:
-        stop._handle(signal.SIGTERM, None)
-        stop._handle(signal.SIGTERM, None)  # the process-group copy: no exception
-        assert stop.requested
-        time.sleep(stop.REPEAT_S + 0.05)
-        with pytest.raises(KeyboardInterrupt):
-            stop._handle(signal.SIGINT, None)
+        stop.request(signal.SIGTERM)
+        stop.request(signal.SIGTERM)  # the process-group copy: no exit
+        assert stop.requested and stop()
+        assert said == ["SIGTERM: stopping: after update 7; then a checkpoint is saved and the run exits. SIGTERM "
+                        "again exits at once, keeping the last complete checkpoint"]
+        time.sleep(stop_lib.REPEAT_S + 0.05)
+        with pytest.raises(SystemExit) as exit_:
+            stop.request(signal.SIGINT)
+        assert exit_.value.code == 128 + signal.SIGINT
     finally:
         stop.restore()
