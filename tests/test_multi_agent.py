@@ -110,8 +110,8 @@ def test_match_random_teams_act_uniformly():
     (["--algo", "dqn"], "multi-agent game"),
     (["--policy", "transformer"], "multi-agent game"),
     (["--normalize-reward"], "multi-agent game"),
-    (["--env-args", "num_taggers=0"], "at least one tagger"),
-    (["--env-args", "speed=2"], "unexpected keyword"),
+    (["--env-args", "num_taggers=0"], "num_taggers must be at least 1"),
+    (["--env-args", "speed=2"], "TagContinuous-v0 takes num_taggers, num_runners"),
     (["--env-args", "num_taggers"], "not NAME=VALUE"),
     (["--env", "CartPole-v1", "--env-args", "a=1"], "takes no arguments"),
 ])

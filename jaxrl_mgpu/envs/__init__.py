@@ -6,7 +6,10 @@ downstream (rollouts, evaluation, dataset writers) treats both kinds alike.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import inspect
+import math
 import sys
 import types
 from typing import Any, Callable
@@ -31,22 +34,48 @@ for _name in ("seaborn", "matplotlib.pyplot"):
         sys.modules[_name] = _LoadedOnFirstUse(_name)
 
 import gymnax  # noqa: E402
+import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
 from jaxrl_mgpu.cli import ConfigError
 
-# Own environments register a factory here (name -> () -> (env, params)).
-_OWN: dict[str, Callable[[], tuple[Any, Any]]] = {}
+# Own environments register a factory here: name -> (factory, its arguments' table or None).
+_OWN: dict[str, tuple[Callable[..., tuple[Any, Any]], dict[str, Arg] | None]] = {}
 # gymnax environments this project does not offer, and why.
 _LEFT_OUT = {"MNISTBandit-bsuite": "it downloads MNIST when it is created (runs here need no network)"}
+# Environments keep their integer arguments in int32 arrays (JAX without x64).
+INT32_MAX = 2**31 - 1
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class EnvError(ConfigError):
-    """An unknown environment name (the CLI turns it into a one-line error)."""
+    """An unknown environment name, or `--env-args` it does not take (the CLI turns it into a
+    one-line error)."""
 
 
-def register(name: str, factory: Callable[[], tuple[Any, Any]]) -> None:
-    _OWN[name] = factory
+@dataclasses.dataclass(frozen=True)
+class Arg:
+    """What one environment argument (`--env-args NAME=VALUE`) may be: a `bool`, an `int`
+    (int32) or a `float` (finite in float32; an integer is taken as a float), within the
+    bounds given. A probability is `Arg(float, at_least=0, at_most=1)`."""
+    kind: type
+    at_least: float | None = None
+    above: float | None = None
+    at_most: float | None = None
+
+
+# The usual kinds of argument.
+FLAG = Arg(bool)
+COUNT = Arg(int, at_least=1)
+REAL = Arg(float)                  # any finite number, e.g. a reward of either sign
+POSITIVE = Arg(float, above=0)     # a size, speed or distance
+
+
+def register(name: str, factory: Callable[..., tuple[Any, Any]], args: dict[str, Arg] | None = None) -> None:
+    """`factory(**kwargs) -> (env, env_params)`. `args` declares every keyword argument it takes
+    from `--env-args` (name -> Arg, in the order a listing shows them), and `make` checks them
+    before calling it; without it, the factory's named parameters are taken as they are written."""
+    _OWN[name] = (factory, args)
 
 
 def names() -> list[str]:
@@ -55,33 +84,91 @@ def names() -> list[str]:
 
 def make(name: str, args: str | None = None) -> tuple[Any, Any]:
     """`(env, env_params)`; `args` (`--env-args`, "NAME=VALUE,...") are keyword arguments of a
-    project environment's factory (its sizes and parameters, e.g. the Tag games')."""
+    project environment's factory (its sizes and parameters, e.g. the Tag games'), each checked
+    against the factory's table before anything is built."""
     check(name)
     kwargs = parse_args(name, args)
     if name not in _OWN:
         return gymnax.make(name)
     try:
-        return _OWN[name](**kwargs)
-    except (TypeError, ValueError) as e:  # an unknown name or a value out of range
-        raise EnvError(f"--env-args {args!r} do not fit --env {name}: {e}") from None
+        return _OWN[name][0](**kwargs)
+    except ValueError as e:  # what one argument's range cannot say: a relation between several
+        raise EnvError(f"--env-args {args}: {name}: {e}") from None
 
 
 def parse_args(name: str, args: str | None) -> dict[str, Any]:
-    """"a=1,b=0.5,c=true" -> {"a": 1, "b": 0.5, "c": True} (values read as YAML scalars)."""
+    """"a=1,b=0.5,c=true" -> {"a": 1, "b": 0.5, "c": True}: values read as YAML scalars (or
+    Python floats: "1e-3", "nan", "inf"), names and values checked against `name`'s table."""
     if not args:
         return {}
     if name not in _OWN:
         raise EnvError(f"--env-args: --env {name} is a gymnax environment, which takes no arguments")
+    table = arguments(name)
     kwargs = {}
     for item in args.split(","):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise EnvError(f"--env-args {args!r}: {item!r} is not NAME=VALUE")
-        parsed = yaml.safe_load(value)
-        if not isinstance(parsed, (bool, int, float)):
-            raise EnvError(f"--env-args {args!r}: the value of {key.strip()} ({value!r}) is not a number or a boolean")
-        kwargs[key.strip()] = parsed
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise EnvError(f"--env-args {args}: {item!r} is not NAME=VALUE")
+        if key not in table:
+            takes = f"takes {', '.join(table)}" if table else "takes no arguments"
+            raise EnvError(f"--env-args {item.strip()}: {name} {takes}")
+        if key in kwargs:
+            raise EnvError(f"--env-args {args}: {key} is given twice")
+        value, arg = _scalar(text), table[key]
+        problem = _out_of_range(value, arg)
+        if problem:
+            raise EnvError(f"--env-args {item.strip()}: {name}'s {key} must be {problem}")
+        kwargs[key] = float(value) if arg is not None and arg.kind is float else value
     return kwargs
+
+
+def arguments(name: str) -> dict[str, Arg | None]:
+    """The `--env-args` an own environment takes: its table, or (where it registered none) its
+    factory's named parameters, unchecked (None)."""
+    factory, table = _OWN[name]
+    if table is not None:
+        return dict(table)
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    return {p.name: None for p in inspect.signature(factory).parameters.values() if p.kind in named}
+
+
+def _scalar(text: str) -> Any:
+    """A YAML scalar, or a Python float where YAML reads a string ("1e-3", "nan", "inf")."""
+    value = yaml.safe_load(text)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    return value
+
+
+def _out_of_range(value: Any, arg: Arg | None) -> str | None:
+    """What `value` must be instead ("at least 1", "an integer", ...), or None where it fits."""
+    if arg is None:  # undeclared: any number or boolean
+        return None if isinstance(value, (bool, int, float)) else "a number or a boolean"
+    if arg.kind is bool:
+        return None if isinstance(value, bool) else "true or false"
+    if arg.kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        return "an integer"
+    if arg.kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return "a number"
+        if isinstance(value, float) and not math.isfinite(value):
+            return "finite"
+        if abs(value) > FLOAT32_MAX:  # the environment holds it in float32
+            return f"finite in float32 (at most {FLOAT32_MAX:.4g} in size)"
+    at_most = arg.at_most
+    if arg.kind is int:
+        at_most = INT32_MAX if at_most is None else min(at_most, INT32_MAX)
+    if arg.at_least is not None and value < arg.at_least:
+        return f"at least {arg.at_least}"
+    if arg.above is not None and value <= arg.above:
+        return f"greater than {arg.above}"
+    if at_most is not None and value > at_most:
+        return f"at most {at_most}"
+    return None
 
 
 def is_multi_agent(env) -> bool:

@@ -49,7 +49,7 @@ import numpy as np
 from flax import struct
 from gymnax.environments import environment, spaces
 
-from jaxrl_mgpu.envs import register
+from jaxrl_mgpu.envs import COUNT, FLAG, POSITIVE, REAL, Arg, register
 
 TAGGER, RUNNER = 0, 1
 TWO_PI = np.float32(2.0 * math.pi)
@@ -482,7 +482,7 @@ def make_gridworld(num_taggers: int = 10, num_runners: int = 1, grid_length: int
     """`(env, params)` of a gridworld with WarpDrive's defaults; `params` are further
     `GridParams` fields (wall_hit_penalty, tag_reward_for_tagger, ...)."""
     if num_runners != 1:
-        raise ValueError(f"TagGridworld has exactly one runner (WarpDrive's gridworld), got num_runners={num_runners}")
+        raise ValueError(f"num_runners must be 1: the gridworld has exactly one runner (WarpDrive's), got {num_runners}")
     env = TagGridworld(num_taggers, use_full_observation)
     return env, GridParams(max_steps_in_episode=episode_length, grid_length=grid_length, **params)
 
@@ -498,9 +498,30 @@ def make_continuous(num_taggers: int = 1, num_runners: int = 10, grid_length: fl
     return env, ContinuousParams(max_steps_in_episode=episode_length, grid_length=grid_length, **params)
 
 
-ENVS: dict[str, Callable[[], tuple[Any, Any]]] = {
+ENVS: dict[str, Callable[..., tuple[Any, Any]]] = {
     "TagGridworld-v0": make_gridworld,
     "TagContinuous-v0": make_continuous,
+}
+
+# What each factory takes from `--env-args` (envs.make checks it there, before anything is
+# built): its named parameters, then the EnvParams fields it passes on. Sizes must be positive
+# (a board of length 0 divides observations by 0); rewards and angles may have either sign.
+# Relations between arguments are the factories' and the environments' own checks.
+ARGS: dict[str, dict[str, Arg]] = {
+    "TagGridworld-v0": dict(
+        num_taggers=COUNT, num_runners=COUNT, grid_length=COUNT, episode_length=COUNT, use_full_observation=FLAG,
+        wall_hit_penalty=REAL, tag_reward_for_tagger=REAL, tag_penalty_for_runner=REAL, step_cost_for_tagger=REAL,
+        random_start=FLAG),
+    "TagContinuous-v0": dict(
+        num_taggers=COUNT, num_runners=COUNT, grid_length=POSITIVE, episode_length=COUNT, use_full_observation=FLAG,
+        num_other_agents_observed=COUNT,
+        # 0 levels leaves only the no-op of that choice (the agents cannot accelerate, or turn)
+        num_acceleration_levels=Arg(int, at_least=0), num_turn_levels=Arg(int, at_least=0),
+        max_speed=POSITIVE, skill_level_runner=POSITIVE, skill_level_tagger=POSITIVE,
+        max_acceleration=REAL, min_acceleration=REAL, max_turn=REAL, min_turn=REAL,
+        edge_hit_penalty=REAL, tagging_distance=POSITIVE, tag_reward_for_tagger=REAL, step_penalty_for_tagger=REAL,
+        tag_penalty_for_runner=REAL, step_reward_for_runner=REAL, end_of_game_reward_for_runner=REAL,
+        runner_exits_game_after_tagged=FLAG),
 }
 
 # WarpDrive's training run configs: `env` is the yaml's env section as factory arguments
@@ -527,4 +548,4 @@ RUN_CONFIG_SIZES: dict[str, dict[str, Any]] = {
 }
 
 for _name, _factory in ENVS.items():
-    register(_name, _factory)
+    register(_name, _factory, ARGS[_name])
