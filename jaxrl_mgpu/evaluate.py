@@ -14,6 +14,16 @@ of `python -m jaxrl_mgpu.incontext`.
 A run directory of many runs (--num-seeds, --sweep) is evaluated run by run, each on the same
 episodes (the same key), one JSON line per run with its `run`, `seed` and swept values;
 `--run i` evaluates run i only.
+
+    python -m jaxrl_mgpu.evaluate --run-dir DIR --video FILE.gif|FILE.mp4 [--video-stride K] [--greedy]
+
+instead writes a video of ONE episode of the policy (the first of the evaluation episodes of
+--seed, on one device; a many-run directory: run 0, or --run i) and prints one JSON line with
+its length and return. gymnax's visualizer draws the environments it knows (CartPole, Acrobot,
+MinAtar, ...); DarkRoom and the Tag games are drawn by the project (Tag: taggers red, runners
+blue, a tagged runner grey and crossed). The video has the state before the first step and
+after each step, L + 1 frames for L steps; `--video-stride K` keeps every K-th and the last,
+ceil(L / K) + 1 frames. It needs the video extra: pip install -e ".[video]".
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ import sys
 import jax
 import numpy as np
 
-from jaxrl_mgpu import cli, incontext, multirun, parallel
+from jaxrl_mgpu import cli, incontext, multirun, parallel, video
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import mappo, module_for
 from jaxrl_mgpu.config import ConfigError
@@ -41,13 +51,18 @@ def _args(argv):
     which = p.add_mutually_exclusive_group()
     which.add_argument("--step", type=int, default=None, help="checkpoint step (update); default: the latest")
     which.add_argument("--best", action="store_true", help="the checkpoint with the best evaluation return")
-    p.add_argument("--episodes", type=int, default=64, help="episodes, spread over all devices")
+    p.add_argument("--episodes", type=int, default=None, help="episodes, spread over all devices (default 64)")
     p.add_argument("--greedy", action="store_true", help="act greedily (argmax) instead of sampling")
     p.add_argument("--devices", type=int, default=None, help="use the first k local devices (default: all)")
     p.add_argument("--parallel", default="pmap", choices=parallel.BACKENDS)
     p.add_argument("--seed", type=int, default=1, help="seed of the evaluation episodes")
     p.add_argument("--run", type=int, default=None, help="a run directory of many runs (--num-seeds, --sweep): "
-                                                         "evaluate run i only (default: every run)")
+                                                         "evaluate run i only (default: every run; --video: run 0)")
+    p.add_argument("--video", default=None, metavar="FILE",
+                   help="write one episode of the policy to FILE (.gif, or .mp4 with imageio-ffmpeg) instead of "
+                        "evaluating --episodes; needs the video extra: pip install -e \".[video]\"")
+    p.add_argument("--video-stride", type=int, default=None, metavar="K",
+                   help="--video: draw every K-th state and the last (default 1: every state)")
     p.add_argument("--in-context", action="store_true",
                    help="--algo ad runs: E consecutive episodes on held-out goals with a rolling context and "
                         "frozen weights: the same as python -m jaxrl_mgpu.incontext (see its --help)")
@@ -60,13 +75,17 @@ def main(argv=None) -> int:
         return incontext.main(argv)
     try:
         args = _args(argv)
+        check_video_args(args)
+        args.episodes = 64 if args.episodes is None else args.episodes
         if args.episodes < 1:
             raise ConfigError(f"--episodes must be at least 1, got {args.episodes}")
         cfg, ckpts = load_run(args.run_dir)
         if cfg.algo == "ad":
             raise ConfigError(f"--run-dir {args.run_dir} is an --algo ad run: it acts from its context of past "
                               f"episodes, so evaluate it with --in-context")
-        par = parallel.setup(args.parallel, args.devices)
+        if args.video is not None:
+            video.check_env(cfg.env)
+        par = None if args.video is not None else parallel.setup(args.parallel, args.devices)
         runs = multirun.Runs.of(cfg)
         if args.run is not None and not (runs is not None and 0 <= args.run < runs.count):
             raise ConfigError(f"--run {args.run}: the run directory holds " +
@@ -81,6 +100,12 @@ def main(argv=None) -> int:
 
     env, env_params = envs_lib.make(cfg.env, cfg.env_args)
     module = module_for(cfg)
+    if args.video is not None:
+        try:
+            record_video(cfg, runs, module, env, env_params, params, step, args)
+        except cli.USER_ERRORS as e:
+            cli.fail(e)
+        return 0
     if runs is not None:
         evaluate_runs(cfg, runs, module, env, env_params, params, step, par, args)
         return 0
@@ -100,6 +125,40 @@ def main(argv=None) -> int:
     totals = run(params, key)
     print(json.dumps({**summarize(par.first(totals)), "step": step, "greedy": args.greedy}))
     return 0
+
+
+def check_video_args(args) -> None:
+    """--video's options, before anything is loaded: a new .gif or .mp4 in a writable place, no
+    option that only the evaluation of many episodes reads."""
+    if args.video is None:
+        if args.video_stride is not None:
+            raise ConfigError("--video-stride applies only with --video")
+        return
+    for option, value, why in (("--episodes", args.episodes, "records one episode"),
+                               ("--devices", args.devices, "records one episode on one device")):
+        if value is not None:
+            raise ConfigError(f"{option}: --video {why}; leave {option} out")
+    args.video_stride = 1 if args.video_stride is None else args.video_stride
+    if args.video_stride < 1:
+        raise ConfigError(f"--video-stride must be at least 1, got {args.video_stride}")
+    video.check_output(args.video)
+
+
+def record_video(cfg, runs, module, env, env_params, params, step: int, args) -> None:
+    """One episode of the checkpoint's policy (of run `--run`, default 0, in a many-run
+    directory: `params` holds every run's), drawn into `--video`; one JSON line says what it
+    shows."""
+    which = {}
+    if runs is not None:
+        run = 0 if args.run is None else args.run
+        cfg, which = dataclasses.replace(cfg, **runs.hparams(run)), runs.describe(run)
+        params = jax.tree.map(lambda x: x[run], params)
+    algo = module.make(cfg, env, env_params, module.check(cfg, 1))
+    episode = video.record(algo.policy, env, env_params, params, jax.random.PRNGKey(args.seed), args.greedy)
+    frames, fps = video.frames(cfg.env, env, env_params, episode, args.video_stride)
+    video.write(args.video, frames, fps)
+    print(json.dumps({**which, "video": args.video, "frames": len(frames), "stride": args.video_stride,
+                      **video.summary(env, episode), "step": step, "greedy": args.greedy}), flush=True)
 
 
 def evaluate_runs(cfg, runs: multirun.Runs, module, env, env_params, params, step: int, par, args) -> None:

@@ -1,0 +1,384 @@
+"""Watching a trained policy: one episode, recorded on one device and drawn on the host into a
+GIF or an MP4 (`python -m jaxrl_mgpu.evaluate --video FILE`).
+
+- `record` plays the episode in one compiled `lax.scan`: environment 0 of the evaluation's
+  episodes with the same key (`episodes.make_episodes`, `mappo.make_match`: the same reset and
+  step keys, the same action noise), so its return is what `evaluate --episodes 1` reports. It
+  steps with `env.step_env`, the transition without the auto-reset, so the state where the
+  episode ends (a pole down, a runner tagged) is kept to be drawn.
+- `frames` draws the states: gymnax's own visualizer where the environment has one
+  (classic control through gymnasium's renderer, MinAtar, Catch, Pong, the mazes, ...), and
+  the project's own pictures for DarkRoom and both Tag games. A video holds the state before the
+  first step and the state after each step: an episode of L steps gives L + 1 frames, and
+  `stride` k keeps states 0, k, 2k, ... and the last one: ceil(L / k) + 1 frames. Every frame
+  shows its step number (a GIF writer merges identical frames, which would lose steps).
+- `write` writes a temporary file beside the target and renames it, so no half-written video
+  is left behind.
+
+The optional dependencies are the `video` extra (`pip install -e ".[video]"`): imageio and
+pillow (GIF), imageio-ffmpeg (MP4), pygame (gymnasium draws classic control with it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import gymnax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_mgpu import envs as envs_lib
+from jaxrl_mgpu.algos import mappo
+from jaxrl_mgpu.cli import ConfigError, UserError
+from jaxrl_mgpu.envs import vec
+from jaxrl_mgpu.nets import actor_critic
+
+try:  # the `video` extra
+    import imageio.v3 as iio
+except ImportError:
+    iio = None
+
+SUFFIXES = (".gif", ".mp4")
+INSTALL = 'pip install -e ".[video]"'
+
+# What gymnax.visualize.Visualizer draws (gymnax 1.0.1 names them inside its methods). The first
+# five it draws through gymnasium's classic-control renderer, which needs pygame.
+CLASSIC_CONTROL = ("Acrobot-v1", "CartPole-v1", "Pendulum-v1", "MountainCar-v0", "MountainCarContinuous-v0")
+GYMNAX_DRAWN = CLASSIC_CONTROL + ("Catch-bsuite", "Asterix-MinAtar", "Breakout-MinAtar", "Freeway-MinAtar",
+                                  "Seaquest-MinAtar", "SpaceInvaders-MinAtar", "Pong-misc", "PointRobot-misc",
+                                  "MetaMaze-misc", "FourRooms-misc")
+# Project environments whose states are a gymnax environment's, drawn by its visualizer.
+DRAWN_AS = {"CartPole-NoVel-v1": "CartPole-v1"}
+GYMNAX_DPI = 80   # gymnax's 6 x 5 inch figure: 480 x 400 pixels, a multiple of 16 (MP4 blocks)
+
+
+class Episode(NamedTuple):
+    """One recorded episode, on the host."""
+    states: Any            # env states, leading axis L + 1: before the first step, then after each
+    rewards: np.ndarray    # [L] (multi-agent: [L, agents])
+    length: int            # L
+    ended: bool            # False: no episode end within max_steps_in_episode (the video stops there)
+
+
+# -- checks, before anything is loaded or written ---------------------------------------------
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def check_output(path: str) -> None:
+    """A ConfigError (one line) unless `path` is a new .gif or .mp4 file in a writable
+    directory and the packages that write it are installed."""
+    target = Path(path)
+    if target.suffix.lower() not in SUFFIXES:
+        raise ConfigError(f"--video {path}: the file must end in .gif or .mp4")
+    if iio is None:
+        raise ConfigError(f"--video needs imageio (the video extra): {INSTALL}")
+    if target.suffix.lower() == ".mp4" and not _installed("imageio_ffmpeg"):
+        raise ConfigError(f"--video {path}: an .mp4 needs imageio-ffmpeg (the video extra): {INSTALL}; "
+                          f"or write a .gif")
+    if target.exists() or target.is_symlink():
+        raise ConfigError(f"--video {path}: the file exists; remove it or choose another name")
+    parent = target.parent
+    if not parent.is_dir():
+        raise ConfigError(f"--video {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"--video {path}: cannot write in {parent}")
+
+
+def drawable() -> list[str]:
+    return sorted(OWN_DRAWN) + sorted(DRAWN_AS) + list(GYMNAX_DRAWN)
+
+
+def check_env(env_name: str) -> None:
+    """A ConfigError (one line) unless `env_name` can be drawn here."""
+    if env_name not in OWN_DRAWN and env_name not in DRAWN_AS and env_name not in GYMNAX_DRAWN:
+        raise ConfigError(f"--video: --env {env_name} has no renderer; these can be drawn: {', '.join(drawable())}")
+    if DRAWN_AS.get(env_name, env_name) in CLASSIC_CONTROL and not _installed("pygame"):
+        raise ConfigError(f"--video: gymnasium draws {env_name} with pygame (the video extra): {INSTALL}")
+
+
+# -- recording ---------------------------------------------------------------------------------
+
+def _chooser(env, env_params, greedy: bool):
+    """`(pi, noise keys) -> (action, what the env takes)`, chosen as evaluation chooses them."""
+    if envs_lib.is_multi_agent(env):
+        factored = mappo.action_distribution(env)
+
+        def choose(pi, keys):
+            action = factored.mode(pi) if greedy else factored.sample(pi, factored.noise(keys, env.num_agents))
+            return action, action
+        return choose
+    dist = actor_critic.distribution(env, env_params)
+
+    def choose(pi, keys):
+        action = dist.mode(pi) if greedy else dist.sample(pi, dist.noise(keys))
+        return action, dist.to_env(action)
+    return choose
+
+
+def record(policy, env, env_params, params, key, greedy: bool) -> Episode:
+    """One episode of `policy` (an actor-critic Policy, nets/actor_critic.py) with `params`:
+    environment 0 of the evaluation episodes of `key`, on the default device."""
+    choose = _chooser(env, env_params, greedy)
+    max_steps = int(env_params.max_steps_in_episode)
+    ids = jnp.zeros(1, jnp.int32)   # a batch of one environment, global index 0
+
+    def play(params, key):
+        obs, first = jax.vmap(env.reset, (0, None))(vec.env_keys(key, ids), env_params)
+
+        def step(carry, t):
+            state, obs, memory = carry
+            keys = jax.vmap(jax.random.split)(vec.env_keys(jax.random.fold_in(key, t + 1), ids))
+            pi, _, _, memory = policy.act(params, memory, obs, obs)
+            action, env_action = choose(pi, keys[:, 0])
+            # env.step splits its key into a transition half and a reset half; the transition
+            # half alone gives the same step, without the auto-reset.
+            transition_keys = jax.vmap(lambda k: jax.random.split(k)[0])(keys[:, 1])
+            obs, state, reward, terminated, _ = jax.vmap(env.step_env, (0, 0, 0, None))(
+                transition_keys, state, env_action, env_params)
+            done = terminated | jax.vmap(env.is_truncated, (0, None))(state, env_params)
+            reward = reward.astype(jnp.float32)
+            memory = policy.remember(memory, action, reward, done)
+            return (state, obs.astype(jnp.float32), memory), (state, reward, done)
+
+        start = (first, obs.astype(jnp.float32), policy.init_memory(1))
+        _, (states, rewards, dones) = jax.lax.scan(step, start, jnp.arange(max_steps))
+        return first, states, rewards, dones
+
+    first, states, rewards, dones = jax.device_get(jax.jit(play)(params, key))
+    dones = np.asarray(dones)[:, 0]
+    ended = bool(dones.any())
+    length = int(np.argmax(dones)) + 1 if ended else max_steps
+    states = jax.tree.map(lambda s0, s: np.concatenate([np.asarray(s0), np.asarray(s)[:length, 0]]), first, states)
+    return Episode(states, np.asarray(rewards)[:length, 0], length, ended)
+
+
+def summary(env, episode: Episode) -> dict:
+    """The episode's numbers: its length and return (multi-agent: the mean over agents, as
+    evaluation reports it, and per team the mean of its agents; tags)."""
+    returns = episode.rewards.sum(0)
+    out = {"episode_length": episode.length, "return": float(np.mean(returns))}
+    if not episode.ended:
+        out["ended"] = False
+    if envs_lib.is_multi_agent(env):
+        for name, (a, b) in env.teams.items():
+            out[f"{name}/return"] = float(returns[a:b].mean())
+        out["tags"] = int(np.asarray(episode.states.tags)[-1])
+    return out
+
+
+# -- drawing -----------------------------------------------------------------------------------
+
+def picked_steps(length: int, stride: int) -> list[int]:
+    """States 0, stride, 2 stride, ... and the last (L): ceil(L / stride) + 1 of them."""
+    steps = list(range(0, length + 1, stride))
+    return steps if steps[-1] == length else steps + [length]
+
+
+def frames(env_name: str, env, env_params, episode: Episode, stride: int = 1) -> tuple[np.ndarray, float]:
+    """`(frames uint8 [F, H, W, 3], frames per second)` of the episode's picked states."""
+    steps = picked_steps(episode.length, stride)
+    if env_name in OWN_DRAWN:
+        draw, fps = OWN_DRAWN[env_name]
+        return np.stack([_with_header(draw(env, env_params, episode.states, t), t) for t in steps]), fps
+    return _gymnax_frames(env_name, env_params, episode, steps)
+
+
+def _gymnax_frames(env_name: str, env_params, episode: Episode, steps: list[int]) -> tuple[np.ndarray, float]:
+    # gymnasium's classic-control renderer starts pygame: no window, no sound device.
+    for var, value in (("SDL_VIDEODRIVER", "dummy"), ("SDL_AUDIODRIVER", "dummy"), ("PYGAME_HIDE_SUPPORT_PROMPT", "1")):
+        os.environ.setdefault(var, value)
+    # Imported here, not at the top: pyplot, seaborn and gymnasium cost every evaluation's
+    # start-up seconds, and only a video draws with them.
+    import matplotlib
+    matplotlib.use("Agg")  # frames only, no display
+    import matplotlib.pyplot as plt
+    from gymnax.visualize import Visualizer
+
+    drawn_env, _ = gymnax.make(DRAWN_AS.get(env_name, env_name))
+    returns = np.concatenate([[0.0], np.cumsum(episode.rewards)])
+    vis = Visualizer(drawn_env, env_params, [jax.tree.map(lambda x: x[t], episode.states) for t in steps])
+    vis.fig.set_dpi(GYMNAX_DPI)
+    out = []
+    try:
+        vis.init()
+        for k, t in enumerate(steps):
+            vis.update(k)
+            vis.ax.set_title(f"{env_name}   step {t}   return {returns[t]:.2f}", fontsize=12)
+            vis.fig.canvas.draw()
+            out.append(np.asarray(vis.fig.canvas.buffer_rgba())[..., :3].copy())
+    finally:
+        plt.close(vis.fig)
+    return np.stack(out), 1000.0 / vis.interval
+
+
+# The project's own pictures, numpy only: y points up, as in the environments.
+BACKGROUND = (245, 245, 245)
+GRID_LINE = (215, 215, 215)
+VISITED = (198, 219, 239)
+GOAL = (44, 160, 44)
+AGENT = (31, 119, 180)
+TEAM_COLOURS = {0: (214, 39, 40), 1: (31, 119, 180)}   # tag.TAGGER red, tag.RUNNER blue
+TAGGED = (150, 150, 150)
+CROSS = (40, 40, 40)
+HEADER = (40, 40, 40)
+TEXT = (255, 255, 255)
+BOARD_PIXELS = 352     # about the board's side; grids snap to whole cells
+HEADER_PIXELS = 16
+# 3 x 5 digits, row by row: the step number in each frame's header
+DIGITS = {"0": "111101101101111", "1": "010110010010111", "2": "111001111100111", "3": "111001111001111",
+          "4": "101101111001001", "5": "111100111001111", "6": "111100111101111", "7": "111001001001001",
+          "8": "111101111101111", "9": "111101111001111"}
+
+
+def _with_header(board: np.ndarray, step: int) -> np.ndarray:
+    """The board under a dark strip with the step number, padded to sides that are multiples of
+    16 (what MP4 encoders take without rescaling)."""
+    h, w = board.shape[:2]
+    height, width = 16 * -(-(h + HEADER_PIXELS) // 16), 16 * -(-w // 16)
+    frame = np.empty((height, width, 3), np.uint8)
+    frame[:] = BACKGROUND
+    frame[:HEADER_PIXELS] = HEADER
+    top, left = HEADER_PIXELS + (height - HEADER_PIXELS - h) // 2, (width - w) // 2
+    frame[top:top + h, left:left + w] = board
+    scale, x = 2, 4
+    for ch in str(step):
+        glyph = np.array([int(c) for c in DIGITS[ch]], bool).reshape(5, 3)
+        frame[3:3 + 5 * scale, x:x + 3 * scale][np.kron(glyph, np.ones((scale, scale), bool))] = TEXT
+        x += 4 * scale
+    return frame
+
+
+def _grid(cells: int) -> tuple[np.ndarray, int]:
+    """An empty board of `cells` x `cells` square cells, and the cell's side in pixels."""
+    side = max(2, BOARD_PIXELS // cells)
+    board = np.empty((cells * side, cells * side, 3), np.uint8)
+    board[:] = BACKGROUND
+    if side >= 8:   # grid lines only where cells are large enough to see them
+        board[::side] = GRID_LINE
+        board[:, ::side] = GRID_LINE
+    return board, side
+
+
+def _cell(board, side: int, cells: int, x: int, y: int, colour, inset: int = 0) -> None:
+    row = (cells - 1 - int(y)) * side
+    col = int(x) * side
+    board[row + inset:row + side - inset, col + inset:col + side - inset] = colour
+
+
+def _window(board, row: float, col: float, radius: float):
+    """The part of `board` within `radius` of (row, col), and the offsets of its pixels from it."""
+    r0, r1 = max(0, int(row - radius)), min(board.shape[0], int(row + radius) + 2)
+    c0, c1 = max(0, int(col - radius)), min(board.shape[1], int(col + radius) + 2)
+    rows, cols = np.ogrid[r0:r1, c0:c1]
+    return board[r0:r1, c0:c1], rows - row, cols - col
+
+
+def _disc(board, row: float, col: float, radius: float, colour) -> None:
+    part, dr, dc = _window(board, row, col, radius)
+    part[dr ** 2 + dc ** 2 <= radius ** 2] = colour
+
+
+def _cross(board, row: float, col: float, radius: float, colour) -> None:
+    part, dr, dc = _window(board, row, col, radius)
+    near = (np.abs(dr) <= radius) & (np.abs(dc) <= radius)
+    part[near & ((np.abs(dr - dc) <= 1) | (np.abs(dr + dc) <= 1))] = colour
+
+
+def _draw_darkroom(env, env_params, states, t: int) -> np.ndarray:
+    """The room: cells visited so far shaded, the goal green, the agent a blue disc."""
+    n = env.size
+    board, side = _grid(n)
+    for x, y in np.unique(np.asarray(states.pos)[:t + 1], axis=0):
+        _cell(board, side, n, x, y, VISITED, inset=1)
+    gx, gy = np.asarray(env_params.goal)
+    _cell(board, side, n, gx, gy, GOAL, inset=1)
+    x, y = np.asarray(states.pos)[t]
+    _disc(board, (n - 1 - y + 0.5) * side, (x + 0.5) * side, 0.35 * side, AGENT)
+    return board
+
+
+def _draw_tag_grid(env, env_params, states, t: int) -> np.ndarray:
+    """Taggers red squares, the runner a blue disc over them; tagged, it turns grey and crossed."""
+    n = int(env_params.grid_length) + 1   # cells 0 .. grid_length on each axis
+    board, side = _grid(n)
+    pos, active = np.asarray(states.pos)[t], np.asarray(states.active)[t]
+    inset = max(1, side // 8)
+    for i in range(env.num_taggers):
+        _cell(board, side, n, *pos[i], TEAM_COLOURS[int(env.team_ids[i])], inset=inset)
+    for i in range(env.num_taggers, env.num_agents):
+        x, y = pos[i]
+        row, col = (n - 1 - y + 0.5) * side, (x + 0.5) * side
+        _disc(board, row, col, 0.3 * side, TEAM_COLOURS[int(env.team_ids[i])] if active[i] else TAGGED)
+        if not active[i]:
+            _cross(board, row, col, 0.45 * side, CROSS)
+    return board
+
+
+def _draw_tag_continuous(env, env_params, states, t: int) -> np.ndarray:
+    """Agents as discs coloured by team, with a tick along their heading; a tagged runner grey
+    and crossed where it left the game. The square is framed, with a margin for agents on its
+    edges."""
+    size = BOARD_PIXELS
+    radius = max(3.0, size / 70)
+    margin = int(np.ceil(2.2 * radius)) + 1
+    board = np.empty((size, size, 3), np.uint8)
+    board[:] = BACKGROUND
+    board[[margin - 1, size - margin], margin - 1:size - margin + 1] = GRID_LINE
+    board[margin - 1:size - margin + 1, [margin - 1, size - margin]] = GRID_LINE
+    scale = (size - 2 * margin - 1) / float(env_params.grid_length)
+    pos, active = np.asarray(states.pos)[t], np.asarray(states.active)[t]
+    direction = np.asarray(states.direction)[t]
+    for i in np.argsort(active, kind="stable"):   # agents out of the game first, under the others
+        row, col = size - 1 - margin - pos[i, 1] * scale, margin + pos[i, 0] * scale
+        if not active[i]:
+            _disc(board, row, col, radius, TAGGED)
+            _cross(board, row, col, radius * 1.5, CROSS)
+            continue
+        colour = TEAM_COLOURS[int(env.team_ids[i])]
+        _disc(board, row, col, radius, colour)
+        for along in np.linspace(radius, 2.2 * radius, 6):
+            board[int(round(row - along * np.sin(direction[i]))), int(round(col + along * np.cos(direction[i])))] = colour
+    return board
+
+
+# {env name: (drawing of one state: (env, env_params, states, t) -> RGB board, frames per second)}
+OWN_DRAWN = {"DarkRoom": (_draw_darkroom, 5.0), "DarkRoomHard": (_draw_darkroom, 5.0),
+             "TagGridworld-v0": (_draw_tag_grid, 10.0), "TagContinuous-v0": (_draw_tag_continuous, 10.0)}
+
+
+# -- writing -----------------------------------------------------------------------------------
+
+def write(path: str, frames_: np.ndarray, fps: float) -> None:
+    """`frames_` into `path` (.gif, or .mp4 through imageio-ffmpeg), by way of a temporary file
+    in the same directory renamed at the end: an interrupted write leaves no partial video."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=target.suffix, dir=target.parent)
+    os.close(fd)
+    try:
+        if target.suffix.lower() == ".gif":
+            # loop=0: play on repeat; durations in milliseconds
+            iio.imwrite(tmp, frames_, extension=".gif", duration=round(1000.0 / fps), loop=0)
+        else:
+            with warnings.catch_warnings():
+                # imageio-ffmpeg runs ffmpeg in a subprocess; JAX warns at every fork of its
+                # multithreaded process, but subprocess execs ffmpeg in the child at once.
+                warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+                iio.imwrite(tmp, frames_, extension=".mp4", plugin="FFMPEG", fps=fps)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)   # a new file's usual mode (mkstemp's is private)
+        if target.exists():
+            raise UserError(f"--video {path}: the file appeared while the video was written; not replacing it")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
