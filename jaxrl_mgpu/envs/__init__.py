@@ -1,13 +1,21 @@
-"""Environments: every gymnax name, plus the project's own jittable environments.
+"""Environments: every gymnax name, the project's own jittable environments, a user's own
+(`register`), and other suites' tasks as `SUITE:TASK` (`brax:ant`, `craftax:...`: adapters
+in this package register each suite with `register_suite`).
 
 `make(name)` returns `(env, env_params)` with the gymnax `Environment` API, so everything
-downstream (rollouts, evaluation, dataset writers) treats both kinds alike.
+downstream (rollouts, evaluation, dataset writers) treats every kind alike: `reset(key,
+params) -> (obs, state)`, `step(key, state, action, params) -> (obs, state, reward,
+terminated, truncated, info)` that resets an ended episode itself and keeps the observation
+it ended on in `info["final_observation"]` (a time limit is `truncated`, not `terminated`:
+the learners bootstrap from that observation), `observation_space(params)`,
+`action_space(params)` and `params.max_steps_in_episode`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 import math
 import sys
@@ -78,16 +86,39 @@ def register(name: str, factory: Callable[..., tuple[Any, Any]], args: dict[str,
     _OWN[name] = (factory, args)
 
 
+@dataclasses.dataclass(frozen=True)
+class Suite:
+    """A suite of environments behind `--env SUITE:TASK`, as its adapter registers it. Its
+    functions import the suite's packages, so only a run that uses it needs its extra."""
+    tasks: Callable[[], list[str]]                # the tasks it offers
+    make: Callable[..., tuple[Any, Any]]          # (task, **env_args) -> (env, env_params)
+    extra: str                                    # the pip extra that installs it: pip install -e ".[extra]"
+    requires: tuple[str, ...]                     # the top-level packages that extra installs
+    args: dict[str, Arg] = dataclasses.field(default_factory=dict)  # the --env-args its tasks take
+    refuse: Callable[[str], str | None] = lambda task: None  # why a task is not offered here (None: it is)
+
+
+_SUITES: dict[str, Suite] = {}
+
+
+def register_suite(name: str, suite: Suite) -> None:
+    _SUITES[name] = suite
+
+
 def names() -> list[str]:
-    return sorted(_OWN) + [n for n in gymnax.registered_envs if n not in _LEFT_OUT]
+    return (sorted(_OWN) + [n for n in gymnax.registered_envs if n not in _LEFT_OUT]
+            + [f"{suite}:TASK" for suite in sorted(_SUITES)])
 
 
 def make(name: str, args: str | None = None) -> tuple[Any, Any]:
     """`(env, env_params)`; `args` (`--env-args`, "NAME=VALUE,...") are keyword arguments of a
-    project environment's factory (its sizes and parameters, e.g. the Tag games'), each checked
-    against the factory's table before anything is built."""
+    project environment's factory (its sizes and parameters, e.g. the Tag games') or of a
+    suite's, each checked against its table before anything is built."""
     check(name)
     kwargs = parse_args(name, args)
+    if ":" in name:
+        suite, task = name.split(":", 1)
+        return _SUITES[suite].make(task, **kwargs)
     if name not in _OWN:
         return gymnax.make(name)
     try:
@@ -96,12 +127,26 @@ def make(name: str, args: str | None = None) -> tuple[Any, Any]:
         raise EnvError(f"--env-args {args}: {name}: {e}") from None
 
 
+def _suite(name: str) -> Suite:
+    """The suite of a `SUITE:TASK` name whose packages are installed, or an EnvError that says
+    what to install."""
+    suite_name, _, task = name.partition(":")
+    if suite_name not in _SUITES:
+        raise EnvError(f"--env {name}: no suite {suite_name!r}; suites: {', '.join(sorted(_SUITES))} (or a gymnax "
+                       f"or project name without a colon)")
+    suite = _SUITES[suite_name]
+    missing = [m for m in suite.requires if importlib.util.find_spec(m) is None]
+    if missing:
+        raise EnvError(f"--env {name} needs {', '.join(missing)}: pip install -e \".[{suite.extra}]\"")
+    return suite
+
+
 def parse_args(name: str, args: str | None) -> dict[str, Any]:
     """"a=1,b=0.5,c=true" -> {"a": 1, "b": 0.5, "c": True}: values read as YAML scalars (or
     Python floats: "1e-3", "nan", "inf"), names and values checked against `name`'s table."""
     if not args:
         return {}
-    if name not in _OWN:
+    if name not in _OWN and ":" not in name:
         raise EnvError(f"--env-args: --env {name} is a gymnax environment, which takes no arguments")
     table = arguments(name)
     kwargs = {}
@@ -124,8 +169,10 @@ def parse_args(name: str, args: str | None) -> dict[str, Any]:
 
 
 def arguments(name: str) -> dict[str, Arg | None]:
-    """The `--env-args` an own environment takes: its table, or (where it registered none) its
-    factory's named parameters, unchecked (None)."""
+    """The `--env-args` an own environment or a suite takes: its table, or (where an own
+    environment registered none) its factory's named parameters, unchecked (None)."""
+    if ":" in name:
+        return dict(_SUITES[name.split(":", 1)[0]].args)
     factory, table = _OWN[name]
     if table is not None:
         return dict(table)
@@ -178,7 +225,17 @@ def is_multi_agent(env) -> bool:
 
 
 def check(name: str) -> None:
-    """Raises EnvError for a name this project does not offer, without building anything."""
+    """Raises EnvError for a name this project does not offer, without building anything (a
+    suite's task list may import the suite)."""
+    if ":" in name:
+        suite, task = _suite(name), name.split(":", 1)[1]
+        why = suite.refuse(task)
+        if why:
+            raise EnvError(f"--env {name} is not supported: {why}")
+        tasks = suite.tasks()
+        if task not in tasks:
+            raise EnvError(f"--env {name}: no such task; {name.split(':', 1)[0]} offers {', '.join(tasks)}")
+        return
     if name in _LEFT_OUT:
         raise EnvError(f"--env {name} is not supported: {_LEFT_OUT[name]}")
     if name not in _OWN and name not in gymnax.registered_envs:
