@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+import jaxrl_mgpu
 from jaxrl_mgpu import autoscale, parallel
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import log as log_lib
@@ -229,6 +230,7 @@ def test_the_time_budget_ends_the_search(capsys, monkeypatch):
 
 def test_the_choice_is_written_and_a_resume_reuses_it(tmp_path, capsys):
     run_dir = tmp_path / "run"
+    before = time.monotonic()
     assert run(*SMALL, "--auto-scale", "memory", "--auto-scale-memory", "0.001", "--run-dir", str(run_dir),
                "--stop-at-update", "1") == 0
     out = capsys.readouterr().out
@@ -236,6 +238,14 @@ def test_the_choice_is_written_and_a_resume_reuses_it(tmp_path, capsys):
     saved = json.loads((run_dir / "config.json").read_text())
     # The largest size that leaves 100 updates of the total given, which config.json keeps.
     assert saved["auto_scale"] == "memory" and saved["num_envs"] == 16 * 8 and saved["total_timesteps"] == 200_000
+    # The search's time has a line of its own in the summary, apart from the imports and devices.
+    startup = json.loads((run_dir / "summary.json").read_text())["startup"]
+    assert list(startup)[:2] == ["imports_and_devices_s", "auto_scale_s"] and startup["auto_scale_s"] > 0
+    searched = float(out.split("chose 16 per device")[1].split(" in ")[1].split(" s")[0])
+    assert abs(startup["auto_scale_s"] - searched) < 1.0
+    # (In this process the imports were long before `before`: what was counted after it, without
+    # the search, is the parsing and the devices, less than the search's compile.)
+    assert startup["imports_and_devices_s"] - (before - jaxrl_mgpu.STARTED) < startup["auto_scale_s"]
     assert run("--run-dir", str(run_dir), "--resume", "--stop-at-update", "2") == 0
     out = capsys.readouterr().out
     assert "auto-scale (memory)" not in out, "a resume must not search again"
