@@ -8,12 +8,17 @@ so each minibatch grows with the batch (the same number of gradient steps per up
 more data). DQN's replay batch stays as configured too.
 
 How (no out-of-memory trial ever runs):
+0. The run must still learn. A bigger batch is fewer updates of the same --total-timesteps, so
+   no size is taken that leaves the run fewer than `--auto-scale-min-updates` updates (PPO and
+   DQN; AD trains --num-updates at any size): the search stays at or below the largest power of
+   2 per device that leaves that many (`ceiling`), down to 1 per device, which is taken, and
+   said, where even it leaves fewer. The run keeps the --total-timesteps it was given.
 1. Memory from the compiler. The per-device training chunk is compiled for ONE device of this
-   host at two sizes (1,024 and 16,384; 4,096 or 256 where those do not fit) and
-   `compiled.memory_analysis()` gives its argument + output + temporary - aliased bytes (the
-   state is donated, so its input and output share buffers). Bytes grow linearly with the size;
-   a least-squares line through the compiled sizes predicts the others, and no size is compiled
-   whose prediction exceeds `--auto-scale-memory` of the device's memory
+   host at two sizes (1,024 and 16,384, or the ceiling where lower; 4,096 or 256 where those do
+   not fit) and `compiled.memory_analysis()` gives its argument + output + temporary - aliased
+   bytes (the state is donated, so its input and output share buffers). Bytes grow linearly
+   with the size; a least-squares line through the compiled sizes predicts the others, and no
+   size is compiled whose prediction exceeds `--auto-scale-memory` of the device's memory
    (`memory_stats()['bytes_limit']`, XLA's allocator limit); a compile confirms each. A backend
    without a memory limit (the CPU) uses the rule printed with the table: host RAM / local
    devices.
@@ -23,18 +28,26 @@ How (no out-of-memory trial ever runs):
    the DQN chunk, 11-13 s for CartPole's, 18-42 s for Breakout PPO's conv net, over half of it
    XLA's autotuning of GEMMs and convolutions at each size's shapes: experiments/RESULTS.md),
    so the search climbs rather than compiling every size. Each size gets a short steady-state
-   probe (DQN in its learning phase: `steady_state`). The next size up is where a model of an update's time (a fixed part
-   plus a part per environment, through the sizes probed) puts steps/s at 95% of their limit,
-   4x to 16x the largest so far (2x where the model says the largest is there already; half
-   that where it does not fit or split); the climb goes on while each step up is more than 5%
-   faster than every smaller size, or more than 2.5% per doubling. Then the sizes below the
-   choice whose interpolated steps/s might be within 5% of the fastest are probed too, and the
-   run takes the smallest size within 5% of the fastest. `memory` mode takes the largest size
-   that fits (powers of 2, confirmed by its compile).
+   probe (DQN in its learning phase: `steady_state`): about PROBE_S, or one update where one
+   takes longer, and no size is tried whose one update would take over PROBE_CAP_S (predicted
+   from the sizes probed), so a slow device (a CPU) is not held for minutes per size. The next
+   size up is where a model of an update's time (a fixed part plus a part per environment,
+   through the sizes probed) puts steps/s at 95% of their limit, 4x to 16x the largest so far
+   (2x where the model says the largest is there already; half that where it does not fit,
+   split or probe); the climb goes on while each step up is more than 5% faster than every
+   smaller size, or more than 2.5% per doubling. Then the sizes below the choice whose
+   interpolated steps/s might be within 5% of the fastest are probed too, and the run takes the
+   smallest size within 5% of the fastest. `memory` mode takes the largest size that fits
+   (powers of 2, confirmed by its compile).
+3. Time. No size is started that would take the search past `--auto-scale-seconds` (the time
+   spent, plus the longest compile so far and the size's predicted probe); the best size found
+   by then is taken, and the table says so. The first sizes' compiles and one probe always run.
+   Each size is printed as it starts compiling and when its compile and its probe end, and a
+   compile or probe that takes HEARTBEAT_S says it is still under way (log.RunLog.waiting).
 
 The per-device program is the same on every device of a data-parallel run (weak scaling), so
-one device is probed. Process 0 decides and broadcasts its choice; the choice is written into
-the run's config.json (`--num-envs` or `--ad-batch-size`), so a resumed run reuses it.
+one device is probed. Process 0 decides, prints and broadcasts its choice; the choice is written
+into the run's config.json (`--num-envs` or `--ad-batch-size`), so a resumed run reuses it.
 """
 
 from __future__ import annotations
@@ -50,24 +63,29 @@ import numpy as np
 
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.log import RunLog
 from jaxrl_mgpu.runner import Trainer
 
-MIN_PER_DEVICE = 2 ** 8
+MIN_PER_DEVICE = 2 ** 8  # the smallest size the search compiles, unless the run's updates need fewer
 MAX_PER_DEVICE = 2 ** 18
 FIRST = (2 ** 10, 2 ** 14)  # the first two sizes compiled (together): the line, and the first probes
 WITHIN = 0.05           # throughput: the smallest size within 5% of the best
 PROBE_S = 0.25          # a timed probe call runs about this long (at least one update)
 PROBE_MAX_UPDATES = 64
 PROBE_REPEATS = 2       # timed calls after the warm-up (the fastest counts)
+PROBE_CAP_S = 5.0       # no size is tried whose one update would take longer (the probe's bound)
 
 
 @dataclasses.dataclass
 class Row:
     per_device: int
+    updates: int | None = None       # the run's updates at this size (None: AD's --num-updates)
     predicted_bytes: float | None = None
     compiled_bytes: int | None = None
     steps_per_s: float | None = None
+    update_s: float | None = None    # one update's seconds in the probe
     compile_s: float | None = None
+    note: str = ""                   # why the size was not compiled, probed or taken
     chosen: bool = False
 
 
@@ -112,147 +130,348 @@ def steady_state(cfg):
 
 
 def with_size(cfg, per_device: int, num_devices: int):
-    """`cfg` with `per_device` of the knob on each of `num_devices` devices, and at least one
-    update of training (the probe's programs must exist even when the run is short)."""
-    cfg = dataclasses.replace(cfg, **{knob(cfg): per_device * num_devices})
+    """`cfg` with `per_device` of the knob on each of `num_devices` devices; nothing else changes
+    (the run keeps the --total-timesteps it was given)."""
+    return dataclasses.replace(cfg, **{knob(cfg): per_device * num_devices})
+
+
+def probe_config(cfg, per_device: int):
+    """The one-device config the search compiles and times at `per_device`: in its steady state,
+    and with at least one update of training, so that the probe's programs exist where the run's
+    total is less than one update at this size. Only this copy is raised: such a size leaves the
+    run fewer than --auto-scale-min-updates (>= 1) updates, so `ceiling` keeps the run from it."""
+    cfg = steady_state(with_size(cfg, per_device, 1))
     if cfg.num_updates is None and cfg.total_timesteps < cfg.batch_size:
         cfg = dataclasses.replace(cfg, total_timesteps=cfg.batch_size)
     return cfg
 
 
-def choose(cfg, par, module, log: Callable[[str], None] = print):
-    """The config with the knob chosen (on process 0, broadcast to all), and the search's rows
-    (process 0's; the others have only the chosen one). `log` gets the table."""
-    t0 = time.perf_counter()
-    # A one-device run probes its own program (so training then finds the chosen size's chunk in
-    # the compilation cache); otherwise one device of this host stands for each.
-    one = par if par.num_devices == 1 else parallel.this_device()
-    device = one.devices[0]
-    limit, source = memory_limit(device)
-    budget = cfg.auto_scale_memory * limit
-    rows: dict[int, Row] = {}
-    trainers: dict[int, object] = {}
-    phases: dict[str, float] = {}  # seconds the search spent compiling and probing (process 0)
+def run_updates(cfg, per_device: int, num_devices: int) -> int | None:
+    """The run's updates at `per_device` on `num_devices` devices, or None where it counts
+    --num-updates (AD), which no size changes."""
+    return None if cfg.num_updates is not None else with_size(cfg, per_device, num_devices).total_updates
 
-    def timed(phase: str, fn: Callable, *args):
+
+def ceiling(cfg, num_devices: int) -> int:
+    """The largest size per device the search may take: MAX_PER_DEVICE, or the largest power of
+    2 that leaves the run --auto-scale-min-updates updates; 1 where even 1 leaves fewer (taken,
+    and said in the table), unless it leaves none."""
+    def too_few(n: int) -> bool:
+        updates = run_updates(cfg, n, num_devices)
+        return updates is not None and updates < cfg.auto_scale_min_updates
+
+    n = MAX_PER_DEVICE
+    while n > 1 and too_few(n):
+        n //= 2
+    if run_updates(cfg, n, num_devices) == 0:
+        raise ConfigError(f"--auto-scale: --total-timesteps {cfg.total_timesteps:,} is less than one update even at 1 "
+                          f"environment per device ({num_devices} device(s) x --num-steps {cfg.num_steps})")
+    return n
+
+
+class Search:
+    """One search, on process 0: a row per size considered, the programs compiled and not yet
+    probed, and the clock. `first`, then `climb` (throughput) or `largest_fitting` (memory)."""
+
+    def __init__(self, cfg, one: parallel.Parallel, module, log: RunLog, num_devices: int):
+        self.cfg, self.one, self.module, self.log, self.num_devices = cfg, one, module, log, num_devices
+        self.device = one.devices[0]
+        self.limit, self.source = memory_limit(self.device)
+        self.memory = cfg.auto_scale_memory * self.limit  # the bytes a size's chunk may take
+        self.top = ceiling(cfg, num_devices)
+        self.floor = min(MIN_PER_DEVICE, self.top)
+        self.what = "sequences" if knob(cfg) == "ad_batch_size" else "envs"
+        self.rows: dict[int, Row] = {}
+        self.trainers: dict[int, Trainer] = {}
+        self.compiled: list[int] = []  # the sizes compiled within the memory budget, ascending
+        self.phases: dict[str, float] = {}  # seconds spent compiling and probing
+        self.started = time.monotonic()
+        self.stopped: str | None = None  # why the time budget ended the search, where it did
+
+    def row(self, n: int) -> Row:
+        if n not in self.rows:
+            self.rows[n] = Row(n, updates=run_updates(self.cfg, n, self.num_devices))
+        return self.rows[n]
+
+    def rates(self) -> dict[int, float]:
+        return {n: r.steps_per_s for n, r in self.rows.items() if r.steps_per_s is not None}
+
+    def header(self) -> str:
+        """The line printed as the search starts: what it may take, and its bounds."""
+        bound = f"up to {self.top:,}"
+        if self.top < MAX_PER_DEVICE:
+            bound += (f" (more would leave the run fewer than --auto-scale-min-updates "
+                      f"{self.cfg.auto_scale_min_updates} updates of --total-timesteps {self.cfg.total_timesteps:,})")
+        probes = (f"; probes of about {PROBE_S:g} s (one update where that takes longer; no size whose update would "
+                  f"take over {PROBE_CAP_S:g} s)" if self.cfg.auto_scale == "throughput" else "")
+        return (f"auto-scale ({self.cfg.auto_scale}): searching {self.what} per device {bound}, for at most about "
+                f"{self.cfg.auto_scale_seconds} s (--auto-scale-seconds){probes}")
+
+    # -- compiling --------------------------------------------------------------------------
+    def compile(self, sizes: list[int]) -> None:
+        """Each size's one-device trainer, compiled (together where several: XLA compiles outside
+        the GIL), into `trainers`; a size that does not split gets a note instead."""
+        for n in sizes:
+            self.row(n)  # before the threads
+        names = " and ".join(f"{n:,}" for n in sizes)
+        self.log.print(f"  auto-scale: compiling {names} {self.what} per device")
         t = time.perf_counter()
-        try:
-            return fn(*args)
-        finally:
-            phases[phase] = phases.get(phase, 0.0) + time.perf_counter() - t
+        with self.log.waiting(f"auto-scale: compiling {names} {self.what} per device"), \
+                concurrent.futures.ThreadPoolExecutor(len(sizes)) as pool:
+            list(pool.map(self._compile_one, sizes))
+        self.phases["compiling"] = self.phases.get("compiling", 0.0) + time.perf_counter() - t
 
-    def compile_at(n: int):
-        """The one-device trainer at n per device, compiled; None if the config cannot split."""
-        c = steady_state(with_size(cfg, n, 1))
+    def _compile_one(self, n: int) -> None:
+        row = self.row(n)
+        c = probe_config(self.cfg, n)
         try:
-            split = module.check(c, 1)
-        except ConfigError:
-            return None
-        trainer = Trainer(c, one, split=split)
+            split = self.module.check(c, 1)
+        except ConfigError as e:
+            row.note = "does not split"
+            self.log.print(f"  auto-scale: {n:,} does not split: {e}")
+            return
+        trainer = Trainer(c, self.one, split=split)
         t = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the initial state's program beside it
             init = pool.submit(trainer.compile_init)
             trainer.compile(trainer.abstract_state())
             init.result()
-        rows.setdefault(n, Row(n)).compile_s = time.perf_counter() - t
-        rows.setdefault(n, Row(n)).compiled_bytes = compiled_bytes(trainer.compiled)
-        trainers[n] = trainer
-        return trainer
+        row.compile_s = time.perf_counter() - t
+        row.compiled_bytes = compiled_bytes(trainer.compiled)
+        if row.compiled_bytes is not None and row.compiled_bytes > self.memory:
+            row.note = "over the memory budget"
+        self.trainers[n] = trainer
+        self.log.print(f"  auto-scale: compiled {n:,} in {row.compile_s:.1f} s: {size_text(row.compiled_bytes)}"
+                       + (f", {row.note}" if row.note else ""))
 
-    def probe(n: int) -> None:
-        """Steps/s at n (into its row): one warm-up update, then PROBE_REPEATS calls of as many updates as
-        take about PROBE_S (one, at sizes where an update takes longer: the probe of a large
-        size costs about three of its updates, not a fixed count of them)."""
-        trainer = trainers[n]
-        state = trainer.init_state()
-        t = time.perf_counter()
-        state = jax.block_until_ready(trainer.chunk_fn(1, state)(state)[0])  # warm-up
-        updates = int(min(max(PROBE_S // (time.perf_counter() - t), 1), PROBE_MAX_UPDATES))
-        chunk = trainer.chunk_fn(updates, state)  # the same program: the length is an argument
-        times = []
-        for _ in range(PROBE_REPEATS):
+    def fits(self, n: int) -> bool:
+        """Whether the compiled size n is within the memory budget, by XLA's analysis."""
+        if self.rows[n].compiled_bytes is None:
+            raise ConfigError(f"--auto-scale: the {self.device.platform} backend gives no memory analysis of the "
+                              f"training chunk; set --num-envs by hand")
+        return self.rows[n].compiled_bytes <= self.memory
+
+    def fitting(self, sizes: list[int]) -> list[int]:
+        """The sizes (ascending) that compiled within the budget; a size that does not fit (or
+        cannot split) ends the list and frees the larger ones' programs."""
+        fit = []
+        for n in sizes:
+            if n not in self.trainers:
+                continue  # the config does not split at this size
+            if not self.fits(n):
+                break
+            fit.append(n)
+        for n in [m for m in self.trainers if m not in fit]:
+            self.trainers.pop(n)
+        return fit
+
+    def first(self) -> None:
+        """The line through two compiles (together), which are also the first probes: FIRST, each
+        at most the ceiling; where they do not both fit and split, 4,096 (beside the one that
+        did), then the floor."""
+        sizes = sorted({min(n, self.top) for n in FIRST})
+        self.compile(sizes)
+        self.compiled = self.fitting(sizes)
+        for extra in ([min(2 ** 12, self.top)] if len(self.compiled) == 1 else []) + [self.floor]:
+            if len(self.compiled) < 2 and extra not in self.rows:
+                self.compile([extra])
+                self.compiled = self.fitting(sorted({extra, *self.compiled}))
+        if not self.compiled:
+            raise ConfigError(f"--auto-scale: not even {min(self.rows):,} per device fits "
+                              f"{self.cfg.auto_scale_memory:g} of the device's {self.limit / 2**30:.1f} GiB, or no "
+                              f"size splits (see --num-minibatches)")
+
+    def line(self) -> Callable[[int], float]:
+        return fit_line(self.compiled, [self.rows[m].compiled_bytes for m in self.compiled])
+
+    # -- time -------------------------------------------------------------------------------
+    def predicted_update_s(self, n: int) -> float:
+        """One update's seconds at n: the nearest size probed at or below it, scaled with the size
+        (an over-estimate above it, as the fixed part of an update is scaled too)."""
+        probed = sorted(m for m, r in self.rows.items() if r.update_s is not None)
+        m = max([m for m in probed if m <= n], default=probed[0])
+        return self.rows[m].update_s * n / m
+
+    def out_of_time(self, upcoming: float) -> str | None:
+        """Why `upcoming` more seconds would take the search past --auto-scale-seconds, or None."""
+        spent, budget = time.monotonic() - self.started, self.cfg.auto_scale_seconds
+        if spent + upcoming <= budget:
+            return None
+        return (f"the search's budget of {budget} s (--auto-scale-seconds) was spent" if spent >= budget else
+                f"{spent:.0f} s of the search's {budget} s (--auto-scale-seconds) spent, and the next size would take "
+                f"about {upcoming:.0f} s")
+
+    def over_cap(self, n: int) -> bool:
+        """Whether n's one update would take over PROBE_CAP_S, by `predicted_update_s` (noted in
+        its row where it would)."""
+        predicted = self.predicted_update_s(n)
+        if predicted <= PROBE_CAP_S:
+            return False
+        self.row(n).note = f"not probed: one update would take about {predicted:.0f} s (over {PROBE_CAP_S:g} s)"
+        self.log.print(f"  auto-scale: {n:,} {self.rows[n].note}")
+        return True
+
+    def why_not(self, n: int) -> str:
+        """Why size n was not taken up, for the table (a size over the ceiling gets a row saying it)."""
+        if n > MAX_PER_DEVICE:
+            return f"{n:,} is over the maximum"
+        if n > self.top:
+            row = self.row(n)
+            row.note = (f"leaves {row.updates} updates, fewer than --auto-scale-min-updates "
+                        f"{self.cfg.auto_scale_min_updates}")
+            return f"{n:,} {row.note}"
+        return f"{n:,} {self.rows[n].note or 'was not tried'}"
+
+    def start(self, n: int) -> bool:
+        """Whether n is now compiled within the memory budget, ready to probe: not over the
+        ceiling, tried before, predicted over PROBE_CAP_S or the memory budget, past the time
+        budget (`stopped`), unsplittable or over the memory budget by its compile."""
+        if n > self.top or self.rows.get(n, Row(n)).note or n in self.compiled:
+            return False
+        probing = self.cfg.auto_scale == "throughput"
+        if probing and self.over_cap(n):
+            return False
+        compile_s = max(r.compile_s for r in self.rows.values() if r.compile_s is not None)
+        self.stopped = self.out_of_time(compile_s + (self.predicted_update_s(n) if probing else 0.0))
+        if self.stopped:
+            return False
+        row = self.row(n)
+        row.predicted_bytes = self.line()(n)
+        if row.predicted_bytes > self.memory:
+            row.note = "predicted over the memory budget"
+            return False
+        self.compile([n])
+        if n not in self.trainers:
+            return False
+        if not self.fits(n):
+            self.trainers.pop(n)
+            return False
+        self.compiled = sorted({n, *self.compiled})
+        return True
+
+    # -- probing ----------------------------------------------------------------------------
+    def probe(self, n: int) -> None:
+        """Steps/s at n (into its row): one timed update; where it took under PROBE_S, a warm-up,
+        then PROBE_REPEATS calls of as many updates as take about PROBE_S (the fastest counts);
+        where it took longer, that one update is the probe (its first call: slightly slow, which
+        leans the choice to the smaller sizes). `start` kept n's update within PROBE_CAP_S."""
+        trainer, row = self.trainers.pop(n), self.rows[n]  # popped: its program is freed after
+        t0 = time.perf_counter()
+        with self.log.waiting(f"auto-scale: probing {n:,} {self.what} per device"):
+            state = trainer.init_state()
             t = time.perf_counter()
-            state = jax.block_until_ready(chunk(state)[0])
-            times.append(time.perf_counter() - t)
-        rows[n].steps_per_s = updates * trainer.steps_per_update / min(times)
-        trainers.pop(n)  # frees its program before the next compile and probe
+            state = jax.block_until_ready(trainer.chunk_fn(1, state)(state)[0])
+            seconds, updates = time.perf_counter() - t, 1
+            if seconds < PROBE_S:
+                updates = int(min(max(PROBE_S // seconds, 1), PROBE_MAX_UPDATES))
+                chunk = trainer.chunk_fn(updates, state)  # the same program: the length is an argument
+                times = []
+                for _ in range(PROBE_REPEATS):
+                    t = time.perf_counter()
+                    state = jax.block_until_ready(chunk(state)[0])
+                    times.append(time.perf_counter() - t)
+                seconds = min(times)
+        row.update_s = seconds / updates
+        row.steps_per_s = updates * trainer.steps_per_update / seconds
+        spent = time.perf_counter() - t0
+        self.phases["probing"] = self.phases.get("probing", 0.0) + spent
+        self.log.print(f"  auto-scale: probed {n:,} in {spent:.1f} s: {row.steps_per_s:,.0f} steps/s "
+                       f"({row.update_s:.3g} s an update)")
 
+    # -- the modes --------------------------------------------------------------------------
+    def climb(self) -> tuple[int, str]:
+        """throughput mode: probe the compiled sizes (the smallest always; the others within the
+        probe cap and the time budget), then larger ones (`next_size`, or half of it where that
+        does not fit, split or probe, down to 2x) while each step up is more than WITHIN faster
+        than every smaller size, or more than WITHIN / 2 per doubling (past that, returns
+        diminish: on an H200 CartPole's probes gained 7%, 4.6% and 1.5% per doubling from
+        16,384 to 262,144, and 131,072 is within 5% of the best, 65,536 is not); where the last
+        step was slower, the size between the fastest and it; then the sizes below the choice
+        that `between` says might be within WITHIN of the fastest too. Returns the smallest size
+        within WITHIN of the fastest, and why the climb stopped (for the table)."""
+        self.probe(self.compiled[0])
+        for n in self.compiled[1:]:
+            if not (self.stopped or self.over_cap(n)):
+                self.stopped = self.out_of_time(self.predicted_update_s(n))
+            if self.stopped or self.rows[n].note:
+                self.trainers.pop(n)
+            else:
+                self.probe(n)
+
+        while True:
+            rates = self.rates()
+            top, fastest = max(rates), max(rates, key=rates.get)
+            if fastest != top:
+                stop = f"{top:,} was slower than {fastest:,}"
+                if 2 * fastest < top and self.start(2 * fastest):
+                    self.probe(2 * fastest)
+                break
+            if smallest_within(rates) != top and doubling_gain(rates) < WITHIN / 2:
+                stop = (f"{top:,} was less than {WITHIN:.0%} faster than {smallest_within(rates):,}, "
+                        f"{doubling_gain(rates):.1%} per doubling")
+                break
+            n = next_size(rates)
+            # DQN's replay does not split over 262,144 environments on one device, where 131,072 ran
+            # 1.5x as fast as 65,536 on an H200: where a size does not fit or split, half of it is next.
+            while n > top and not self.stopped and not self.start(n):
+                n //= 2
+            if self.stopped:
+                stop = self.stopped
+                break
+            if n == top:
+                stop = self.why_not(2 * top)
+                break
+            self.probe(n)
+        chosen = smallest_within(self.rates())
+        while not self.stopped and (n := between(self.rates(), chosen, self.floor)) is not None and self.start(n):
+            self.probe(n)
+            if smallest_within(self.rates()) == chosen:
+                break
+            chosen = smallest_within(self.rates())
+        if self.stopped and self.stopped != stop:
+            stop += f"; then {self.stopped}"
+        return chosen, stop
+
+    def largest_fitting(self) -> tuple[int, str | None]:
+        """memory mode: the largest power of 2 (at most the ceiling) whose predicted bytes fit,
+        confirmed by its compile (stepping down by 2 where the compile says it does not fit), and
+        why no larger one where the ceiling or the time budget decided it."""
+        self.trainers.clear()
+        line = self.line()
+        n = max(self.compiled)
+        while n * 2 <= self.top and line(n * 2) <= self.memory:
+            n *= 2
+        while n > max(self.compiled) and not self.start(n) and not self.stopped:
+            n //= 2
+        self.trainers.clear()
+        chosen = max(self.compiled)
+        ceiling_decided = 2 * chosen > self.top and line(2 * chosen) <= self.memory
+        return chosen, self.stopped or (self.why_not(2 * chosen) if ceiling_decided else None)
+
+
+def choose(cfg, par, module, log: RunLog | None = None):
+    """The config with the knob chosen (on process 0, broadcast to all), and the search's rows
+    (process 0's; the others have only the chosen one). `log` (a RunLog without a run directory
+    where None) gets each size's lines as it goes, and the table."""
+    t0 = time.perf_counter()
+    log = log if log is not None else RunLog(None, 0)
+    # A one-device run probes its own program (so training then finds the chosen size's chunk in
+    # the compilation cache); otherwise one device of this host stands for each.
+    one = par if par.num_devices == 1 else parallel.this_device()
+    search = Search(cfg, one, module, log, par.num_devices)
     chosen, stop = None, None
     if jax.process_index() == 0:
-        # The line through two compiles (together: XLA compiles outside the GIL), which are also
-        # the first probes; where they do not both fit and split, 4,096 (beside the one that
-        # did), then 256.
-        timed("compiling", compile_all, FIRST, compile_at)
-        compiled = fitting(FIRST, rows, budget, trainers, device)
-        if len(compiled) == 1:
-            timed("compiling", compile_at, 2 ** 12)
-            compiled = fitting(sorted({2 ** 12, *compiled}), rows, budget, trainers, device)
-        if len(compiled) < 2:
-            timed("compiling", compile_at, MIN_PER_DEVICE)
-            compiled = fitting(sorted({MIN_PER_DEVICE, *compiled}), rows, budget, trainers, device)
-        if not compiled:
-            raise ConfigError(f"--auto-scale: not even {MIN_PER_DEVICE} per device fits {cfg.auto_scale_memory:g} of "
-                              f"the device's {limit / 2**30:.1f} GiB, or no size splits (see --num-minibatches)")
-        def line() -> Callable[[int], float]:
-            return fit_line(compiled, [rows[m].compiled_bytes for m in compiled])
-
-        def compile_fits(n: int) -> bool:
-            """n compiled (unless the line says it cannot fit), split and within the budget."""
-            if rows.get(n, Row(n)).compiled_bytes is not None:  # compiled before: probed, or did not fit
-                return False
-            rows.setdefault(n, Row(n)).predicted_bytes = line()(n)
-            if rows[n].predicted_bytes > budget:
-                return False
-            if timed("compiling", compile_at, n) is None or not fits(n, rows, budget, device):
-                trainers.pop(n, None)
-                return False
-            compiled.append(n)
-            compiled.sort()
-            return True
-
-        if cfg.auto_scale == "throughput":
-            chosen, stop = climb(compiled, rows, compile_fits, lambda n: timed("probing", probe, n))
-        else:
-            trainers.clear()
-            chosen = timed("compiling", refine_ceiling, compiled, rows, budget, compile_at)
-    trainers.clear()
+        log.print(search.header())
+        search.first()
+        chosen, stop = search.climb() if cfg.auto_scale == "throughput" else search.largest_fitting()
+    search.trainers.clear()
     chosen = parallel.broadcast_after("auto-scale", chosen)
+    rows = search.rows
     if chosen in rows:
         rows[chosen].chosen = True
-    search_s = time.perf_counter() - t0
-    if parallel.is_main():
-        log(table(cfg, list(rows.values()), limit, source, search_s, chosen, par.num_devices, phases, stop))
+    log.print(table(cfg, list(rows.values()), search.limit, search.source, time.perf_counter() - t0, chosen,
+                    par.num_devices, search.phases, stop))
     return with_size(cfg, chosen, par.num_devices), sorted(rows.values(), key=lambda r: r.per_device)
-
-
-def compile_all(sizes: list[int], compile_at: Callable) -> None:
-    """compile_at for every size, at the same time (one thread each)."""
-    if sizes:
-        with concurrent.futures.ThreadPoolExecutor(len(sizes)) as pool:
-            list(pool.map(compile_at, sizes))
-
-
-def fits(n: int, rows: dict, budget: float, device) -> bool:
-    """Whether the compiled size n is within the budget, by XLA's analysis."""
-    if rows[n].compiled_bytes is None:
-        raise ConfigError(f"--auto-scale: the {device.platform} backend gives no memory analysis of the "
-                          f"training chunk; set --num-envs by hand")
-    return rows[n].compiled_bytes <= budget
-
-
-def fitting(sizes: list[int], rows: dict, budget: float, trainers: dict, device) -> list[int]:
-    """The sizes (ascending) that compiled within the budget; a size that does not fit (or cannot
-    split) ends the list and frees the larger ones' programs."""
-    fit = []
-    for n in sizes:
-        if n not in trainers:
-            continue  # the config does not split at this size
-        if not fits(n, rows, budget, device):
-            break
-        fit.append(n)
-    for n in [m for m in trainers if m not in fit]:
-        trainers.pop(n)
-    return fit
 
 
 def smallest_within(rates: dict[int, float]) -> int:
@@ -296,14 +515,14 @@ def next_size(rates: dict[int, float]) -> int:
     return int(np.clip(2 ** np.ceil(np.log2(max(target, 1.0))), least, 16 * top))
 
 
-def between(rates: dict[int, float], chosen: int) -> int | None:
+def between(rates: dict[int, float], chosen: int, floor: int = MIN_PER_DEVICE) -> int | None:
     """The smallest power of 2 between the choice and the largest size probed below it whose
     steps/s, interpolated (time per update linear in the size between the two), would be within
     WITHIN of the fastest: that size is probed next. Where nothing below the choice was probed,
-    half the choice (not under MIN_PER_DEVICE)."""
+    half the choice (not under `floor`)."""
     below = [n for n in rates if n < chosen]
     if not below:
-        return chosen // 2 if chosen // 2 >= MIN_PER_DEVICE else None
+        return chosen // 2 if chosen // 2 >= floor else None
     low = max(below)
     t_low, t_chosen = low / rates[low], chosen / rates[chosen]
     for k in range(int(np.log2(low)) + 1, int(np.log2(chosen))):
@@ -314,85 +533,38 @@ def between(rates: dict[int, float], chosen: int) -> int | None:
     return None
 
 
-def climb(compiled: list[int], rows: dict, compile_fits: Callable[[int], bool],
-          probe: Callable[[int], None]) -> tuple[int, str]:
-    """throughput mode: probe the compiled sizes, then larger ones (`next_size`, or half of it
-    where that does not fit or split, down to 2x) while each step up is more than WITHIN faster
-    than every smaller size, or more than WITHIN / 2 per doubling (past that, returns diminish:
-    on an H200 CartPole's probes gained 7%, 4.6% and 1.5% per doubling from 16,384 to 262,144,
-    and 131,072 is within 5% of the best, 65,536 is not); where the last step was slower, the
-    size between the fastest and it; then the sizes below the choice that `between` says might
-    be within WITHIN of the fastest too. Returns the smallest
-    size within WITHIN of the fastest, and why the climb stopped (for the table)."""
-    for n in compiled:
-        probe(n)
-
-    def rates() -> dict[int, float]:
-        return {n: rows[n].steps_per_s for n in rows if rows[n].steps_per_s is not None}
-
-    while True:
-        top, fastest = max(rates()), max(rates(), key=rates().get)
-        if fastest != top:
-            stop = f"{top:,} was slower than {fastest:,}"
-            if 2 * fastest < top and compile_fits(2 * fastest):
-                probe(2 * fastest)
-            break
-        if smallest_within(rates()) != top and doubling_gain(rates()) < WITHIN / 2:
-            stop = (f"{top:,} was less than {WITHIN:.0%} faster than {smallest_within(rates()):,}, "
-                    f"{doubling_gain(rates()):.1%} per doubling")
-            break
-        n = next_size(rates())
-        # DQN's replay does not split over 262,144 environments on one device, where 131,072 ran
-        # 1.5x as fast as 65,536 on an H200: where a size does not fit or split, half of it is next.
-        while n > top and not (n <= MAX_PER_DEVICE and compile_fits(n)):
-            n //= 2
-        if n == top:
-            stop = f"{2 * top:,} " + ("is over the maximum" if 2 * top > MAX_PER_DEVICE else "does not fit or split")
-            break
-        probe(n)
-    chosen = smallest_within(rates())
-    while (n := between(rates(), chosen)) is not None and compile_fits(n):
-        probe(n)
-        if smallest_within(rates()) == chosen:
-            break
-        chosen = smallest_within(rates())
-    return chosen, stop
-
-
-def refine_ceiling(compiled: list[int], rows: dict, budget: float, compile_at: Callable) -> int:
-    """memory mode: the largest power of 2 whose predicted bytes fit, confirmed by its compile
-    (stepping down by 2 where the compile says it does not fit)."""
-    line = fit_line(compiled, [rows[m].compiled_bytes for m in compiled])
-    n = max(compiled)
-    while n * 2 <= MAX_PER_DEVICE and line(n * 2) <= budget:
-        n *= 2
-    while n > max(compiled):
-        rows.setdefault(n, Row(n)).predicted_bytes = line(n)
-        if compile_at(n) is not None and rows[n].compiled_bytes <= budget:
-            return n
-        n //= 2
-    return max(compiled)
+def size_text(b: float | None) -> str:
+    return "-" if b is None else f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
 
 
 def table(cfg, rows: list[Row], limit: int, source: str, search_s: float, chosen: int, devices: int,
           phases: dict | None = None, stop: str | None = None) -> str:
     what = "sequences" if knob(cfg) == "ad_batch_size" else "envs"
+    counted = cfg.num_updates is None  # PPO, DQN: the updates a size leaves the run
     lines = [f"auto-scale ({cfg.auto_scale}): {what} per device, memory budget {cfg.auto_scale_memory:g} x "
              f"{limit / 2**30:.1f} GiB ({source})",
-             f"  {what + '/device':>14}{'predicted':>12}{'compiled':>12}{'compile s':>11}{'steps/s':>14}"]
-    def gib(b):
-        return "-" if b is None else f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
+             f"  {what + '/device':>14}" + (f"{'updates':>10}" if counted else "")
+             + f"{'predicted':>12}{'compiled':>12}{'compile s':>11}{'steps/s':>14}"]
     for r in sorted(rows, key=lambda r: r.per_device):
         rate = f"{r.steps_per_s:,.0f}" if r.steps_per_s is not None else "-"
         seconds = "-" if r.compile_s is None else f"{r.compile_s:.1f}"
-        lines.append(f"  {r.per_device:>14,}{gib(r.predicted_bytes):>12}{gib(r.compiled_bytes):>12}{seconds:>11}"
-                     f"{rate:>14}"
-                     + ("   <- chosen" if r.chosen else ""))
+        note = "<- chosen" if r.chosen else r.note
+        lines.append(f"  {r.per_device:>14,}" + (f"{r.updates:>10,}" if counted else "")
+                     + f"{size_text(r.predicted_bytes):>12}{size_text(r.compiled_bytes):>12}{seconds:>11}{rate:>14}"
+                     + (f"   {note}" if note else ""))
     spent = "".join(f", {phase} {seconds:.1f} s" for phase, seconds in (phases or {}).items())
     spent = f" ({spent[2:]})" if spent else ""
     rule = ("the smallest within 5% of the fastest" if cfg.auto_scale == "throughput" else "the largest that fits")
-    lines.append(f"  chose {chosen:,} per device ({rule}), {chosen * devices:,} over {devices} device(s), in "
+    left = next((r.updates for r in rows if r.per_device == chosen), None)
+    if counted:
+        rule += f" of the sizes that leave --auto-scale-min-updates {cfg.auto_scale_min_updates}"
+    lines.append(f"  chose {chosen:,} per device ({rule}), {chosen * devices:,} over {devices} device(s)"
+                 + ("" if left is None else f", {left:,} updates") + ", in "
                  f"{search_s:.1f} s{spent}; minibatches, epochs and lr as configured (minibatches grow with the batch)")
     if stop:
-        lines.append(f"  the climb stopped: {stop}")
+        lines.append(f"  the {'climb' if cfg.auto_scale == 'throughput' else 'search'} stopped: {stop}")
+    if counted and left is not None and left < cfg.auto_scale_min_updates:
+        lines.append(f"  even {chosen:,} per device leaves the run {left} updates of --total-timesteps "
+                     f"{cfg.total_timesteps:,}, fewer than --auto-scale-min-updates {cfg.auto_scale_min_updates}: the "
+                     f"smallest size, taken")
     return "\n".join(lines)

@@ -135,6 +135,12 @@ class Config:
                                     choices=("throughput", "memory"), nargs="?", const="throughput")
     auto_scale_memory: float = option(0.9, "--auto-scale: the fraction of the device's memory the training chunk "
                                            "may take (XLA's allocator limit; on a CPU, host RAM / devices)")
+    auto_scale_min_updates: int = option(100, "--auto-scale (PPO, DQN): the fewest updates of --total-timesteps the "
+                                              "chosen size must leave the run (a bigger batch is fewer updates); "
+                                              "where even the smallest size leaves fewer, it is taken and said. AD "
+                                              "trains --num-updates at any size")
+    auto_scale_seconds: int = option(120, "--auto-scale: the search's time budget in seconds: no size is started "
+                                          "that would pass it, and the best size found by then is taken")
     # run
     seed: int = option(0, "random seed (params, environments and sampling all derive from it)")
     # many runs in one compiled program (multirun.py)
@@ -251,7 +257,7 @@ RANGES = {
                "ad_history_steps", "ad_history_tasks", "hidden_size", "num_layers", "grad_accum", "d_model",
                "n_layers", "n_heads", "context_len", "devices", "log_every", "num_seeds", "num_processes",
                "failure_timeout", "store_max_episodes", "samples_per_insert", "max_data_lag", "shard_steps",
-               "keep_checkpoints",
+               "keep_checkpoints", "auto_scale_min_updates", "auto_scale_seconds",
                "stop_at_update",
                "eval_episodes"),
     NON_NEGATIVE: ("ent_coef", "vf_coef", "learning_starts", "eps_decay_steps", "process_id", "checkpoint_every",
@@ -293,7 +299,10 @@ APPLIES = {
                     ("--algo ppo or dqn", lambda c: c.algo != "ad")),
     **dict.fromkeys(("num_updates", "n_transit", "ad_batch_size", "ad_episode_stride"),
                     ("--algo ad", lambda c: c.algo == "ad")),
-    "auto_scale_memory": ("--auto-scale", lambda c: c.auto_scale is not None),
+    **dict.fromkeys(("auto_scale_memory", "auto_scale_seconds"), ("--auto-scale", lambda c: c.auto_scale is not None)),
+    # AD's run is --num-updates long whatever its batch: the minimum does not bite there
+    "auto_scale_min_updates": ("--auto-scale with --algo ppo or dqn (AD trains --num-updates at any size)",
+                               lambda c: c.auto_scale is not None and c.algo != "ad"),
     "dataset": ("--algo ad with --mode both", lambda c: c.algo == "ad" and c.mode == "both"),
     **dict.fromkeys(("ad_history_steps", "ad_history_tasks", "ad_source"),
                     ("--algo ad with --mode learn or collect", lambda c: c.algo == "ad" and c.mode != "both")),

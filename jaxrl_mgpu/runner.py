@@ -751,10 +751,11 @@ def _set_aside(run_dir: Path, damaged: DamagedCheckpoint) -> tuple[int, str]:
     return older, f"{note}; resuming from update {older} instead"
 
 
-def run(cfg, par: Parallel, layout: Split, changes: list[str], asynchronous=None) -> int:
+def run(cfg, par: Parallel, layout: Split, changes: list[str], asynchronous=None, auto_scale_s: float = 0.0) -> int:
     """Trains in the run directory, from its latest checkpoint with `--resume`: `--mode both`,
     or a `--mode learn` learner fed by `asynchronous` (asynchronous/dqn.py or ad.py), in the
-    same loop. Returns the exit code."""
+    same loop. `auto_scale_s`: the seconds --auto-scale searched before this (the summary's
+    own line). Returns the exit code."""
     entered = time.monotonic()
     run_dir, resume_step = plan_run_dir(cfg)
     if cfg.profile:
@@ -826,7 +827,9 @@ def run(cfg, par: Parallel, layout: Split, changes: list[str], asynchronous=None
                   + (f"; re-created {', '.join(recreated)} (the saved ones do not fit {par.num_devices} devices"
                      f" x {cfg.num_envs} envs)" if recreated else ""))
 
-    log.timeline["imports_and_devices_s"] = entered - jaxrl_mgpu.STARTED
+    log.timeline["imports_and_devices_s"] = entered - jaxrl_mgpu.STARTED - auto_scale_s
+    if auto_scale_s:
+        log.timeline["auto_scale_s"] = auto_scale_s
     log.timeline["setup_s"] = time.monotonic() - entered  # algorithm, initial state, restore, log files
     stop = StopSignal(log)
     t_start = time.perf_counter()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 # Only light imports here: environments (gymnax) start JAX's backend when imported, and
@@ -42,15 +43,18 @@ def main(argv: list[str] | None = None) -> int:
         config_lib.check_platform(cfg, par.devices[0].platform)
         learner = asynchronous.for_algo(cfg.algo)
         resuming = bool(cfg.resume and cfg.run_dir and (Path(cfg.run_dir) / "config.json").exists())
+        searched_s = 0.0  # the summary's auto_scale_s, apart from the imports and devices before it
         if cfg.auto_scale and not resuming:  # a resumed run keeps the size its config.json holds
+            t = time.monotonic()
             cfg, _ = autoscale.choose(cfg, par, module_for(cfg))
+            searched_s = time.monotonic() - t
         par = multirun.setup(cfg, par)  # --num-seeds / --sweep: a runs axis beside the data axis
         layout = (module_for(cfg).check if cfg.mode == "both" else learner.check)(cfg, par.data_devices)
         if cfg.mode == "collect":
             if not cfg.run_dir:
                 raise ConfigError("--mode collect needs --run-dir: the run whose store it fills")
             return collect(cfg, par, layout, learner)
-        return runner.run(cfg, par, layout, changes, learner)
+        return runner.run(cfg, par, layout, changes, learner, auto_scale_s=searched_s)
     except USER_ERRORS as e:
         fail(e)
 

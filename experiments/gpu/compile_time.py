@@ -36,7 +36,7 @@ def cpu_s() -> float:
 
 def compile_at(n: int) -> None:
     """The search's program at n per device (autoscale.compile_at), lowered and compiled."""
-    c = autoscale.steady_state(autoscale.with_size(cfg, n, 1))
+    c = autoscale.probe_config(cfg, n)
     trainer = Trainer(c, one, split=module_for(c).check(c, 1))
     t = time.perf_counter()
     mapped = trainer.par.map(make_chunk(trainer.algorithm.update, trainer.algorithm.finite), donate=True)

@@ -24,7 +24,7 @@ if args.cache:
 from jaxrl_mgpu import autoscale, config as config_lib, parallel, runner  # noqa: E402
 
 cfg = config_lib.validate(config_lib.from_args(args.train_args + ["--compile-cache", "off"]))
-cfg = autoscale.steady_state(autoscale.with_size(cfg, args.envs_per_device, 1))
+cfg = autoscale.probe_config(cfg, args.envs_per_device)
 par = parallel.this_device()
 device = par.devices[0]
 stats = lambda: device.memory_stats() or {}  # None on the CPU
