@@ -423,7 +423,9 @@ class Search:
                 break
             self.probe(n)
         chosen = smallest_within(self.rates())
-        while not self.stopped and (n := between(self.rates(), chosen, self.floor)) is not None and self.start(n):
+        # Down to any size, below the first sizes compiled too: one as fast but smaller gives the
+        # run more updates (where --auto-scale-min-updates binds, what it learns depends on them).
+        while not self.stopped and (n := between(self.rates(), chosen, 1)) is not None and self.start(n):
             self.probe(n)
             if smallest_within(self.rates()) == chosen:
                 break
