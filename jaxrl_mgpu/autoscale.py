@@ -65,6 +65,7 @@ from jaxrl_mgpu import parallel
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.log import RunLog
 from jaxrl_mgpu.runner import Trainer
+from jaxrl_mgpu.cli import count
 
 MIN_PER_DEVICE = 2 ** 8  # the smallest size the search compiles, unless the run's updates need fewer
 MAX_PER_DEVICE = 2 ** 18
@@ -165,7 +166,7 @@ def ceiling(cfg, num_devices: int) -> int:
         n //= 2
     if run_updates(cfg, n, num_devices) == 0:
         raise ConfigError(f"--auto-scale: --total-timesteps {cfg.total_timesteps:,} is less than one update even at 1 "
-                          f"environment per device ({num_devices} device(s) x --num-steps {cfg.num_steps})")
+                          f"environment per device ({count(num_devices, 'device')} x --num-steps {cfg.num_steps})")
     return n
 
 
@@ -560,7 +561,7 @@ def table(cfg, rows: list[Row], limit: int, source: str, search_s: float, chosen
     left = next((r.updates for r in rows if r.per_device == chosen), None)
     if counted:
         rule += f" of the sizes that leave --auto-scale-min-updates {cfg.auto_scale_min_updates}"
-    lines.append(f"  chose {chosen:,} per device ({rule}), {chosen * devices:,} over {devices} device(s)"
+    lines.append(f"  chose {chosen:,} per device ({rule}), {chosen * devices:,} over {count(devices, 'device')}"
                  + ("" if left is None else f", {left:,} updates") + ", in "
                  f"{search_s:.1f} s{spent}; minibatches, epochs and lr as configured (minibatches grow with the batch)")
     if stop:

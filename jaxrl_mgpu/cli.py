@@ -32,6 +32,11 @@ class Parser(argparse.ArgumentParser):
         raise ConfigError(message)
 
 
+def count(n: int, noun: str) -> str:
+    """"1 device", "8 devices": a number with its noun, singular or plural."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
+
+
 def fail(error: Exception | str) -> None:
     """Bad input: one line naming the problem, exit code 2, no traceback."""
     print(f"error: {error}", file=sys.stderr)

@@ -172,7 +172,10 @@ class Config:
     # asynchronous collection and learning on one run directory (asynchronous/)
     mode: str = option("both", "both: act and learn in one process; learn: train from the run's trajectory store "
                                "and publish checkpoints; collect: follow the newest checkpoint and add episodes "
-                               "to the store", choices=("both", "learn", "collect"))
+                               "to the store. A collector may start before its learner (even before --run-dir "
+                               "exists): it waits for the learner's first params, saying so every minute, until "
+                               "stopped (or acts at random meanwhile: --collect-before-checkpoint random); it stops "
+                               "when the learner is done", choices=("both", "learn", "collect"))
     store_max_episodes: int = option(100_000, "learn: keep at most this many episodes in the store (oldest "
                                               "shards deleted first); --algo ad: also the capacity of the "
                                               "learner's on-device buffer, in whole learning histories")
@@ -273,15 +276,22 @@ def _in_range(kind: str, value) -> bool:
     return {POSITIVE: value > 0, NON_NEGATIVE: value >= 0, UNIT: 0 <= value <= 1, UNIT_OPEN: 0 < value <= 1}[kind]
 
 
-def check_value(name: str, value) -> None:
-    """A value of the right kind can still be wrong: negative, zero where it divides, NaN."""
+def flag(name: str) -> str:
+    """An option's name as the command line spells it: --num-envs."""
+    return "--" + name.replace("_", "-")
+
+
+def check_value(name: str, value, label: str | None = None) -> None:
+    """A value of the right kind can still be wrong: negative, zero where it divides, NaN.
+    `label` names it in the error (default: the flag)."""
+    label = label or flag(name)
     if value is None or isinstance(value, (bool, str)):
         return
     if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+        raise ConfigError(f"{label} must be a finite number, got {value}")
     if name in RANGE and not _in_range(RANGE[name], value):
         wanted = "at least 1" if RANGE[name] == POSITIVE and isinstance(value, int) else RANGE[name]
-        raise ConfigError(f"--{name.replace('_', '-')} must be {wanted}, got {value}")
+        raise ConfigError(f"{label} must be {wanted}, got {value}")
 
 
 # Options that only some runs use: (who, test). Giving one to a run that ignores it is an error,
@@ -344,22 +354,40 @@ def _base_type(name: str) -> type:
     return hint
 
 
+KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _optional(name: str) -> bool:
+    hint = typing.get_type_hints(Config)[name]
+    return type(None) in typing.get_args(hint)
+
+
 def _coerce(name: str, value: Any, source: str) -> Any:
+    """`value` as option `name`'s type, checked (choices, range), or a one-line ConfigError that
+    names it as `source` spells it: the flag on the command line, `FILE: name` in a preset or
+    a run's config.json."""
     kind, meta = _base_type(name), FIELDS[name].metadata
+    label = flag(name) if source == "command line" else f"{source}: {name}"
     if value is None:
-        return None
+        if _optional(name):
+            return None
+        raise ConfigError(f"{label} must be {KIND_NAMES[kind]}, got null")
     if isinstance(value, list):  # nargs="+" (--sweep): kept as one string, as a preset writes it
-        value = " ".join(value)
+        value = " ".join(map(str, value))
     try:
         if kind is bool and not isinstance(value, bool):
+            raise TypeError
+        if kind is str and not isinstance(value, str):
+            raise TypeError
+        if kind in (int, float) and isinstance(value, bool):
             raise TypeError
         value = kind(float(value)) if kind is int and isinstance(value, (float, str)) and float(value).is_integer() \
             else kind(value)
     except (TypeError, ValueError, OverflowError):
-        raise ConfigError(f"{source}: {name.replace('_', '-')} must be {kind.__name__}, got {value!r}") from None
+        raise ConfigError(f"{label} must be {KIND_NAMES[kind]}, got {value!r}") from None
     if "choices" in meta and value not in meta["choices"]:
-        raise ConfigError(f"--{name.replace('_', '-')} {value!r} is not valid; choose from: {', '.join(meta['choices'])}")
-    check_value(name, value)
+        raise ConfigError(f"{label} {value!r} is not valid; choose from: {', '.join(meta['choices'])}")
+    check_value(name, value, label)
     return value
 
 
@@ -434,17 +462,24 @@ def _values_attached(argv: list[str], p: argparse.ArgumentParser) -> list[str]:
     return out
 
 
-def parse_given(argv: list[str] | None = None) -> dict:
+class Given(dict):
+    """The options a command sets, {name: value} from its preset and its flags; `flags`: the
+    names its flags set (the user's explicit choices)."""
+    flags: frozenset = frozenset()
+
+
+def parse_given(argv: list[str] | None = None) -> Given:
     """The options this command sets, from its preset and its flags (flags win), checked one by
     one; options it does not set are absent."""
     p = parser()
     args = vars(p.parse_args(_values_attached(sys.argv[1:] if argv is None else list(argv), p)))
-    given = {k: _coerce(k, v, "command line") for k, v in args.items() if v is not None}
+    given = Given({k: _coerce(k, v, "command line") for k, v in args.items() if v is not None})
     if given.get("auto_scale") and given.keys() & {"num_envs", "ad_batch_size"}:
         size = "--num-envs" if "num_envs" in given else "--ad-batch-size"
         raise ConfigError(f"--auto-scale chooses {size} itself; give one or the other")
-    values = load_preset(given["config"]) if given.get("config") else {}
+    values = Given(load_preset(given["config"]) if given.get("config") else {})
     values.update(given)
+    values.flags = frozenset(given)
     return values
 
 
@@ -484,7 +519,12 @@ def read_saved(run_dir: str | Path) -> dict:
         raise ConfigError(f"{path} is not readable JSON ({e})") from None
     if not isinstance(saved, dict) or saved.get("algo") not in ALGOS:
         raise ConfigError(f"{path} is not a jaxrl_mgpu run config")
-    return saved
+    # Every field as the command line would take it (a hand-edited file must not reach the run).
+    unknown = sorted(set(saved) - set(FIELDS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown option(s) {', '.join(unknown)} (written by another version of "
+                          f"jaxrl_mgpu?)")
+    return {name: _coerce(name, value, str(path)) for name, value in saved.items()}
 
 
 # Options a resumed run may change (each change is logged): how long it runs, how its batch is
@@ -507,15 +547,21 @@ def resumed(saved: dict, given: dict, state_keys=()) -> tuple[Config, list[str]]
     strings; any other option set to a different value is a ConfigError."""
     saved_cfg = from_dict(saved)
     defaults = Config()
+    swept = dict(parse_sweep(saved_cfg)) if saved_cfg.sweep else {}
     changes, refused = [], []
     for name, value in given.items():
         old = getattr(saved_cfg, name)
+        if name in swept:  # each run keeps its own value; the option itself is not what they use
+            values = ",".join(f"{v:g}" for v in swept[name])
+            raise ConfigError(f"--resume: {flag(name)} is swept in this run ({name}={values}); a resume cannot change "
+                              f"a swept option")
         if name in PER_INVOCATION or value == old:
             continue
         if name in RESUMABLE and name not in state_keys:
-            changes.append(f"--{name.replace('_', '-')} {old} -> {value}")
+            changes.append(f"{flag(name)} {old} -> {value}")
         else:
-            refused.append(f"--{name.replace('_', '-')} {value!r} (the run has {old!r})")
+            has = "does not set it" if old is None else f"has {old!r}"
+            refused.append(f"{flag(name)} {value!r} (the run {has})")
     if refused:
         allowed = ", ".join("--" + n.replace("_", "-") for n in RESUMABLE if n not in state_keys)
         raise ConfigError(f"--resume keeps the run's own settings (its config.json); this command changes "
@@ -598,10 +644,11 @@ def validate(cfg: Config) -> Config:
                           f"(one network per team) in --mode both, without --normalize-reward")
     for name in FIELDS:
         check_value(name, getattr(cfg, name))
-    for name in ("checkpoint_every", "eval_every"):
+    for name in GRID:
         if getattr(cfg, name) % cfg.log_every:
-            raise ConfigError(f"--{name.replace('_', '-')} {getattr(cfg, name)} must be 0 or a multiple of --log-every "
-                              f"{cfg.log_every} (checkpoints and evaluations happen between compiled chunks)")
+            raise ConfigError(f"{flag(name)} {getattr(cfg, name)} must be 0 or a multiple of --log-every "
+                              f"{cfg.log_every} (checkpoints and evaluations happen between compiled chunks, at log "
+                              f"points)")
     if cfg.auto_scale and cfg.mode != "both":
         raise ConfigError(f"--auto-scale sizes a --mode both run; --mode {cfg.mode} processes share one run's "
                           f"sizes: give --num-envs")
@@ -618,10 +665,37 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
+GRID = ("checkpoint_every", "eval_every")  # options that act between chunks, on multiples of --log-every
+
+
+def follow_log_grid(cfg: Config, flags: set[str] | frozenset[str]) -> tuple[Config, list[str]]:
+    """Checkpoints and evaluations happen at log points, so their intervals are multiples of
+    --log-every. One the user did not give on this command line (its default, a preset's or
+    the resumed run's) follows the grid: the first multiple at or after it, with a line that
+    says so; one the user gave that is off the grid is a ConfigError."""
+    notes, changes = [], {}
+    for name in GRID:
+        value = getattr(cfg, name)
+        if not value or value % cfg.log_every == 0:
+            continue
+        if name in flags:
+            raise ConfigError(f"{flag(name)} {value} must be 0 or a multiple of --log-every {cfg.log_every} "
+                              f"(checkpoints and evaluations happen between compiled chunks, at log points)")
+        changes[name] = -(-value // cfg.log_every) * cfg.log_every
+        notes.append(f"{flag(name)} {changes[name]}: its value {value} is not a multiple of --log-every "
+                     f"{cfg.log_every}, so it follows the log points")
+    return dataclasses.replace(cfg, **changes), notes
+
+
 def check_kernels(cfg: Config) -> None:
     """--attention / --mlp: what the fused kernels take (they run in bf16/fp16 only)."""
+    import jax  # local import: a process must start jax.distributed before jax's backend
+
     from jaxrl_mgpu.nets import fused_attention, fused_mlp  # local import: pulls in jax
 
+    if cfg.attention == "cudnn" and jax.default_backend() != "gpu":  # before the precision: it would not help
+        raise ConfigError(f"--attention cudnn is cuDNN's flash attention, for NVIDIA GPUs; this run's devices are "
+                          f"{jax.default_backend()}: use --attention xla")
     if (cfg.attention, cfg.mlp) != ("xla", "xla") and cfg.precision == "fp32":
         raise ConfigError(f"--attention {cfg.attention} / --mlp {cfg.mlp}: the fused kernels compute in "
                           f"bf16 or fp16; add --precision bf16")

@@ -77,10 +77,20 @@ def exit_status(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
+class _Parser(argparse.ArgumentParser):
+    """One error line, exit 2; a training option given before `--` says where it goes."""
+
+    def error(self, message: str):
+        hint = (" (the training options go after --: python -m jaxrl_mgpu.launch --num-processes 2 -- --num-envs 64)"
+                if message.startswith("unrecognized arguments") else "")
+        print(f"error: {message}{hint}", file=sys.stderr)
+        sys.exit(2)
+
+
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ours, train_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    p = argparse.ArgumentParser(prog="python -m jaxrl_mgpu.launch", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="python -m jaxrl_mgpu.launch", description=__doc__,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--num-processes", type=int, required=True, help="processes to start (at least 1)")
     p.add_argument("--devices-per-process", type=int, default=None,
                    help="GPUs (or virtual CPU devices) per process; default: the GPUs split evenly, or 1 CPU "

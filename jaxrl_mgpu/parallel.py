@@ -33,7 +33,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from jaxrl_mgpu.cli import UserError
+from jaxrl_mgpu.cli import UserError, count
 
 AXIS = "devices"
 RUNS = "runs"  # the mesh axis over groups of devices that train different runs (multirun.py)
@@ -412,6 +412,6 @@ def is_main() -> bool:
 def split_evenly(total: int, parts: int, what: str) -> int:
     """`total / parts`, or a ParallelError naming the option when it does not divide."""
     if total % parts:
-        raise ParallelError(f"{what} {total} is not divisible by {parts} devices; "
+        raise ParallelError(f"{what} {total} is not divisible by {count(parts, 'device')}; "
                             f"use a multiple of {parts}")
     return total // parts

@@ -42,6 +42,7 @@ from jaxrl_mgpu.episodes import make_episodes, summarize
 from jaxrl_mgpu.log import RunLog, truncate_metrics
 from jaxrl_mgpu.parallel import Parallel
 from jaxrl_mgpu.stop import StopSignal
+from jaxrl_mgpu.cli import count
 
 
 class Chunk(NamedTuple):
@@ -332,11 +333,15 @@ class Profile:
     are several). The trace starts and stops between chunks, with the device caught up (this
     drains the pipeline of chunks twice: profiling only)."""
 
-    def __init__(self, directory: str, start: int, stop: int, first_update: int, log):
+    def __init__(self, directory: str, start: int, stop: int, first_update: int, end: int, log):
         # (run() checked that the directory can be made)
         self.directory = directory if jax.process_count() == 1 else f"{directory}/process_{jax.process_index()}"
         self.start, self.stop, self.first_update, self.log = start, stop, first_update, log
         self.on, self.started_at = False, None
+        self.said = start >= end  # the run ends before the window: said now, not again at the end
+        if self.said:
+            log.print(f"  --profile: this run ends at update {end}, before the updates to profile ({start + 1}-{stop}): "
+                      f"nothing will be traced (see --profile-from)")
 
     def at(self, update: int, state) -> None:
         """Called before the chunk that begins after `update` is dispatched."""
@@ -353,7 +358,7 @@ class Profile:
             jax.profiler.stop_trace()
             self.on = False
             self.log.print(f"  profile of updates {self.started_at + 1}-{update} written under {self.directory}")
-        elif self.started_at is None:
+        elif self.started_at is None and not self.said:
             self.log.print(f"  --profile: this run did updates {self.first_update + 1}-{update}, none of those to "
                            f"profile ({self.start + 1}-{self.stop}); nothing was traced")
 
@@ -437,7 +442,7 @@ def train(trainer: Trainer, log, state=None, start_update: int = 0, hooks: Hooks
     profile = None
     if cfg.profile:
         first = start_update + cfg.log_every - start_update % cfg.log_every if cfg.profile_from is None else cfg.profile_from
-        profile = Profile(cfg.profile, first, first + 2 * cfg.log_every, start_update, log)
+        profile = Profile(cfg.profile, first, first + 2 * cfg.log_every, start_update, end, log)
     dispatched = {"last": start_update}  # the last update dispatched (what a stop waits for)
     if stop is not None:
         def doing() -> str:
@@ -682,7 +687,7 @@ def banner(cfg, par: Parallel, layout: Split, per_update: str) -> dict:
     runs = multirun.Runs.of(cfg)
     if runs is not None:
         rows["runs"] = (f"{runs.count}: {len(runs.grid)} configuration(s) x {runs.seeds} seed(s) from {cfg.seed}; "
-                        f"{par.groups} group(s) of {par.data_devices} device(s) on axis '{parallel.RUNS}', "
+                        f"{count(par.groups, 'group')} of {count(par.data_devices, 'device')} on axis '{parallel.RUNS}', "
                         f"{par.runs_per_device} run(s) per device")
         if runs.names:
             rows["sweep"] = cfg.sweep
@@ -751,10 +756,11 @@ def _set_aside(run_dir: Path, damaged: DamagedCheckpoint) -> tuple[int, str]:
     return older, f"{note}; resuming from update {older} instead"
 
 
-def run(cfg, par: Parallel, layout: Split, changes: list[str], asynchronous=None, auto_scale_s: float = 0.0) -> int:
+def run(cfg, par: Parallel, layout: Split, notes: list[str], asynchronous=None, auto_scale_s: float = 0.0) -> int:
     """Trains in the run directory, from its latest checkpoint with `--resume`: `--mode both`,
     or a `--mode learn` learner fed by `asynchronous` (asynchronous/dqn.py or ad.py), in the
-    same loop. `auto_scale_s`: the seconds --auto-scale searched before this (the summary's
+    same loop. `notes`: lines said under the banner (what a resume changed, what followed the
+    log points); `auto_scale_s`: the seconds --auto-scale searched before this (the summary's
     own line). Returns the exit code."""
     entered = time.monotonic()
     run_dir, resume_step = plan_run_dir(cfg)
@@ -811,8 +817,8 @@ def run(cfg, par: Parallel, layout: Split, changes: list[str], asynchronous=None
     log = RunLog(run_dir, cfg.steps_at(cfg.total_updates, per_update), unit=unit, episodic=cfg.algo != "ad",
                  runs=runs)
     log.banner(banner(cfg, par, layout, asynchronous.per_update(cfg) if learner else f"{per_update:,} {unit}"))
-    for change in changes:
-        log.print(f"  --resume: {change}")
+    for note in notes:
+        log.print(f"  {note}")
     for line in set_aside:
         log.print(f"  {line}")
     ckpts = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
@@ -824,7 +830,7 @@ def run(cfg, par: Parallel, layout: Split, changes: list[str], asynchronous=None
         start = resume_step
     if resume_step is not None and not learner:  # (a learner says where it resumed: asynchronous/ledger.py)
         log.print(f"  resumed from the checkpoint at update {start} ({cfg.resumed_steps:,} {unit})"
-                  + (f"; re-created {', '.join(recreated)} (the saved ones do not fit {par.num_devices} devices"
+                  + (f"; re-created {', '.join(recreated)} (the saved ones do not fit {count(par.num_devices, 'device')}"
                      f" x {cfg.num_envs} envs)" if recreated else ""))
 
     log.timeline["imports_and_devices_s"] = entered - jaxrl_mgpu.STARTED - auto_scale_s

@@ -17,7 +17,7 @@ from pathlib import Path
 from jaxrl_mgpu import compile_cache
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel
-from jaxrl_mgpu.cli import USER_ERRORS, fail
+from jaxrl_mgpu.cli import USER_ERRORS, fail, count
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.log import RunLog
 from jaxrl_mgpu.stop import StopSignal
@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
         from jaxrl_mgpu import asynchronous, autoscale, multirun, runner  # after jax.distributed (see above)
         from jaxrl_mgpu.algos import module_for
         cfg, changes = runner.resolve(cfg, given)
+        cfg, grid = config_lib.follow_log_grid(cfg, given.flags)
+        notes = [f"--resume: {change}" for change in changes] + grid  # said under the banner
         cfg = config_lib.validate(cfg)
         config_lib.check_applicable(cfg, given)
         # --mode learn|collect: DQN from episodes, or AD from learning histories, in the run's store
@@ -54,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             if not cfg.run_dir:
                 raise ConfigError("--mode collect needs --run-dir: the run whose store it fills")
             return collect(cfg, par, layout, learner)
-        return runner.run(cfg, par, layout, changes, learner, auto_scale_s=searched_s)
+        return runner.run(cfg, par, layout, notes, learner, auto_scale_s=searched_s)
     except USER_ERRORS as e:
         fail(e)
 
@@ -63,7 +65,7 @@ def collect(cfg, par, layout, asynchronous) -> int:
     """`--mode collect`: no run directory of its own; it adds episodes (or, for --algo ad,
     learning histories) to `--run-dir`'s store."""
     log = RunLog(None, 0)
-    log.print(f"collector on {par.num_devices} {par.devices[0].platform} device(s), "
+    log.print(f"collector on {count(par.num_devices, par.devices[0].platform + ' device')}, "
               + (f"{cfg.ad_history_tasks} tasks" if cfg.algo == "ad" else f"{cfg.num_envs} envs")
               + f", store {cfg.run_dir}/store")
     stop = StopSignal(log)

@@ -215,7 +215,12 @@ def test_profile_traces_the_two_log_intervals_after_the_first(tmp_path, capsys):
     # A run that ends before the profiled updates says so; one that cannot write there is refused.
     assert run(*TINY, "--total-timesteps", str(256 * 2), "--run-dir", str(tmp_path / "short"),
                "--profile", str(tmp_path / "none")) == 0
-    assert "nothing was traced" in capsys.readouterr().out and not (tmp_path / "none").exists()
+    said = [line for line in capsys.readouterr().out.splitlines() if "--profile" in line]
+    assert said == ["  --profile: this run ends at update 2, before the updates to profile (3-6): nothing will be "
+                    "traced (see --profile-from)"] and not (tmp_path / "none").exists()
+    assert run(*TINY, "--total-timesteps", str(256 * 2), "--run-dir", str(tmp_path / "from1000"),
+               "--profile", str(tmp_path / "none"), "--profile-from", "1000") == 0
+    assert "before the updates to profile (1001-1004)" in capsys.readouterr().out
     (tmp_path / "afile").write_text("x")
     assert run(*TINY, "--run-dir", str(tmp_path / "refused"), "--profile", str(tmp_path / "afile" / "t")) == 2
     assert "--profile" in one_error_line(capsys) and not (tmp_path / "refused").exists()
@@ -227,3 +232,82 @@ def test_profile_traces_the_two_log_intervals_after_the_first(tmp_path, capsys):
     assert run(*TINY, "--total-timesteps", str(256 * 6), "--run-dir", str(tmp_path / "later"),
                "--profile", str(tmp_path / "later-trace"), "--profile-from", "4") == 0
     assert "profile of updates 5-6 written under" in capsys.readouterr().out
+
+
+def test_log_every_alone_moves_the_default_intervals_onto_its_grid(tmp_path, capsys):
+    """--log-every 7 by itself is not refused over a --checkpoint-every the user never set."""
+    run_dir = tmp_path / "run"
+    assert run("--num-envs", "16", "--num-steps", "16", "--hidden-size", "16", "--total-timesteps", str(256 * 7),
+               "--log-every", "7", "--run-dir", str(run_dir)) == 0
+    assert ("--checkpoint-every 105: its value 100 is not a multiple of --log-every 7, so it follows the log points"
+            in capsys.readouterr().out)
+    assert json.loads((run_dir / "config.json").read_text())["checkpoint_every"] == 105
+    # a value the user gave that is off the grid is still an error
+    assert run(*TINY, "--log-every", "7", "--checkpoint-every", "10", "--run-dir", str(tmp_path / "no")) == 2
+    assert "--checkpoint-every 10 must be 0 or a multiple of --log-every 7" in one_error_line(capsys)
+    assert run(*TINY, "--log-every", "3", "--checkpoint-every", "3", "--eval-every", "4", "--run-dir",
+               str(tmp_path / "no")) == 2
+    assert "--eval-every 4 must be 0 or a multiple of --log-every 3" in one_error_line(capsys)
+    assert not (tmp_path / "no").exists()
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("num_envs", "many", "num_envs must be an integer, got 'many'"),
+    ("lr", -1e-3, "lr must be > 0, got -0.001"),
+    ("gamma", 1.5, "gamma must be in [0, 1], got 1.5"),
+    ("anneal_lr", "yes", "anneal_lr must be true or false, got 'yes'"),
+    ("parallel", "threads", "parallel 'threads' is not valid; choose from: pmap, shard_map"),
+    ("num_steps", None, "num_steps must be an integer, got null"),
+    ("lr", float("nan"), "lr must be a finite number, got nan"),
+    ("colour", "blue", "unknown option(s) colour (written by another version of jaxrl_mgpu?)"),
+])
+def test_a_hand_edited_config_json_is_checked_like_the_command_line(tmp_path, capsys, field, value, words):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    config = config_lib.Config(num_envs=16, num_steps=16, hidden_size=16, total_timesteps=256 * 4,
+                               run_dir=str(run_dir)).to_dict()
+    config[field] = value
+    (run_dir / "config.json").write_text(json.dumps(config))
+    files = sorted(p.name for p in run_dir.iterdir())
+    assert run("--run-dir", str(run_dir), "--resume") == 2
+    assert one_error_line(capsys) == f"error: {run_dir / 'config.json'}: {words}"
+    (run_dir / "checkpoints").mkdir()
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--run-dir", str(run_dir)])
+    assert e.value.code == 2 and words in one_error_line(capsys)
+    assert sorted(p.name for p in run_dir.iterdir()) == sorted(files + ["checkpoints"])
+
+
+def test_a_resume_cannot_change_a_swept_option(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(config_lib.dump(config_lib.Config(
+        num_envs=16, num_steps=16, total_timesteps=256 * 4, sweep="lr=0.001,0.0005", run_dir=str(run_dir))))
+    assert run("--run-dir", str(run_dir), "--resume", "--lr", "1e-4") == 2
+    assert one_error_line(capsys) == ("error: --resume: --lr is swept in this run (lr=0.001,0.0005); a resume cannot "
+                                      "change a swept option")
+    # and an option the run never set says so, rather than "None"
+    (run_dir / "config.json").write_text(config_lib.dump(config_lib.Config(
+        num_envs=16, num_steps=16, total_timesteps=256 * 4, run_dir=str(run_dir))))
+    assert run("--run-dir", str(run_dir), "--resume", "--samples-per-insert", "2") == 2
+    assert "(the run does not set it)" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--num-envs", "many"], "error: --num-envs must be an integer, got 'many'"),
+    (["--attention", "cudnn", "--policy", "transformer"],
+     "error: --attention cudnn is cuDNN's flash attention, for NVIDIA GPUs; this run's devices are cpu: use "
+     "--attention xla"),
+    (["--devices", "1", "--num-envs", "2", "--num-steps", "2", "--num-minibatches", "8"], "(--num-envs 2 / 1 device x"),
+])
+def test_messages_a_new_user_meets(argv, line, capsys):
+    assert run(*argv) == 2
+    assert line in one_error_line(capsys)
+
+
+def test_launch_without_the_separator_says_where_training_options_go():
+    out = subprocess.run([sys.executable, "-m", "jaxrl_mgpu.launch", "--num-processes", "2", "--num-envs", "8"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "error: unrecognized arguments: --num-envs 8 (the training options go after --: python -m jaxrl_mgpu.launch "
+        "--num-processes 2 -- --num-envs 64)"]

@@ -45,6 +45,7 @@ from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.nets import actor_critic, factory
 from jaxrl_mgpu.nets.transformer import KVCache, TransformerActorCritic
 from jaxrl_mgpu.parallel import device_index
+from jaxrl_mgpu.cli import count
 
 # Progress is counted in tokens (transitions the model is trained on), not env steps.
 STEP_UNIT = "tokens"
@@ -176,7 +177,7 @@ def check_batch(cfg, num_devices: int) -> Split:
         raise ConfigError(f"--algo ad needs vector observations; --env {cfg.env} has shape "
                           f"{env.observation_space(env_params).shape}")
     if cfg.ad_batch_size % num_devices:
-        raise ConfigError(f"--ad-batch-size {cfg.ad_batch_size} is not divisible by {num_devices} devices; "
+        raise ConfigError(f"--ad-batch-size {cfg.ad_batch_size} is not divisible by {count(num_devices, 'device')}; "
                           f"use a multiple of {num_devices}")
     per_device = cfg.ad_batch_size // num_devices
     if per_device % cfg.grad_accum:

@@ -78,6 +78,7 @@ from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.nets import actor_critic, factory
 from jaxrl_mgpu.nets.actor_critic import Memory, Policy
 from jaxrl_mgpu.parallel import ParallelError, device_index, global_indices, split_evenly, zeros
+from jaxrl_mgpu.cli import count
 
 
 class Replay(NamedTuple):
@@ -180,7 +181,7 @@ def check(cfg, num_devices: int) -> Split:
     batch_per_device = _divide(cfg.replay_batch_size, num_devices, "--replay-batch-size")
     if batch_per_device % cfg.grad_accum:
         raise ConfigError(f"--grad-accum {cfg.grad_accum} does not divide the per-device replay batch of "
-                          f"{batch_per_device} (--replay-batch-size {cfg.replay_batch_size} / {num_devices} devices)")
+                          f"{batch_per_device} (--replay-batch-size {cfg.replay_batch_size} / {count(num_devices, 'device')})")
     if cfg.buffer_size % cfg.num_envs:
         raise ConfigError(f"--buffer-size {cfg.buffer_size} is not a multiple of --num-envs {cfg.num_envs} "
                           f"(the buffer holds buffer-size / num-envs steps of every environment)")

@@ -36,6 +36,7 @@ from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.nets import actor_critic, factory
 from jaxrl_mgpu.parallel import AXIS, all_sum, device_index, global_indices, split_evenly
+from jaxrl_mgpu.cli import count
 
 STEP_UNIT = ppo.STEP_UNIT
 STATE_KEYS = ("anneal_lr",)
@@ -81,7 +82,7 @@ def check(cfg, num_devices: int) -> Split:
     if per_device_batch % cfg.num_minibatches:
         raise ConfigError(
             f"--num-minibatches {cfg.num_minibatches} does not divide the per-device batch of {per_device_batch} "
-            f"game steps (--num-envs {cfg.num_envs} / {num_devices} devices x --num-steps {cfg.num_steps})")
+            f"game steps (--num-envs {cfg.num_envs} / {count(num_devices, 'device')} x --num-steps {cfg.num_steps})")
     if (per_device_batch // cfg.num_minibatches) % cfg.grad_accum:
         raise ConfigError(f"--grad-accum {cfg.grad_accum} does not divide the per-device minibatch of "
                               f"{per_device_batch // cfg.num_minibatches} game steps")

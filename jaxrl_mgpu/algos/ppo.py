@@ -33,6 +33,7 @@ from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.nets import actor_critic, factory
 from jaxrl_mgpu.parallel import all_mean, all_sum, device_index, global_indices, split_evenly
+from jaxrl_mgpu.cli import count
 
 
 class PPOState(NamedTuple):
@@ -124,11 +125,11 @@ def check(cfg, num_devices: int) -> Split:
     if factory.is_sequence_policy(cfg) and envs_per_device % cfg.num_minibatches:
         raise ConfigError(
             f"--num-minibatches {cfg.num_minibatches} must divide the {envs_per_device} environments per device "
-            f"(--num-envs {cfg.num_envs} / {num_devices} devices): transformer minibatches are whole sequences")
+            f"(--num-envs {cfg.num_envs} / {count(num_devices, 'device')}): transformer minibatches are whole sequences")
     if per_device_batch % cfg.num_minibatches:
         raise ConfigError(
             f"--num-minibatches {cfg.num_minibatches} does not divide the per-device batch of {per_device_batch} "
-            f"transitions (--num-envs {cfg.num_envs} / {num_devices} devices x --num-steps {cfg.num_steps})")
+            f"transitions (--num-envs {cfg.num_envs} / {count(num_devices, 'device')} x --num-steps {cfg.num_steps})")
     minibatch = per_device_batch // cfg.num_minibatches
     if minibatch % cfg.grad_accum or (factory.is_sequence_policy(cfg) and
                                       (envs_per_device // cfg.num_minibatches) % cfg.grad_accum):

@@ -57,6 +57,7 @@ from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.data import rlds
 from jaxrl_mgpu.envs import darkroom
 from jaxrl_mgpu.parallel import Parallel
+from jaxrl_mgpu.cli import count
 
 COUNTS = ("env_steps", "episodes", "tasks")  # what the learner counts of each shard it receives
 INSERT_BUDGET = 8  # compiled inserts (one history per device each) per poll at most
@@ -98,7 +99,7 @@ def check(cfg, num_devices: int) -> Split:
     if per_device < 1:
         per_history = cfg.ad_history_steps // episode_len
         raise ConfigError(f"--store-max-episodes {cfg.store_max_episodes} holds {cfg.store_max_episodes // per_history} "
-                          f"learning histories of {per_history} episodes, fewer than the {num_devices} devices: "
+                          f"learning histories of {per_history} episodes, fewer than the {count(num_devices, 'device')}: "
                           f"every device needs room for one")
     return layout.with_(**{"buffer (histories)": (per_device * num_devices, per_device)})
 
@@ -189,7 +190,7 @@ class Feed(StoreFeed):
         self.dropped = 0   # histories overwritten before they reached a slot (more arrived than the buffer holds)
         self.update = 0
         self.limit(ad.steps_per_update(cfg), self.devices * cfg.ad_history_steps)
-        self.waiting_for = (f"waiting for learning histories in {self.store.root}: each of the {self.devices} device(s) needs one "
+        self.waiting_for = (f"waiting for learning histories in {self.store.root}: each of the {count(self.devices, 'device')} needs one "
                             f"(start a collector: --mode collect --algo ad --run-dir {cfg.run_dir})")
         # Said once, at the start or when the first poll finds none (the chunk compiles between).
         self._said_waiting = not any(_fits(cfg, shard.meta) for shard in self.store.shards())

@@ -476,7 +476,9 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     params, on_devices, on_devices_step, policy_step, eps, published = None, None, None, None, 1.0, None
     follower = Follower(run_dir, params_template(cfg))
     if cfg.collect_before_checkpoint == "wait":
-        log.print(f"collector {name}: following the learner's params in {run_dir / POLICY} (waiting for the first)")
+        log.print(f"collector {name}: following the learner's params in {run_dir / POLICY} (waiting for the first"
+                  + ("" if run_dir.is_dir() else f"; {run_dir} does not exist yet: a learner started with --mode learn "
+                                                 f"--run-dir {run_dir} makes it") + ")")
     open_: dict[int, Open] = {}  # per environment, where the last rollout left its episode
     lookahead = cfg.n_step - 1  # steps the learner's n-step windows need past a segment's transitions
     total, shard_index, waited_from = 0, 0, time.monotonic()
