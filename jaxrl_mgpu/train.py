@@ -8,6 +8,7 @@ run's own settings (its config.json; see config.RESUMABLE for what a resume may 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -59,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         return runner.run(cfg, par, layout, notes, learner, auto_scale_s=searched_s)
     except USER_ERRORS as e:
         fail(e)
+    except KeyboardInterrupt:  # Ctrl-C before training began (once it has, stop.py handles it)
+        print("interrupted before training began", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 def collect(cfg, par, layout, asynchronous) -> int:
