@@ -64,7 +64,7 @@ import numpy as np
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.log import RunLog
-from jaxrl_mgpu.runner import Trainer
+from jaxrl_mgpu.chunks import Trainer
 from jaxrl_mgpu.cli import count
 
 MIN_PER_DEVICE = 2 ** 8  # the smallest size the search compiles, unless the run's updates need fewer

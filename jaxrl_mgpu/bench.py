@@ -30,7 +30,7 @@ import jax
 import optax
 
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import autoscale, parallel, reference_ppo, runner
+from jaxrl_mgpu import autoscale, chunks, parallel, reference_ppo
 from jaxrl_mgpu.algos import learner, mappo, module_for
 from jaxrl_mgpu import cli
 from jaxrl_mgpu.cli import USER_ERRORS, fail
@@ -104,7 +104,7 @@ def trace_dir(profile: str | None, name: str) -> str | None:
 
 def measure(cfg, devices: int, updates: int, repeats: int, profile: str | None = None) -> dict:
     par = parallel.setup(cfg.parallel, devices)
-    trainer = runner.Trainer(cfg, par)  # checks the batch split over the devices
+    trainer = chunks.Trainer(cfg, par)  # checks the batch split over the devices
     state = trainer.init_state()
     t = time.perf_counter()
     chunk = trainer.chunk_fn(updates, state)

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_mgpu import cli, histories, parallel, runner
+from jaxrl_mgpu import chunks, cli, histories, parallel
 from jaxrl_mgpu.asynchronous import ad as async_ad
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs as envs_lib
@@ -257,7 +257,7 @@ def throughput(argv=None, repeats: int = 5) -> int:
     read_s = time.perf_counter() - t0
     steps_read = h.num_tasks * h.num_steps
 
-    trainer = runner.Trainer(cfg, par, split=split)  # loads the data onto the devices
+    trainer = chunks.Trainer(cfg, par, split=split)  # loads the data onto the devices
     state = trainer.init_state()
     chunk = trainer.chunk_fn(cfg.log_every, state)
     state, out = chunk(state)  # warm-up

@@ -2,7 +2,7 @@
 
 The first request is acknowledged at once and honoured between chunks: the loop dispatches
 no chunk after it, waits for the chunks already dispatched (each sized to about
-`runner.CHUNK_S` seconds of device time, so at most about twice that unless one update takes
+`loop.CHUNK_S` seconds of device time, so at most about twice that unless one update takes
 longer), saves a checkpoint and exits 0. A second request exits at once with code 128 + the
 signal's number, keeping the last complete checkpoint. Two signals less than `REPEAT_S`
 apart are one request: `timeout` and some schedulers signal the process and then its whole

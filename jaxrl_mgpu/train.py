@@ -34,9 +34,9 @@ def main(argv: list[str] | None = None) -> int:
         parallel.initialize(cfg.coordinator_address, cfg.num_processes, cfg.process_id, cfg.local_device_ids,
                             cfg.failure_timeout)
         parallel.start_backend()  # on a thread, while the rest is imported
-        from jaxrl_mgpu import asynchronous, autoscale, multirun, runner  # after jax.distributed (see above)
+        from jaxrl_mgpu import asynchronous, autoscale, multirun, rundir, runner  # after jax.distributed (see above)
         from jaxrl_mgpu.algos import module_for
-        cfg, changes = runner.resolve(cfg, given)
+        cfg, changes = rundir.resolve(cfg, given)
         cfg, grid = config_lib.follow_log_grid(cfg, given.flags)
         notes = [f"--resume: {change}" for change in changes] + grid  # said under the banner
         cfg = config_lib.validate(cfg)

@@ -8,7 +8,7 @@ import sys
 import jax
 import pytest
 
-from jaxrl_mgpu import runner, train
+from jaxrl_mgpu import train
 
 
 def run_main(capsys, *argv):
@@ -25,7 +25,7 @@ def run_main(capsys, *argv):
     (["--devices", "9"], ["--devices", "1..8"]),
     (["--config", "no-such-preset"], ["--config", "cartpole"]),
     (["--parallel", "threads"], ["--parallel", "shard_map"]),
-    (["--lr", "fast"], ["lr", "float"]),
+    (["--lr", "fast"], ["--lr must be a number", "fast"]),
     (["--no-such-flag", "1"], ["--no-such-flag"]),
     (["--policy", "transformer", "--mlp", "pallas"], ["--mlp pallas", "--precision bf16"]),
     (["--policy", "transformer", "--mlp", "pallas", "--precision", "bf16", "--d-model", "96", "--n-heads", "4"],

@@ -81,12 +81,9 @@ def test_sweep_values_are_applied_per_run():
 def test_one_program_serves_every_sweep_value():
     """The swept values are inputs of the compiled chunk, not constants in it: two sweeps with
     different values lower to the same program."""
-    from jaxrl_mgpu import runner
-
     def program(sweep):
         trainer = make_trainer(2, "shard_map", sweep=sweep, **SMALL)
-        mapped = trainer.par.map(runner.make_chunk(trainer.algorithm.update, trainer.algorithm.finite))
-        return mapped.lower(trainer.abstract_state(), trainer._length(1), *trainer.data).as_text()
+        return trainer.lower(trainer.abstract_state()).as_text()
 
     assert program("lr=1e-3,3e-4 ent_coef=0.0,0.5") == program("lr=7e-3,1e-5 ent_coef=0.25,0.125")
 

@@ -14,14 +14,14 @@ import time
 
 import jax
 
-from jaxrl_mgpu import autoscale, parallel, runner
+from jaxrl_mgpu import autoscale, parallel, rundir
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu.algos import module_for
-from jaxrl_mgpu.runner import Trainer, make_chunk
+from jaxrl_mgpu.chunks import Trainer
 
 mode, sizes = sys.argv[1], [int(s) for s in sys.argv[2].split(",")]
 given = config_lib.parse_given(sys.argv[sys.argv.index("--") + 1:])
-cfg, _ = runner.resolve(config_lib.Config(**given), given)
+cfg, _ = rundir.resolve(config_lib.Config(**given), given)
 cfg = config_lib.validate(cfg)
 one = parallel.this_device()
 jax.numpy.ones(1).block_until_ready()  # the backend is up before the clock starts
@@ -35,12 +35,11 @@ def cpu_s() -> float:
 
 
 def compile_at(n: int) -> None:
-    """The search's program at n per device (autoscale.compile_at), lowered and compiled."""
+    """The search's program at n per device (autoscale's Search), lowered and compiled."""
     c = autoscale.probe_config(cfg, n)
     trainer = Trainer(c, one, split=module_for(c).check(c, 1))
     t = time.perf_counter()
-    mapped = trainer.par.map(make_chunk(trainer.algorithm.update, trainer.algorithm.finite), donate=True)
-    lowered = mapped.lower(trainer.abstract_state(), trainer._length(1), *trainer.data)
+    lowered = trainer.lower(trainer.abstract_state())
     t_lowered, cpu = time.perf_counter(), cpu_s()
     lowered.compile()
     done = time.perf_counter()

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import parallel, runner
+from jaxrl_mgpu import chunks, parallel
 from jaxrl_mgpu.algos import dqn
 from jaxrl_mgpu.asynchronous import dqn as learner_lib
 from jaxrl_mgpu.asynchronous.store import Transitions
@@ -30,7 +30,7 @@ cfg = config_lib.validate(config_lib.Config(**given))
 par = parallel.setup(cfg.parallel, cfg.devices)
 split = learner_lib.check(cfg, par.data_devices)
 lrn = learner_lib.Learner(cfg, par, split)
-trainer = runner.Trainer(cfg, par, lrn.algorithm, split)
+trainer = chunks.Trainer(cfg, par, lrn.algorithm, split)
 state = trainer.init_state()
 replay = lrn.init_replay(par.replicate(np.asarray(jax.random.PRNGKey(0))))
 

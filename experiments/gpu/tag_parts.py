@@ -18,7 +18,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from jaxrl_mgpu import config as config_lib, envs, parallel, runner
+from jaxrl_mgpu import chunks, config as config_lib, envs, parallel
 from jaxrl_mgpu.envs import tag
 
 SEARCH = tag.TagContinuous._nearest  # the package's: K read-only argmin passes
@@ -106,7 +106,7 @@ def main():
             cfg = config_lib.validate(dataclasses.replace(base, update_epochs=epochs, num_minibatches=minibatches,
                                                           precision=precision))
             par = parallel.setup("pmap", 1)
-            trainer = runner.Trainer(cfg, par)
+            trainer = chunks.Trainer(cfg, par)
             state = trainer.init_state()
             chunk = trainer.chunk_fn(1, state)
             s, _ = timed(lambda st: chunk(st)[0], state)

@@ -300,4 +300,4 @@ def algorithm(cfg, env, env_params, split: Split, par) -> Algorithm:
     device's share of the tasks) and read by every update."""
     algo = make(cfg, env, env_params, split)
     return Algorithm(algo.init, algo.update, STATE_LAYOUT, STEP_UNIT, steps_per_update(cfg), algo.policy,
-                     data=(load_data(cfg, par),), parts=algo)
+                     data=(load_data(cfg, par),), parts=algo, episodic=False)

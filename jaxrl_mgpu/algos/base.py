@@ -1,4 +1,4 @@
-"""The interface between an algorithm and the runner.
+"""The interface between an algorithm and the training loop.
 
 Every algorithm module (algos/ppo.py, dqn.py, ad.py, and the asynchronous learners) builds an
 `Algorithm` for a config and a set of devices; the runner knows nothing else of it. The
@@ -33,6 +33,7 @@ class Algorithm:
     # the state holds many (multirun.py: there a run that goes non-finite stops alone). None:
     # all_finite of the losses and the parameters.
     finite: Callable | None = None
+    episodic: bool = True   # its rows carry episode returns (False: AD's, which learns from a dataset)
 
 
 def all_finite(*trees) -> Any:

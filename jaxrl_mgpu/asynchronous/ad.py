@@ -13,7 +13,7 @@ scratch, whatever AD has learned.
 
 The learner keeps a FIXED-capacity buffer of learning histories on every device (as many as
 `--store-max-episodes` holds, split over the devices), so shapes never change and nothing is
-recompiled as data arrives. The learner is the runner's loop (runner.train) with this module's
+recompiled as data arrives. The learner is the loop (loop.py) with this module's
 `Feed` polled between compiled chunks:
   1. take the shards a background thread (`reader.ShardReader`) has read since, oldest
      first, as AD's inputs (`ad.prepare`);
@@ -166,11 +166,11 @@ def algorithm(cfg, par: Parallel, split: Split) -> Algorithm:
     env, env_params = histories.darkroom_env(cfg.env)
     algo = ad.make(cfg, env, env_params, split)
     return Algorithm(algo.init, lambda state, buf: algo.update(state, buf.steps, filled(buf)), ad.STATE_LAYOUT,
-                     "update", 1, parts=algo)
+                     "update", 1, parts=algo, episodic=False)
 
 
 class Feed(StoreFeed):
-    """The learner's data (runner.Feed): learning histories from the store, read by a
+    """The learner's data (loop.Source): learning histories from the store, read by a
     background thread, inserted into the fixed-capacity on-device buffer round robin over the
     devices; how many updates may run (every device needs a history; then the samples per
     insert, rate.py); the log's data and rate counts; and the checkpoints in-context evaluation

@@ -12,7 +12,7 @@ as atomically written shards (encoded by writer processes, workers.py, while the
 runs). They can be started, killed and restarted at any time; nothing else notices but the
 learner's data rate.
 
-The learner is the runner's loop (runner.train, as for --mode both) with this module's `Feed`
+The learner is the loop (loop.py, as for --mode both) with this module's `Feed`
 polled between compiled chunks (and taking in data, steps 1-2, while they run):
   1. take the shards a background thread (`reader.ShardReader`, with decoder processes) has
      read since, oldest first, as --mode both's n-step transitions, and queue them (`Ingest`:
@@ -297,7 +297,7 @@ def algorithm(cfg, par: Parallel, split: Split) -> Algorithm:
 
 
 class Feed(StoreFeed):
-    """The learner's data (runner.Feed): episodes from the store's shards (decoded in a reader
+    """The learner's data (loop.Source): episodes from the store's shards (decoded in a reader
     process), inserted into the on-device replay; how many iterations may run, by
     --learning-starts and the samples per insert (rate.py); the log's data and rate counts; and
     the checkpoints collectors follow."""

@@ -118,8 +118,14 @@ class Publisher:
             (Path(self.cfg.run_dir) / DONE_MARKER).write_text(json.dumps({"iteration": iteration}))
 
 
+# A learner with nothing to learn from looks for new data this often, and while a chunk runs
+# takes in what arrived this often (a poll is cheap).
+POLL_S = 0.005
+
+
 class StoreFeed:
-    """What the learners' feeds (runner.Feed) share: the store, read on a background thread;
+    """What the learners' feeds share (each is the loop's data source, loop.Source): the store,
+    read on a background thread;
     the ledger; the checkpoints; the rate limiter (rate.py) with the progress it publishes for
     the collectors, and the rate metrics of the log. A subclass gives `memory` (what it refills
     on a restart), `counts`, `read(shard)` (a shard as what it inserts; None skips it) and, if
@@ -182,13 +188,32 @@ class StoreFeed:
                 self.per_collector_window[who] = self.per_collector_window.get(who, 0) + shard.meta["env_steps"]
             yield shard, new, data
 
+    def before(self, update: int, stop, waiting) -> int:
+        """loop.Source.before: `poll`, and where it allows nothing, `waiting()` and a poll every
+        POLL_S until it allows some or `stop()` (0)."""
+        allowed = self.poll(update)
+        if allowed:
+            return allowed
+        waiting()
+        with self.log.waiting(self.waiting_for):
+            while not (allowed := self.poll(update)) and not stop():
+                time.sleep(POLL_S)
+        return allowed
+
+    def during(self, update: int, done) -> None:
+        """loop.Source.during: `take_in` every POLL_S until `done()`, so data is taken in while
+        the devices run, not a chunk later."""
+        while not done():
+            self.take_in(update)
+            time.sleep(POLL_S)
+
     def poll(self, update: int) -> int:
-        """runner.Feed.poll, between chunks: puts what take_in made ready while the last chunk
+        """Between chunks: puts what take_in made ready while the last chunk
         ran into the learner's memory (the subclass's `insert_ready`), then the iterations the
         rate limiter allows now; with none, takes in what arrived first (nothing runs) and
         publishes the counts; so too where no take_in ran since the last poll (a chunk done
         before the host looked). Times the learner's waits. Little else happens here: on a GPU
-        the devices idle between chunks (runner.train)."""
+        the devices idle between chunks (loop.py)."""
         start, self.update = time.perf_counter(), update
         received = not self._taken_in  # no take_in since the last poll: the chunk ended before the host looked
         if received:
@@ -213,7 +238,7 @@ class StoreFeed:
         return min(allowed, self.cfg.total_updates, self.max_chunk or allowed)
 
     def take_in(self, update: int) -> None:
-        """runner.Feed.take_in, while a chunk runs: the shards read since, as far towards the
+        """While a chunk runs: the shards read since, as far towards the
         learner's memory as the host takes them without touching it (the subclass's `receive`);
         then the counts collectors pace themselves by, published."""
         start, self.update = time.perf_counter(), update
@@ -238,10 +263,10 @@ class StoreFeed:
         raise NotImplementedError
 
     def ran(self, updates: int, state, between: tuple[float, float] | None = None) -> None:
-        """runner.Feed.ran: counts the chunk, its updates and the host's time since the chunk
+        """loop.Callbacks.dispatched: counts the chunk, its updates and the host's time since the chunk
         before (`between`, from the last dispatch's return to this one's start; none after a
         wait for data): where dispatching a chunk returns only once it is done (XLA:GPU,
-        runner.train), that time leaves the devices idle. Only its part in this log window
+        loop.py), that time leaves the devices idle. Only its part in this log window
         counts (a row written between chunks falls inside it). (Subclasses extend it.)"""
         w = self.window
         w["chunks"] += 1
@@ -273,7 +298,7 @@ class StoreFeed:
                # how the learner's chunks went: their mean length (the limiter may allow fewer
                # than --log-every), and the share of the window the host spent between one chunk's
                # dispatch returning and the next one's (waits for data excepted; on a GPU the
-               # devices idle then: runner.train)
+               # devices idle then: loop.py)
                "async/iterations_per_chunk": w["chunk_updates"] / w["chunks"] if w["chunks"] else None,
                "async/between_chunks_fraction": w["between_chunks_s"] / elapsed,
                **{f"async/env_steps_per_s/{c}": n / elapsed for c, n in self.per_collector_window.items()},

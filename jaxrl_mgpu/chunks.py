@@ -1,0 +1,274 @@
+"""The training chunk: `n` updates of an algorithm in one compiled program, mapped over the
+devices, and what the host reads of it.
+
+An algorithm (algos/base.Algorithm) gives per-device functions `init(key)` and
+`update(state, *data)`. A chunk runs `n` of its updates in one `lax.fori_loop`, with `n` an
+argument, not a shape, so ONE program serves every chunk length. Its numbers (losses, finished
+episodes, the first non-finite update) are sums over its log interval, carried on from chunk to
+chunk, so a log interval's row is the same however many chunks ran it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_mgpu import envs as envs_lib
+from jaxrl_mgpu import multirun, parallel
+from jaxrl_mgpu.algos import module_for
+from jaxrl_mgpu.algos.base import Algorithm, Split, all_finite
+from jaxrl_mgpu.episodes import make_episodes, summarize
+from jaxrl_mgpu.parallel import Parallel
+
+
+class Chunk(NamedTuple):
+    """What a chunk leaves for the host (already reduced over devices): the numbers of its log
+    interval so far. A log interval may take several chunks (they are sized to a wall time
+    too: `ChunkSizer`), and each chunk carries the sums on from the one before it, so the
+    interval's numbers are the same however many chunks ran it."""
+    losses: dict          # means over the interval's updates so far
+    episodes: Any         # vec.EpisodeStats (or a game's dict of sums) summed over them
+    first_bad: jax.Array  # index in the interval of the first update with a non-finite loss or parameter; -1: none
+    loss_sum: dict        # what the next chunk of the interval carries on from
+    updates: jax.Array    # the interval's updates so far
+
+
+class NonFinite(RuntimeError):
+    """A loss or parameter became NaN/inf."""
+
+
+def make_chunk(update: Callable, finite: Callable | None = None) -> tuple[Callable, Callable]:
+    """Per-device functions `empty(state, *data) -> Chunk` (an interval with no update yet) and
+    `chunk(state, n, before, fresh, *data) -> (state, Chunk)`, which runs `n` updates in one
+    loop, carrying the interval's sums on from `before` (`fresh`: a new interval, `before`'s
+    values unused). `n` and `fresh` are arguments, not shapes, so one compiled program runs
+    chunks of any length. `data` (optional) is a read-only input every update sees, e.g. a
+    dataset shard kept on the device. `finite` is the algorithm's (algos/base.Algorithm.finite):
+    the chunk records the first update where it said no (per run, where it answers per run)."""
+    # Traced once: eval_shape below and every call in the loop hit jit's trace cache (the same
+    # function at the same abstract arguments), instead of tracing the update twice.
+    update = jax.jit(update)
+    finite = finite or (lambda losses, state: all_finite(losses, state.params))
+
+    def empty(state, *data) -> Chunk:
+        # The accumulators' shapes, from the update's abstract trace (nothing is computed).
+        losses, episodes = jax.tree.map(parallel.zeros, jax.eval_shape(update, state, *data)[1])
+        none_bad = jnp.full(jax.eval_shape(finite, losses, state).shape, -1, jnp.int32)
+        return Chunk(losses, episodes, none_bad, losses, jnp.zeros((), jnp.int32))
+
+    def chunk(state, n, before: Chunk, fresh, *data):
+        def body(_, carry):
+            state, loss_sum, episode_sum, done, first_bad = carry
+            state, (losses, episodes) = update(state, *data)
+            first_bad = jnp.where((first_bad < 0) & ~finite(losses, state), done, first_bad)
+            return (state, jax.tree.map(jnp.add, loss_sum, losses), jax.tree.map(jnp.add, episode_sum, episodes),
+                    done + 1, first_bad)
+
+        def carried(x, start=0):
+            return jnp.where(fresh, jnp.full_like(x, start), x)
+
+        start = (state, jax.tree.map(carried, before.loss_sum), jax.tree.map(carried, before.episodes),
+                 carried(before.updates), carried(before.first_bad, -1))
+        state, loss_sum, episodes, done, first_bad = jax.lax.fori_loop(0, n, body, start)
+        losses = jax.tree.map(lambda x: x / jnp.maximum(done, 1).astype(x.dtype), loss_sum)
+        return state, Chunk(losses, episodes, first_bad, loss_sum, done)
+    return empty, chunk
+
+
+class Trainer:
+    """An algorithm (algos/base.Algorithm: by default `--algo`'s) on a config and device set,
+    and the one compiled chunk that runs it."""
+
+    def __init__(self, cfg, par: Parallel, algorithm: Algorithm | None = None, split: Split | None = None):
+        # --num-seeds / --sweep: many runs, vmapped over a runs axis (multirun.py)
+        self.runs = multirun.Runs.of(cfg)
+        par = multirun.setup(cfg, par)
+        self.cfg, self.par = cfg, par
+        if algorithm is None:
+            module = module_for(cfg)
+            split = module.check(cfg, par.data_devices) if split is None else split
+            self.env, self.env_params = envs_lib.make(cfg.env, cfg.env_args)
+            algorithm = (module.algorithm(cfg, self.env, self.env_params, split, par) if self.runs is None else
+                         multirun.algorithm(cfg, module, self.env, self.env_params, split, par, self.runs))
+        self.algorithm = algorithm
+        self.algo = algorithm.parts  # the algorithm's own functions (rollout, learn, ...)
+        self.layout, self.data = algorithm.layout, algorithm.data
+        self.step_unit, self.steps_per_update = algorithm.step_unit, algorithm.steps_per_update
+        self._compiled = None
+        self._init = None
+        self._eval = None
+        self._lengths: dict[int, jax.Array] = {}
+        self._flags: dict[bool, jax.Array] = {}
+        self._empty = None
+
+    def init_state(self):
+        return self.compile_init()(self.key(self.cfg.seed))
+
+    def compile_init(self) -> Callable:
+        """The program that builds the initial state, compiled once (ahead of time where the
+        backend can)."""
+        if self._init is None:
+            self._init = self.par.compile(self.par.map(self.algorithm.init), self.key(self.cfg.seed))
+        return self._init
+
+    def abstract_state(self):
+        """The shapes, dtypes and layout of `init_state()`, without computing it."""
+        shapes = jax.eval_shape(self.par.map(self.algorithm.init), self.key(self.cfg.seed))
+        return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=self.par.sharding), shapes)
+
+    def key(self, seed: int):
+        """PRNGKey(seed) on every device; with many runs, each run's key: PRNGKey(its own seed +
+        (seed - --seed)), the key its single run would use."""
+        if self.runs is not None:
+            return self.par.shard_runs(self.runs.keys(seed - self.cfg.seed))
+        return self.par.replicate(np.asarray(jax.random.PRNGKey(seed)))
+
+    @property
+    def compiled(self):
+        """The compiled chunk (for its memory analysis: autoscale, bench), None before `compile`."""
+        return self._compiled
+
+    def _mapped(self, state, data: tuple) -> tuple[Callable, tuple]:
+        """The chunk mapped over the devices, and its arguments for `state` and `data` (a chunk
+        of one update that starts an interval)."""
+        empty, chunk = make_chunk(self.algorithm.update, self.algorithm.finite)
+        if self._empty is None:
+            # An interval with no update yet: zeros of the chunk's sums (its values are unused
+            # where a chunk starts an interval), put on the devices from the host; pmap across
+            # processes has no abstract evaluation of global arrays, so there they are computed
+            # (the state is concrete there: such a chunk compiles on its first call).
+            if self.par.backend == "pmap" and jax.process_count() > 1:
+                self._empty = self.par.map(empty)(state, *data)
+            else:
+                shapes = jax.eval_shape(self.par.map(empty), state, *data)
+                self._empty = self.par.replicate(jax.tree.map(lambda s: np.zeros(s.shape[1:], s.dtype), shapes))
+        return self.par.map(chunk, donate=True), (state, self._length(1), self._empty, self._flag(True), *data)
+
+    def lower(self, state, data: tuple | None = None):
+        """The chunk lowered for `state`'s (and `data`'s) shapes (`.as_text()`, `.compile()`)."""
+        mapped, args = self._mapped(state, self.data if data is None else data)
+        return mapped.lower(*args)
+
+    def compile(self, state, data: tuple | None = None) -> None:
+        """Compiles the chunk for `state`'s (and `data`'s) shapes, once (ahead of time where the
+        backend can)."""
+        if self._compiled is None:
+            mapped, args = self._mapped(state, self.data if data is None else data)
+            self._compiled = self.par.compile(mapped, *args)
+
+    def _length(self, n: int):
+        """A chunk's length on the devices, put there once per length (a learner's chunks take a
+        few lengths, and a transfer per chunk is a needless step on its way)."""
+        if n not in self._lengths:
+            self._lengths[n] = self.par.replicate(np.int32(n))
+        return self._lengths[n]
+
+    def _flag(self, value: bool):
+        if value not in self._flags:
+            self._flags[value] = self.par.replicate(np.bool_(value))
+        return self._flags[value]
+
+    def run_chunk(self, length: int, state, before: Chunk | None, data: tuple | None = None):
+        """Dispatches `length` updates from `state` (donated): `(state, Chunk)`, whose numbers
+        carry on from `before`'s interval (None: a new interval)."""
+        self.compile(state, data)
+        fresh = before is None
+        return self._compiled(state, self._length(length), self._empty if fresh else before, self._flag(fresh),
+                              *(self.data if data is None else data))
+
+    def chunk_fn(self, length: int, state, data: tuple | None = None) -> Callable:
+        """`state -> (state, Chunk)` running `length` updates (the one compiled program) on
+        `data` (default: the algorithm's), each call an interval of its own."""
+        self.compile(state, data)
+        return lambda state: self.run_chunk(length, state, None, data)
+
+    def end(self, stop_at: int | None = None) -> int:
+        return self.cfg.total_updates if stop_at is None else min(stop_at, self.cfg.total_updates)
+
+    def next_length(self, update: int, end: int) -> int:
+        """Chunks end on multiples of `log_every` and at `end` (the last update, or
+        `stop_at`); where they end does not change the numbers (every update is the same
+        computation), only where the host logs, saves and may stop."""
+        return min((update // self.cfg.log_every + 1) * self.cfg.log_every, end) - update
+
+    def chunk_lengths(self, start_update: int = 0, stop_at: int | None = None) -> list[int]:
+        end, update, lengths = self.end(stop_at), start_update, []
+        while update < end:
+            lengths.append(self.next_length(update, end))
+            update += lengths[-1]
+        return lengths
+
+    def evaluate(self, params, update: int) -> dict:
+        """`eval_episodes` episodes with the current params, spread over all devices."""
+        if self._eval is None:
+            if self.algorithm.evaluation is not None:
+                episodes, self._summarize = self.algorithm.evaluation(self.cfg.eval_episodes, self.par.num_devices,
+                                                                      False)
+            else:
+                episodes = make_episodes(self.algorithm.policy, self.env, self.env_params, self.cfg.eval_episodes,
+                                         self.par.num_devices, greedy=False)
+                self._summarize = summarize
+            self._eval = self.par.map(episodes)
+        # A fixed key per evaluation point: a resumed run evaluates like an uninterrupted one.
+        key = self.key(self.cfg.seed + 1_000_003 * (update + 1))
+        return self._summarize(self.par.first(self._eval(params, key)))
+
+
+def check_finite(par: Parallel, first_bad: jax.Array, first_update: int, diverged: dict | None = None) -> None:
+    """A single run that went non-finite raises NonFinite (`first_bad`: a Chunk's, counted from
+    `first_update`); with many runs, `diverged` ({run: the update where it went non-finite})
+    gains the runs that did, and NonFinite comes when every run has. Blocks until the chunk
+    is done."""
+    if par.runs is None:
+        bad = par.first(first_bad)
+        if bad >= 0:
+            raise NonFinite(f"non-finite loss or parameters at update {first_update + int(bad)}")
+        return
+    diverged = {} if diverged is None else diverged
+    for run, bad in enumerate(par.runs_of(first_bad)):
+        if bad >= 0:
+            diverged.setdefault(run, first_update + int(bad))
+    if len(diverged) == par.runs:
+        raise NonFinite(f"non-finite loss or parameters in every run (the last at update {max(diverged.values())})")
+
+
+def read_chunk(par: Parallel, chunk: Chunk, first_update: int, diverged: dict | None = None) -> dict:
+    """Device 0's copy of the (already all-reduced) numbers of a chunk's log interval, which
+    began at `first_update`, as plain numbers (after `check_finite`). With many runs: each
+    run's row under "runs", and their means over the runs that have not diverged (the
+    console's line); the rows of runs that went non-finite say so ("diverged_at")."""
+    diverged = {} if diverged is None else diverged
+    check_finite(par, chunk.first_bad, first_update, diverged)
+    if par.runs is None:
+        return chunk_row(*par.first((chunk.losses, chunk.episodes)))
+    losses, episodes = par.runs_of((chunk.losses, chunk.episodes))
+    rows = [chunk_row(*jax.tree.map(lambda x: x[i], (losses, episodes))) for i in range(par.runs)]
+    live = [r for i, r in enumerate(rows) if i not in diverged]
+    means = {k: _mean([r[k] for r in live]) for k in rows[0] if k != "episodes"}
+    for run, update in diverged.items():
+        rows[run]["diverged_at"] = update
+    return {**means, "episodes": sum(r["episodes"] for r in rows), "runs": rows}
+
+
+def _mean(values: list[float]) -> float:
+    """The mean of the numbers that are not NaN (a run with no episode ended has none)."""
+    known = [v for v in values if not np.isnan(v)]
+    return sum(known) / len(known) if known else float("nan")
+
+
+def chunk_row(losses, episodes) -> dict:
+    """One run's chunk metrics (host numpy) as a log row."""
+    if isinstance(episodes, dict):  # sums named by the metric, and "episodes" (multi-agent games)
+        count = float(episodes["episodes"])
+        row = {k: float(v) / count if count else float("nan") for k, v in episodes.items() if k != "episodes"}
+        row["episodes"] = int(count)
+    else:
+        count = float(episodes.count)
+        row = {"episode_return": float(episodes.return_sum) / count if count else float("nan"),
+               "episode_length": float(episodes.length_sum) / count if count else float("nan"),
+               "episodes": int(count)}
+    row.update({k: float(v) for k, v in losses.items()})
+    return row
