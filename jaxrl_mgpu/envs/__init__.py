@@ -65,11 +65,13 @@ class EnvError(ConfigError):
 class Arg:
     """What one environment argument (`--env-args NAME=VALUE`) may be: a `bool`, an `int`
     (int32) or a `float` (finite in float32; an integer is taken as a float), within the
-    bounds given. A probability is `Arg(float, at_least=0, at_most=1)`."""
+    bounds given, or a `str`, one of `choices`. A probability is `Arg(float, at_least=0,
+    at_most=1)`."""
     kind: type
     at_least: float | None = None
     above: float | None = None
     at_most: float | None = None
+    choices: tuple[str, ...] = ()
 
 
 # The usual kinds of argument.
@@ -197,6 +199,8 @@ def _out_of_range(value: Any, arg: Arg | None) -> str | None:
         return None if isinstance(value, (bool, int, float)) else "a number or a boolean"
     if arg.kind is bool:
         return None if isinstance(value, bool) else "true or false"
+    if arg.kind is str:
+        return None if value in arg.choices else f"one of {', '.join(arg.choices)}"
     if arg.kind is int and (isinstance(value, bool) or not isinstance(value, int)):
         return "an integer"
     if arg.kind is float:
@@ -242,5 +246,6 @@ def check(name: str) -> None:
         raise EnvError(f"--env {name!r} is not a known environment; choose from: {', '.join(names())}")
 
 
-# Own environments register themselves on import (after `register` exists).
-from jaxrl_mgpu.envs import darkroom, pomdp, tag  # noqa: E402,F401
+# Own environments and the adapters of other suites register themselves on import (after
+# `register` and `register_suite` exist).
+from jaxrl_mgpu.envs import brax_state, darkroom, pomdp, tag  # noqa: E402,F401
