@@ -242,5 +242,6 @@ def check(name: str) -> None:
         raise EnvError(f"--env {name!r} is not a known environment; choose from: {', '.join(names())}")
 
 
-# Own environments register themselves on import (after `register` exists).
-from jaxrl_mgpu.envs import darkroom, pomdp, tag  # noqa: E402,F401
+# Own environments and the suites' adapters register themselves on import (after `register` and
+# `register_suite` exist).
+from jaxrl_mgpu.envs import darkroom, old_gymnax, pomdp, tag, timestep  # noqa: E402,F401
