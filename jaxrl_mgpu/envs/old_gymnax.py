@@ -61,7 +61,8 @@ class OldGymnaxEnv(environment.Environment):
                  params: Params) -> tuple[jax.Array, Any, jax.Array, jax.Array, dict]:
         obs, state, reward, _, info = self.suite_env.step(
             key, state, action, self._suite_params(params, params.max_steps_in_episode))
-        return jnp.asarray(obs, jnp.float32), state, jnp.asarray(reward, jnp.float32), self.is_terminated(state, params), info
+        reward = jnp.asarray(reward, jnp.float32)
+        return jnp.asarray(obs, jnp.float32), state, reward, self.is_terminated(state, params), info
 
     def is_terminated(self, state: Any, params: Params) -> jax.Array:
         """An end of the suite's own other than its time limit."""

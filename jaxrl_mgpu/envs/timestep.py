@@ -109,7 +109,8 @@ class TimeStepEnv(environment.Environment):
     def reset_env(self, key: jax.Array, params: Params) -> tuple[jax.Array, State]:
         carry, timestep = self._start(key, params.suite)
         no = jnp.array(False)
-        return observation_array(timestep.observation), State(time=jnp.int32(0), suite=carry, terminated=no, truncated=no)
+        state = State(time=jnp.int32(0), suite=carry, terminated=no, truncated=no)
+        return observation_array(timestep.observation), state
 
     def step_env(self, key: jax.Array, state: State, action: jax.Array,
                  params: Params) -> tuple[jax.Array, State, jax.Array, jax.Array, dict]:
