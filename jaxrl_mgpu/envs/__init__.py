@@ -246,6 +246,6 @@ def check(name: str) -> None:
         raise EnvError(f"--env {name!r} is not a known environment; choose from: {', '.join(names())}")
 
 
-# Own environments and the adapters of other suites register themselves on import (after
-# `register` and `register_suite` exist).
-from jaxrl_mgpu.envs import brax_state, darkroom, pomdp, tag  # noqa: E402,F401
+# Own environments and the suites' adapters register themselves on import (after `register` and
+# `register_suite` exist).
+from jaxrl_mgpu.envs import brax_state, darkroom, old_gymnax, pomdp, tag, timestep  # noqa: E402,F401

@@ -1,0 +1,106 @@
+"""The older 5-value gymnax step, `(obs, state, reward, done, info)`, as this project's
+environment API: Craftax behind `--env craftax:TASK`.
+
+Such a step says only `done`. `OldGymnaxEnv` splits it: the suite's own end test
+(`is_terminal(state, params)`) with its time limit moved out of reach says whether the state
+is an absorbing end (`terminated`: a Craftax death, lava, the final boss beaten); an end that
+is not one was the time limit (`truncated`: the learners bootstrap from its observation). A
+death on the last step is a death. The time limit is `params.max_steps_in_episode` (Craftax's
+`max_timesteps`, which the adapter passes on to the suite as that field), and gymnax's `step`
+resets an ended episode and keeps the observation it ended on in `info["final_observation"]`.
+The suite's info (Craftax: its achievements, score and discount) is passed on.
+
+Observations are the suite's, in float32: Craftax's symbolic ones a vector (1,345 for Classic,
+8,268 for Craftax), its pixel ones an [H, W, 3] image the policy's conv torso reads.
+
+The suite's package is imported inside the function that builds its environments, so only a
+run that uses it needs the `craftax` extra.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from gymnax.environments import environment, spaces
+
+from jaxrl_mgpu.envs import INT32_MAX, Suite, register_suite
+
+# What craftax 1.6.1's `make_craftax_env_from_name` builds without auto-reset (this adapter
+# resets episodes itself); its "-AutoReset-v1" names are the same tasks.
+CRAFTAX_TASKS = ("Craftax-Classic-Symbolic-v1", "Craftax-Classic-Pixels-v1", "Craftax-Symbolic-v1", "Craftax-Pixels-v1")
+
+
+@struct.dataclass
+class Params(environment.EnvParams):
+    suite: Any = None   # the environment's own params (Craftax's EnvParams)
+
+
+class OldGymnaxEnv(environment.Environment):
+    """A gymnax Environment over one with the 5-value step and no auto-reset, whose params hold
+    its time limit in the field `limit_field` and whose `is_terminal(state, params)` includes
+    that limit."""
+
+    def __init__(self, name: str, env: Any, params: Params, limit_field: str):
+        self._name, self.suite_env, self._params, self._limit_field = name, env, params, limit_field
+
+    def _suite_params(self, params: Params, limit: Any) -> Any:
+        return params.suite.replace(**{self._limit_field: limit})
+
+    @property
+    def default_params(self) -> Params:
+        return self._params
+
+    def reset_env(self, key: jax.Array, params: Params) -> tuple[jax.Array, Any]:
+        obs, state = self.suite_env.reset(key, self._suite_params(params, params.max_steps_in_episode))
+        return jnp.asarray(obs, jnp.float32), state
+
+    def step_env(self, key: jax.Array, state: Any, action: jax.Array,
+                 params: Params) -> tuple[jax.Array, Any, jax.Array, jax.Array, dict]:
+        obs, state, reward, _, info = self.suite_env.step(
+            key, state, action, self._suite_params(params, params.max_steps_in_episode))
+        reward = jnp.asarray(reward, jnp.float32)
+        return jnp.asarray(obs, jnp.float32), state, reward, self.is_terminated(state, params), info
+
+    def is_terminated(self, state: Any, params: Params) -> jax.Array:
+        """An end of the suite's own other than its time limit."""
+        return self.suite_env.is_terminal(state, self._suite_params(params, INT32_MAX))
+
+    def is_truncated(self, state: Any, params: Params) -> jax.Array:
+        done = self.suite_env.is_terminal(state, self._suite_params(params, params.max_steps_in_episode))
+        return done & ~self.is_terminated(state, params)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def num_actions(self) -> int:
+        return int(self.suite_env.num_actions)
+
+    def action_space(self, params: Params | None = None) -> spaces.Discrete:
+        return spaces.Discrete(self.num_actions)
+
+    def observation_space(self, params: Params | None = None) -> spaces.Box:
+        space = self.suite_env.observation_space(self._params.suite)
+        return spaces.Box(space.low, space.high, tuple(space.shape), jnp.float32)
+
+
+def _craftax_refuse(task: str) -> str | None:
+    if task.endswith("-AutoReset-v1") and task.replace("-AutoReset", "") in CRAFTAX_TASKS:
+        return f"every task resets its episodes here: use craftax:{task.replace('-AutoReset', '')}"
+    return None
+
+
+def make_craftax(task: str) -> tuple[OldGymnaxEnv, Params]:
+    from craftax.craftax_env import make_craftax_env_from_name
+    env = make_craftax_env_from_name(task, auto_reset=False)
+    suite_params = env.default_params
+    params = Params(max_steps_in_episode=int(suite_params.max_timesteps), suite=suite_params)
+    return OldGymnaxEnv(f"craftax:{task}", env, params, "max_timesteps"), params
+
+
+register_suite("craftax", Suite(tasks=lambda: list(CRAFTAX_TASKS), make=make_craftax, extra="craftax",
+                                requires=("craftax",), refuse=_craftax_refuse))
