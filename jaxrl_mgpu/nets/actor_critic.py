@@ -8,8 +8,9 @@ use only these functions, so they work with either:
     init_params(key)                       -> params
     init_memory(n)                         -> memory of n environments (batch-first leaves)
     act(params, memory, obs, final_obs)    -> pi, value [n], bootstrap [n], memory
-        pi: what the env's action distribution takes (`distribution(env, env_params)`): logits
-        [n, A] for discrete actions, (mean, log_std) [n, D] each for Box actions
+        pi: what the policy's action distribution takes (`dist` below): logits [n, A] for
+        discrete actions; for Box actions (mean, log_std) [n, D] each, or with --action-dist
+        tanh_normal the [n, 2D] location and raw scale
         acts on `obs` and also values `final_obs` (the previous step's pre-reset observation,
         continuing its episode): the bootstrap of a time-limit truncation, computed one step
         late so it costs no extra launches
@@ -32,7 +33,7 @@ rollout, the loss and evaluation are the same code for all:
 
     num_outputs          -> the actor head's outputs it is parameterised by
     noise(keys)          -> its random numbers, one row per key, drawn before pi is known
-    sample(pi, noise)    -> actions;  mode(pi) -> the most likely actions (greedy evaluation)
+    sample(pi, noise)    -> actions;  mode(pi) -> the actions greedy evaluation takes
     log_prob(pi, action) -> [n]
     entropy(pi, action)  -> [n]; `action` is the rollout's sample of that step, which a
                             distribution without a closed-form entropy estimates it with
