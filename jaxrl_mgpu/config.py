@@ -59,6 +59,24 @@ class Config:
     normalize_reward: bool = option(False, "PPO: divide rewards by the running standard deviation of the "
                                            "discounted return (statistics over all devices, kept in checkpoints), "
                                            "as PureJaxRL's and CleanRL's continuous-action PPO do")
+    normalize_obs: bool = option(False, "PPO: normalise observations by their running mean and standard deviation "
+                                        "over all devices and processes (Brax's normalize_observations; the "
+                                        "statistics are kept with the params, so checkpoints and evaluation use "
+                                        "them)")
+    reward_scale: float = option(1.0, "PPO: multiply rewards by this in the learner (Brax's reward_scaling); "
+                                      "episode returns are logged unscaled")
+    clip_value: bool = option(True, "PPO: clip the value loss around the rollout's values by --clip-eps, as "
+                                    "PureJaxRL and CleanRL do (--no-clip-value: Brax's unclipped value loss, for "
+                                    "value targets far from unit size, e.g. with --reward-scale)")
+    actor_hidden: str | None = option(None, "PPO: widths of the actor MLP's hidden layers, comma-separated (e.g. "
+                                            "32,32,32,32; default: --num-layers x --hidden-size)")
+    critic_hidden: str | None = option(None, "PPO: widths of the critic MLP's hidden layers, comma-separated (e.g. "
+                                             "256,256,256,256,256; default: --num-layers x --hidden-size)")
+    action_dist: str = option("clipped_normal", "PPO with Box actions: clipped_normal (a Gaussian with a learned "
+                                                "state-independent std, samples clipped to the bounds for the env) "
+                                                "or tanh_normal (Brax's: a Gaussian with a state-dependent std, "
+                                                "squashed by tanh into the bounds)",
+                              choices=("clipped_normal", "tanh_normal"))
     # DQN ------------------------------------------------------------------------------
     # (--algo dqn also uses --num-envs, --num-steps, --lr, --anneal-lr, --gamma, --max-grad-norm,
     # --hidden-size, --num-layers, --activation.)
@@ -108,7 +126,8 @@ class Config:
     # network
     hidden_size: int = option(64, "width of the MLP layers")
     num_layers: int = option(2, "hidden layers of the actor and of the critic MLP")
-    activation: str = option("tanh", "MLP activation", choices=("tanh", "relu", "gelu"))
+    activation: str = option("tanh", "MLP activation (swish is silu, Brax's name for it)",
+                             choices=("tanh", "relu", "gelu", "silu", "swish"))
     precision: str = option("fp32", "compute dtype of forward and backward passes; params, optimizer state "
                                     "and metrics stay fp32; fp16 uses dynamic loss scaling", choices=PRECISIONS)
     grad_accum: int = option(1, "micro-batches per optimizer step (gradients accumulated over them)")
@@ -255,7 +274,7 @@ FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 POSITIVE, NON_NEGATIVE, UNIT, UNIT_OPEN = "> 0", ">= 0", "in [0, 1]", "in (0, 1]"
 RANGES = {
     POSITIVE: ("total_timesteps", "num_updates", "num_envs", "num_steps", "num_minibatches", "update_epochs",
-               "lr", "clip_eps", "max_grad_norm", "buffer_size", "replay_batch_size", "updates_per_step",
+               "lr", "clip_eps", "max_grad_norm", "reward_scale", "buffer_size", "replay_batch_size", "updates_per_step",
                "target_update_every", "n_step", "n_transit", "ad_batch_size", "ad_episode_stride",
                "ad_history_steps", "ad_history_tasks", "hidden_size", "num_layers", "grad_accum", "d_model",
                "n_layers", "n_heads", "context_len", "devices", "log_every", "num_seeds", "num_processes",
@@ -302,6 +321,9 @@ APPLIES = {
     **dict.fromkeys(("num_minibatches", "update_epochs", "gae_lambda", "clip_eps", "ent_coef", "vf_coef",
                      "normalize_reward"),
                     ("--algo ppo", lambda c: c.algo == "ppo")),
+    **dict.fromkeys(("reward_scale", "clip_value"), ("--algo ppo", lambda c: c.algo == "ppo")),
+    **dict.fromkeys(("normalize_obs", "actor_hidden", "critic_hidden", "action_dist"),
+                    ("--algo ppo --policy mlp", lambda c: c.algo == "ppo" and c.policy == "mlp")),
     **dict.fromkeys(("buffer_size", "replay_obs_dtype", "replay_batch_size", "updates_per_step", "learning_starts",
                      "target_update_every", "tau", "eps_start", "eps_end", "eps_decay_steps", "n_step"),
                     ("--algo dqn", lambda c: c.algo == "dqn")),
@@ -575,7 +597,8 @@ def resumed(saved: dict, given: dict, state_keys=()) -> tuple[Config, list[str]]
 # --sweep: the options an update reads only as numbers, so that each run's value can enter the
 # one compiled program as a traced array (multirun.py). Any other option changes the program
 # (shapes, or Python branches such as DQN's --tau 1 hard copy) and needs a program of its own.
-SWEEPABLE = {"ppo": ("lr", "ent_coef", "vf_coef", "clip_eps", "gamma", "gae_lambda", "max_grad_norm"),
+SWEEPABLE = {"ppo": ("lr", "ent_coef", "vf_coef", "clip_eps", "gamma", "gae_lambda", "max_grad_norm",
+                     "reward_scale"),
              "dqn": ("lr", "gamma", "max_grad_norm", "eps_start", "eps_end")}
 
 

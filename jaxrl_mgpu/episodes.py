@@ -17,7 +17,7 @@ def make_episodes(policy, env, env_params, total: int, num_devices: int, greedy:
     devices and hosts (environments past `total` are padding and do not count). `policy` is an
     actor-critic Policy (nets/actor_critic.py), with whatever memory it keeps; `greedy` takes the
     action distribution's mode (argmax of the logits, a Gaussian's mean) instead of a sample."""
-    dist = actor_critic.distribution(env, env_params)
+    dist = actor_critic.dist_of(policy, env, env_params)
     per_device = -(-total // num_devices)
     max_steps = int(env_params.max_steps_in_episode)
 

@@ -22,7 +22,8 @@ def make_update_loop(cfg, num_updates: int):
     in one jitted `lax.scan` with the carry donated."""
     env, params_env = envs_lib.make(cfg.env, cfg.env_args)
     obs_shape = env.observation_space(params_env).shape
-    net = ActorCritic(env.num_actions, len(obs_shape), cfg.hidden_size, cfg.num_layers, cfg.activation)
+    hidden = (cfg.hidden_size,) * cfg.num_layers
+    net = ActorCritic(env.num_actions, len(obs_shape), hidden, hidden, cfg.activation)
     tx = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(cfg.lr, eps=1e-5))
     n_envs, mb = cfg.num_envs, cfg.num_envs * cfg.num_steps // cfg.num_minibatches
 

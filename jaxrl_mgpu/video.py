@@ -107,7 +107,7 @@ def check_env(env_name: str) -> None:
 
 # -- recording ---------------------------------------------------------------------------------
 
-def _chooser(env, env_params, greedy: bool):
+def _chooser(policy, env, env_params, greedy: bool):
     """`(pi, noise keys) -> (action, what the env takes)`, chosen as evaluation chooses them."""
     if envs_lib.is_multi_agent(env):
         factored = mappo.action_distribution(env)
@@ -116,7 +116,7 @@ def _chooser(env, env_params, greedy: bool):
             action = factored.mode(pi) if greedy else factored.sample(pi, factored.noise(keys, env.num_agents))
             return action, action
         return choose
-    dist = actor_critic.distribution(env, env_params)
+    dist = actor_critic.dist_of(policy, env, env_params)
 
     def choose(pi, keys):
         action = dist.mode(pi) if greedy else dist.sample(pi, dist.noise(keys))
@@ -127,7 +127,7 @@ def _chooser(env, env_params, greedy: bool):
 def record(policy, env, env_params, params, key, greedy: bool) -> Episode:
     """One episode of `policy` (an actor-critic Policy, nets/actor_critic.py) with `params`:
     environment 0 of the evaluation episodes of `key`, on the default device."""
-    choose = _chooser(env, env_params, greedy)
+    choose = _chooser(policy, env, env_params, greedy)
     max_steps = int(env_params.max_steps_in_episode)
     ids = jnp.zeros(1, jnp.int32)   # a batch of one environment, global index 0
 

@@ -17,7 +17,8 @@ What differs from single-agent PPO (ppo.py, whose GAE this reuses):
 - metrics per team: mean episode return per agent, tags per episode, episode length.
 
 `--algo ppo` on a multi-agent env runs this (algos.module_for); `--policy transformer`,
-`--normalize-reward` and the other algorithms are refused there (config.validate).
+`--normalize-reward` and the other algorithms are refused there (config.validate), as are
+`--normalize-obs`, `--reward-scale`, `--no-clip-value` and `--action-dist` (`check`).
 """
 
 from __future__ import annotations
@@ -77,6 +78,15 @@ class Algo(NamedTuple):
 
 
 def check(cfg, num_devices: int) -> Split:
+    unsupported = [flag for flag, given in (("--normalize-obs", cfg.normalize_obs),
+                                            ("--reward-scale", cfg.reward_scale != 1.0),
+                                            ("--no-clip-value", not cfg.clip_value),
+                                            (f"--action-dist {cfg.action_dist}", cfg.action_dist != "clipped_normal"))
+                   if given]
+    if unsupported:
+        raise ConfigError(f"--env {cfg.env} is a multi-agent game, whose PPO (one network per team, categorical "
+                          f"actions) does not take {', '.join(unsupported)}")
+    factory.hidden_layers(cfg)  # a ConfigError for --actor-hidden / --critic-hidden that are no widths
     envs_per_device = split_evenly(cfg.num_envs, num_devices, "--num-envs")
     per_device_batch = envs_per_device * cfg.num_steps
     if per_device_batch % cfg.num_minibatches:
@@ -95,7 +105,7 @@ def team_policy(cfg, env, env_params) -> actor_critic.Policy:
     """One MLP actor-critic per team, applied to that team's agents (a static slice of the agent
     axis); pi and values come back over all agents, in agent order."""
     obs_shape = env.observation_space(env_params).shape[1:]
-    net = factory.actor_critic_mlp(cfg, action_distribution(env).num_outputs, len(obs_shape), continuous=False)
+    net = factory.actor_critic_mlp(cfg, action_distribution(env).num_outputs, len(obs_shape), learned_log_std=False)
     teams = env.teams
 
     def init_params(key):

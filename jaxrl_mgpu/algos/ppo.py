@@ -14,8 +14,17 @@ statistics are taken over the global minibatch, so one update on D devices equal
 global batch. The policy is an MLP or a transformer (nets/actor_critic.py); with a
 transformer, minibatches are whole environment sequences instead of shuffled transitions.
 Actions come from the action distribution of the env's action space (actor_critic.distribution:
-categorical over logits for discrete actions, a diagonal Gaussian for Box actions), which is
-all the rollout and the loss know about them.
+categorical over logits for discrete actions; for Box actions a Gaussian clipped to the bounds
+or, with `--action-dist tanh_normal`, Brax's tanh-squashed normal), which is all the rollout
+and the loss know about them.
+
+Continuous control at Brax's scale: `--reward-scale` multiplies the rewards the learner sees;
+`--normalize-obs` keeps running observation statistics (nets/obs_norm.py) inside the params,
+which the optimizer never sees: it updates `params["params"]` alone. The statistics are
+updated with each rollout's observations (all devices, one all-reduce) AFTER the learner has
+used that rollout, so the learner sees every observation normalised exactly as the rollout's
+policy saw it, and the ratio of the first minibatch is exactly 1 (Brax updates them before its
+SGD steps; the new statistics then act from the next rollout on either way).
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.envs import vec
-from jaxrl_mgpu.nets import actor_critic, factory
+from jaxrl_mgpu.nets import actor_critic, factory, obs_norm
 from jaxrl_mgpu.parallel import all_mean, all_sum, device_index, global_indices, split_evenly
 from jaxrl_mgpu.cli import count
 
@@ -62,8 +71,10 @@ class ReturnStats(NamedTuple):
 
 # Options (besides config.STATE_KEYS) that shape this algorithm's state: the optimizer state
 # holds a schedule count only when annealing; the transformer's size and memory; the return
-# statistics of --normalize-reward.
-STATE_KEYS = ("anneal_lr", "d_model", "n_layers", "n_heads", "context_len", "normalize_reward")
+# statistics of --normalize-reward; the observation statistics in the params (--normalize-obs);
+# the MLPs' widths and the actor head's outputs (--action-dist).
+STATE_KEYS = ("anneal_lr", "d_model", "n_layers", "n_heads", "context_len", "normalize_reward", "normalize_obs",
+              "actor_hidden", "critic_hidden", "action_dist")
 
 # Rollout steps per iteration of the compiled loop, on GPUs: there every iteration of a loop
 # waits for the host to read its predicate, and each unrolled step is more code to compile.
@@ -87,7 +98,7 @@ STATE_LAYOUT = {"params": REPLICATED, "opt_state": REPLICATED, "loss_scale": REP
 
 class Rollout(NamedTuple):
     inputs: Any           # what the policy needs to recompute each step (policy.inputs)
-    action: jax.Array     # as sampled: a Gaussian's sample before it is clipped for the env
+    action: jax.Array     # as sampled: a Gaussian's sample before it is clipped or squashed for the env
     log_prob: jax.Array
     value: jax.Array
     reward: jax.Array
@@ -117,9 +128,15 @@ class Algo(NamedTuple):
 
 def check(cfg, num_devices: int) -> Split:
     """The batch layout over `num_devices`, or a ConfigError naming the option that breaks it."""
-    dist = actor_critic.distribution(*envs_lib.make(cfg.env, cfg.env_args))  # a ConfigError for an unsupported action space
+    # A ConfigError for an unsupported action space (or one --action-dist cannot act in)
+    dist = actor_critic.distribution(*envs_lib.make(cfg.env, cfg.env_args), cfg.action_dist)
     if factory.is_sequence_policy(cfg) and not isinstance(dist, actor_critic.Categorical):
         raise ConfigError(actor_critic.transformer_refusal(cfg.env))
+    if isinstance(dist, actor_critic.Categorical) and cfg.action_dist != "clipped_normal":
+        raise ConfigError(f"--action-dist {cfg.action_dist} is for Box (continuous) actions; --env {cfg.env} has "
+                          f"discrete actions, which take a categorical distribution")
+    if not factory.is_sequence_policy(cfg):
+        factory.hidden_layers(cfg)  # a ConfigError for --actor-hidden / --critic-hidden that are no widths
     envs_per_device = split_evenly(cfg.num_envs, num_devices, "--num-envs")
     per_device_batch = envs_per_device * cfg.num_steps
     if factory.is_sequence_policy(cfg) and envs_per_device % cfg.num_minibatches:
@@ -137,6 +154,17 @@ def check(cfg, num_devices: int) -> Split:
                           f"({minibatch} transitions, {envs_per_device // cfg.num_minibatches} environments)")
     return Split(num_devices, {"environments": (cfg.num_envs, envs_per_device),
                                "minibatch": (cfg.batch_size // cfg.num_minibatches, minibatch)})
+
+
+def learning_targets(cfg, traj: Rollout, last_value: jax.Array, return_stats, returns):
+    """What the learner fits, from a rollout: its rewards times --reward-scale, then (with
+    --normalize-reward) divided by the return's running standard deviation, then GAE. Returns
+    the advantages, the value targets, and the return statistics and running returns to carry."""
+    traj = traj._replace(reward=traj.reward * cfg.reward_scale)
+    if cfg.normalize_reward:
+        traj, return_stats, returns = normalize_rewards(cfg, traj, return_stats, returns)
+    advantages, targets = gae(cfg, traj, last_value)
+    return advantages, targets, return_stats, returns
 
 
 def gae(cfg, traj: Rollout, last_value: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -203,7 +231,7 @@ def normalize_per_minibatch(adv: jax.Array) -> jax.Array:
 
 def make(cfg, env, env_params, split: Split) -> Algo:
     policy = actor_critic.make(cfg, env, env_params)
-    dist = actor_critic.distribution(env, env_params)
+    dist = policy.dist
     tx = learner.adam(cfg, cfg.total_updates * cfg.update_epochs * cfg.num_minibatches)
     envs_per_device = split.per_device("environments")
     unroll = GPU_ROLLOUT_UNROLL if jax.default_backend() == "gpu" else 1
@@ -213,7 +241,8 @@ def make(cfg, env, env_params, split: Split) -> Algo:
         params = policy.init_params(params_key)
         envs = vec.reset(env, env_params, env_key, global_indices(envs_per_device))
         normalizer = (ReturnStats.init(), jnp.zeros(envs_per_device)) if cfg.normalize_reward else ((), ())
-        return PPOState(params, tx.init(params), learner.LossScale.init(cfg.precision), envs,
+        # The optimizer sees the weights only: not the observation statistics beside them.
+        return PPOState(params, tx.init(params["params"]), learner.LossScale.init(cfg.precision), envs,
                         policy.init_memory(envs_per_device), key, jnp.zeros((), jnp.int32), *normalizer)
 
     def rollout(params, envs: vec.EnvBatch, memory, key: jax.Array):
@@ -262,9 +291,12 @@ def make(cfg, env, env_params, split: Split) -> Algo:
         ratio = jnp.exp(dist.log_prob(pi, batch.action) - batch.log_prob)
         policy_loss = -jnp.minimum(ratio * advantages,
                                    jnp.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * advantages).mean()
-        value_clipped = batch.value + jnp.clip(value - batch.value, -cfg.clip_eps, cfg.clip_eps)
-        value_loss = 0.5 * jnp.maximum(jnp.square(value - targets), jnp.square(value_clipped - targets)).mean()
-        entropy = dist.entropy(pi).mean()
+        value_loss = jnp.square(value - targets)
+        if cfg.clip_value:
+            value_clipped = batch.value + jnp.clip(value - batch.value, -cfg.clip_eps, cfg.clip_eps)
+            value_loss = jnp.maximum(value_loss, jnp.square(value_clipped - targets))
+        value_loss = 0.5 * value_loss.mean()
+        entropy = dist.entropy(pi, batch.action).mean()
         total = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
         stats = {"loss/total": total, "loss/policy": policy_loss, "loss/value": value_loss,
                  "loss/entropy": entropy, "loss/approx_kl": ((ratio - 1) - jnp.log(ratio)).mean(),
@@ -273,7 +305,8 @@ def make(cfg, env, env_params, split: Split) -> Algo:
 
     def learn(params, opt_state, loss_scale, data: Batch, key):
         """`update_epochs` passes over the rollout in `num_minibatches` shuffled minibatches:
-        of transitions (mlp), or of whole environment sequences (transformer)."""
+        of transitions (mlp), or of whole environment sequences (transformer). The optimizer
+        steps `params["params"]`; the rest of `params` (observation statistics) stays as it is."""
         def split(x, perm):  # shuffled, then cut into minibatches: [num_minibatches, ...]
             return x[perm].reshape((cfg.num_minibatches, -1) + x.shape[1:])
 
@@ -286,22 +319,24 @@ def make(cfg, env, env_params, split: Split) -> Algo:
                            for k in jax.random.split(key, cfg.update_epochs)])
         advantages = normalize_per_minibatch(jax.vmap(lambda perm: split(data.advantage, perm))(perms))
 
+        def loss_of_weights(weights, batch: Batch):
+            return loss_fn({**params, "params": weights}, batch)
+
         def epoch(carry, xs):
             perm, epoch_advantages = xs  # the advantages come already shuffled and normalized
             minibatches = jax.tree.map(lambda x: split(x, perm), data._replace(advantage=()))
             minibatches = minibatches._replace(advantage=epoch_advantages)
-            return learner.steps(loss_fn, tx, carry, minibatches, cfg.grad_accum, cfg.precision)
+            return learner.steps(loss_of_weights, tx, carry, minibatches, cfg.grad_accum, cfg.precision)
 
-        carry, stats = jax.lax.scan(epoch, (params, opt_state, loss_scale), (perms, advantages))
-        return (*carry, jax.tree.map(jnp.mean, stats))
+        (weights, opt_state, loss_scale), stats = jax.lax.scan(
+            epoch, (params["params"], opt_state, loss_scale), (perms, advantages))
+        return {**params, "params": weights}, opt_state, loss_scale, jax.tree.map(jnp.mean, stats)
 
     def update(state: PPOState):
         key, rollout_key, learn_key = jax.random.split(state.key, 3)
         envs, memory, traj, last_value, episodes = rollout(state.params, state.envs, state.memory, rollout_key)
-        return_stats, returns = state.return_stats, state.returns
-        if cfg.normalize_reward:
-            traj, return_stats, returns = normalize_rewards(cfg, traj, return_stats, returns)
-        advantages, targets = gae(cfg, traj, last_value)
+        advantages, targets, return_stats, returns = learning_targets(cfg, traj, last_value, state.return_stats,
+                                                                      state.returns)
         data = Batch(state.memory, traj.inputs, traj.action, traj.log_prob, traj.value, advantages, targets)
         if policy.sequences:  # [T, E, ...] -> [E, T, ...]: minibatches of whole environments
             data = data._replace(**{f: jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), getattr(data, f))
@@ -310,6 +345,8 @@ def make(cfg, env, env_params, split: Split) -> Algo:
             data = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), data)
         params, opt_state, loss_scale, losses = learn(state.params, state.opt_state, state.loss_scale, data,
                                                       learn_key)
+        if cfg.normalize_obs:  # this rollout's observations count from the next rollout on
+            params = {**params, obs_norm.OBS_STATS: obs_norm.update(state.params[obs_norm.OBS_STATS], traj.inputs)}
         new = PPOState(params, opt_state, loss_scale, envs, memory, key, state.update + 1, return_stats, returns)
         return new, (losses, episodes)
 

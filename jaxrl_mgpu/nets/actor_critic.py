@@ -8,8 +8,9 @@ use only these functions, so they work with either:
     init_params(key)                       -> params
     init_memory(n)                         -> memory of n environments (batch-first leaves)
     act(params, memory, obs, final_obs)    -> pi, value [n], bootstrap [n], memory
-        pi: what the env's action distribution takes (`distribution(env, env_params)`): logits
-        [n, A] for discrete actions, (mean, log_std) [n, D] each for Box actions
+        pi: what the policy's action distribution takes (`dist` below): logits [n, A] for
+        discrete actions; for Box actions (mean, log_std) [n, D] each, or with --action-dist
+        tanh_normal the [n, 2D] location and raw scale
         acts on `obs` and also values `final_obs` (the previous step's pre-reset observation,
         continuing its episode): the bootstrap of a time-limit truncation, computed one step
         late so it costs no extra launches
@@ -19,14 +20,23 @@ use only these functions, so they work with either:
         the learner's recomputation: over transitions [B] (mlp), or over whole environment
         sequences [E, T] starting from the memory at the rollout's start (transformer)
     sequences: bool                        -> True: minibatches must be whole environments
+    dist                                   -> the action distribution pi is for (None: the
+                                              env's default, `distribution(env, env_params)`)
 
-An action distribution (`Categorical` or `DiagGaussian`, chosen from the env's action space)
-is everything that depends on the kind of action, so the rollout, the loss and evaluation are
-the same code for both:
+With `--normalize-obs` an MLP policy's params hold the running observation statistics
+(nets/obs_norm.py) beside the network's weights, and every function above normalises the
+observations it is given with them.
 
+An action distribution (`Categorical`, `DiagGaussian` or `TanhNormal`, chosen from the env's
+action space and `--action-dist`) is everything that depends on the kind of action, so the
+rollout, the loss and evaluation are the same code for all:
+
+    num_outputs          -> the actor head's outputs it is parameterised by
     noise(keys)          -> its random numbers, one row per key, drawn before pi is known
-    sample(pi, noise)    -> actions;  mode(pi) -> the most likely actions (greedy evaluation)
-    log_prob(pi, action) -> [n];      entropy(pi) -> [n]
+    sample(pi, noise)    -> actions;  mode(pi) -> the actions greedy evaluation takes
+    log_prob(pi, action) -> [n]
+    entropy(pi, action)  -> [n]; `action` is the rollout's sample of that step, which a
+                            distribution without a closed-form entropy estimates it with
     to_env(action)       -> what the environment is given
 """
 
@@ -41,7 +51,7 @@ import numpy as np
 from gymnax.environments import spaces
 
 from jaxrl_mgpu.config import ConfigError
-from jaxrl_mgpu.nets import factory
+from jaxrl_mgpu.nets import factory, obs_norm
 from jaxrl_mgpu.nets.transformer import KVCache
 
 
@@ -53,6 +63,12 @@ class Policy(NamedTuple):
     inputs: Callable
     evaluate: Callable
     sequences: bool
+    dist: object = None
+
+
+def dist_of(policy: Policy, env, env_params):
+    """The action distribution `policy`'s pi is for."""
+    return distribution(env, env_params) if policy.dist is None else policy.dist
 
 
 class Memory(NamedTuple):
@@ -68,6 +84,10 @@ class Categorical:
     """Discrete actions: pi is logits [n, A], actions are int32 [n]."""
     num_actions: int
 
+    @property
+    def num_outputs(self) -> int:
+        return self.num_actions
+
     def noise(self, keys: jax.Array) -> jax.Array:
         return gumbel_noise(keys, self.num_actions)
 
@@ -80,7 +100,7 @@ class Categorical:
     def log_prob(self, logits: jax.Array, action: jax.Array) -> jax.Array:
         return log_prob(logits, action)
 
-    def entropy(self, logits: jax.Array) -> jax.Array:
+    def entropy(self, logits: jax.Array, action: jax.Array | None = None) -> jax.Array:
         log_probs = jax.nn.log_softmax(logits)
         return -(jnp.exp(log_probs) * log_probs).sum(-1)
 
@@ -103,8 +123,12 @@ class DiagGaussian:
     def num_dims(self) -> int:
         return len(self.low)
 
+    @property
+    def num_outputs(self) -> int:
+        return self.num_dims  # the mean; the log-std is a parameter of its own
+
     def noise(self, keys: jax.Array) -> jax.Array:
-        return jax.vmap(lambda k: jax.random.normal(k, (self.num_dims,)))(keys)
+        return standard_normal(keys, self.num_dims)
 
     def sample(self, pi, noise: jax.Array) -> jax.Array:
         mean, log_std = pi
@@ -118,22 +142,101 @@ class DiagGaussian:
         z = (action - mean) * jnp.exp(-log_std)
         return (-0.5 * jnp.square(z) - log_std - 0.5 * np.log(2 * np.pi)).sum(-1)
 
-    def entropy(self, pi) -> jax.Array:
-        return (pi[1] + 0.5 * (1.0 + np.log(2 * np.pi))).sum(-1)
+    def entropy(self, pi, action: jax.Array | None = None) -> jax.Array:
+        return (pi[1] + HALF_LOG_2_PI_E).sum(-1)
 
     def to_env(self, action: jax.Array) -> jax.Array:
         return jnp.clip(action, np.asarray(self.low, np.float32), np.asarray(self.high, np.float32))
 
 
-def distribution(env, env_params) -> Categorical | DiagGaussian:
-    """The action distribution of the env's action space, or a ConfigError naming it."""
+HALF_LOG_2_PI_E = 0.5 * (1.0 + np.log(2 * np.pi))  # the entropy of a unit normal
+LOG_2 = float(np.log(2.0))
+
+
+@dataclasses.dataclass(frozen=True)
+class TanhNormal:
+    """Box actions [n, D] with finite bounds, as Brax's PPO acts (`NormalTanhDistribution`):
+    u ~ Normal(loc, scale) per dimension and the action tanh(u), mapped affinely from [-1, 1]
+    onto the bounds. pi is the actor head's [n, 2D] outputs, loc and a raw scale; scale =
+    softplus(raw) + 0.001 depends on the state. The rollout keeps u, the sample before the
+    squashing, and the log-prob is the density of the action tanh(u): log N(u) - log(1 -
+    tanh(u)^2) (the affine map to the bounds is a constant factor and cancels in PPO's ratio).
+    The entropy has no closed form; as Brax, one sample estimates it: H(Normal) + log(1 -
+    tanh(u)^2) at a reparameterised u = loc + scale * e. Brax draws e afresh in the loss; here
+    e is the one the rollout drew, (action - loc) / scale, so the loss needs no random numbers
+    of its own (the same e for every epoch; a sample of the current policy while the params
+    are the rollout's)."""
+    low: tuple   # [D] finite bounds of the action space
+    high: tuple
+
+    MIN_STD = 0.001
+
+    @property
+    def num_dims(self) -> int:
+        return len(self.low)
+
+    @property
+    def num_outputs(self) -> int:
+        return 2 * self.num_dims
+
+    def loc_scale(self, pi) -> tuple[jax.Array, jax.Array]:
+        loc, raw = jnp.split(pi, 2, axis=-1)
+        return loc, jax.nn.softplus(raw) + self.MIN_STD
+
+    def noise(self, keys: jax.Array) -> jax.Array:
+        return standard_normal(keys, self.num_dims)
+
+    def sample(self, pi, noise: jax.Array) -> jax.Array:
+        loc, scale = self.loc_scale(pi)
+        return loc + scale * noise
+
+    def mode(self, pi) -> jax.Array:
+        return self.loc_scale(pi)[0]  # tanh is monotonic: tanh(loc) is the squashed median
+
+    def log_prob(self, pi, action: jax.Array) -> jax.Array:
+        loc, scale = self.loc_scale(pi)
+        z = (action - loc) / scale
+        return (-0.5 * jnp.square(z) - jnp.log(scale) - 0.5 * np.log(2 * np.pi)
+                - tanh_log_det_jacobian(action)).sum(-1)
+
+    def entropy(self, pi, action: jax.Array) -> jax.Array:
+        loc, scale = self.loc_scale(pi)
+        u = loc + scale * jax.lax.stop_gradient((action - loc) / scale)
+        return (jnp.log(scale) + HALF_LOG_2_PI_E + tanh_log_det_jacobian(u)).sum(-1)
+
+    def to_env(self, action: jax.Array) -> jax.Array:
+        low, high = np.asarray(self.low, np.float32), np.asarray(self.high, np.float32)
+        return (high + low) / 2 + (high - low) / 2 * jnp.tanh(action)
+
+
+def tanh_log_det_jacobian(u: jax.Array) -> jax.Array:
+    """log(d tanh(u) / du) = log(1 - tanh(u)^2), written so that it stays finite for large |u|
+    (Brax's and TensorFlow Probability's form)."""
+    return 2.0 * (LOG_2 - u - jax.nn.softplus(-2.0 * u))
+
+
+def standard_normal(keys: jax.Array, num_dims: int) -> jax.Array:
+    """[n, num_dims] standard normal numbers, row i from keys[i]."""
+    return jax.vmap(lambda k: jax.random.normal(k, (num_dims,)))(keys)
+
+
+ACTION_DISTS = {"clipped_normal": DiagGaussian, "tanh_normal": TanhNormal}
+
+
+def distribution(env, env_params, action_dist: str = "clipped_normal") -> Categorical | DiagGaussian | TanhNormal:
+    """The action distribution of the env's action space (Box actions: `action_dist`, the
+    config's --action-dist), or a ConfigError naming what does not fit."""
     space = env.action_space(env_params)
     if isinstance(space, spaces.Discrete):
         return Categorical(env.num_actions)
     if isinstance(space, spaces.Box) and len(space.shape) == 1 and jnp.issubdtype(space.dtype, jnp.floating):
-        bounds = (tuple(float(x) for x in np.broadcast_to(np.asarray(b, np.float32), space.shape))
-                  for b in (space.low, space.high))
-        return DiagGaussian(*bounds)
+        low, high = (tuple(float(x) for x in np.broadcast_to(np.asarray(b, np.float32), space.shape))
+                     for b in (space.low, space.high))
+        if action_dist == "tanh_normal" and not np.isfinite([*low, *high]).all():
+            raise ConfigError(f"--action-dist tanh_normal squashes actions into the action space's bounds; --env "
+                              f"{getattr(env, 'name', type(env).__name__)} has unbounded actions: use "
+                              f"--action-dist clipped_normal")
+        return ACTION_DISTS[action_dist](low, high)
     what = (f"Box of shape {space.shape} and dtype {np.dtype(space.dtype).name}" if isinstance(space, spaces.Box)
             else type(space).__name__)
     name = getattr(env, "name", type(env).__name__)
@@ -143,7 +246,7 @@ def distribution(env, env_params) -> Categorical | DiagGaussian:
 
 def make(cfg, env, env_params) -> Policy:
     obs_shape = env.observation_space(env_params).shape
-    dist = distribution(env, env_params)
+    dist = distribution(env, env_params, cfg.action_dist)
     if factory.is_sequence_policy(cfg):
         if not isinstance(dist, Categorical):
             raise ConfigError(transformer_refusal(cfg.env))
@@ -158,20 +261,35 @@ def transformer_refusal(env_name: str) -> str:
 
 
 def _mlp(cfg, dist, obs_shape: tuple) -> Policy:
-    continuous = isinstance(dist, DiagGaussian)
-    net = factory.actor_critic_mlp(cfg, dist.num_dims if continuous else dist.num_actions, len(obs_shape), continuous)
+    net = factory.actor_critic_mlp(cfg, dist.num_outputs, len(obs_shape), learned_log_std=isinstance(dist, DiagGaussian))
+
+    def init_params(key):
+        variables = net.init(key, jnp.zeros((1,) + obs_shape))
+        return {**variables, obs_norm.OBS_STATS: obs_norm.RunningStats.init(obs_shape)} if cfg.normalize_obs \
+            else variables
+
+    def seen(params, obs):
+        """The observations as the network sees them (--normalize-obs: normalised), and its weights."""
+        if cfg.normalize_obs:
+            obs = jax.tree.map(lambda x: obs_norm.normalize(params[obs_norm.OBS_STATS], x), obs)
+        return {"params": params["params"]}, obs
 
     def act(params, memory, obs, final_obs):
-        return (*net.apply(params, obs, final_obs, method=net.act), memory)
+        weights, (obs, final_obs) = seen(params, (obs, final_obs))
+        return (*net.apply(weights, obs, final_obs, method=net.act), memory)
+
+    def evaluate(params, memory0, obs):
+        return net.apply(*seen(params, obs))
 
     return Policy(
-        init_params=lambda key: net.init(key, jnp.zeros((1,) + obs_shape)),
+        init_params=init_params,
         init_memory=lambda n: (),
         act=act,
         remember=lambda memory, action, reward, done: memory,
         inputs=lambda memory, obs: obs,
-        evaluate=lambda params, memory0, obs: net.apply(params, obs),
-        sequences=False)
+        evaluate=evaluate,
+        sequences=False,
+        dist=dist)
 
 
 def _transformer(cfg, num_actions: int, obs_shape: tuple) -> Policy:
@@ -203,7 +321,8 @@ def _transformer(cfg, num_actions: int, obs_shape: tuple) -> Policy:
         logits, values, _ = net.apply(params, memory0.cache, *inputs)
         return logits, values
 
-    return Policy(init_params, init_memory, act, remember, inputs, evaluate, sequences=True)
+    return Policy(init_params, init_memory, act, remember, inputs, evaluate, sequences=True,
+                  dist=Categorical(num_actions))
 
 
 def sample(logits: jax.Array, keys: jax.Array, greedy: bool = False) -> jax.Array:

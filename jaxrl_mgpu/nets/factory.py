@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.nets import compute_dtype, kernels
 from jaxrl_mgpu.nets.mlp import ActorCritic
 from jaxrl_mgpu.nets.qnet import QNetwork
@@ -25,11 +26,33 @@ def transformer(cfg, num_actions: int, obs_ndim: int, context_len: int | None = 
         dtype=compute_dtype(cfg.precision), **kernels(cfg))
 
 
-def actor_critic_mlp(cfg, num_outputs: int, obs_ndim: int, continuous: bool) -> ActorCritic:
-    """--hidden-size, --num-layers, --activation, --precision (a conv torso for images)."""
-    return ActorCritic(num_actions=num_outputs, obs_ndim=obs_ndim, hidden_size=cfg.hidden_size,
-                       num_layers=cfg.num_layers, activation=cfg.activation, continuous=continuous,
-                       dtype=compute_dtype(cfg.precision))
+def hidden_layers(cfg) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The actor's and the critic's hidden widths: --actor-hidden and --critic-hidden
+    ("32,32,32,32"), each by default --num-layers x --hidden-size; a ConfigError (one line)
+    for a list that is not positive whole numbers."""
+    default = (cfg.hidden_size,) * cfg.num_layers
+    return _widths("--actor-hidden", cfg.actor_hidden, default), _widths("--critic-hidden", cfg.critic_hidden, default)
+
+
+def _widths(flag: str, text: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
+    if text is None:
+        return default
+    try:
+        widths = tuple(int(w) for w in text.split(","))
+    except ValueError:
+        widths = ()
+    if not widths or min(widths) < 1:
+        raise ConfigError(f"{flag} {text!r}: give the hidden layers' widths as positive whole numbers separated by "
+                          f"commas, e.g. 32,32,32,32")
+    return widths
+
+
+def actor_critic_mlp(cfg, num_outputs: int, obs_ndim: int, learned_log_std: bool) -> ActorCritic:
+    """--actor-hidden / --critic-hidden (--hidden-size, --num-layers), --activation, --precision
+    (a conv torso for images). `learned_log_std`: a Gaussian's state-independent log-std."""
+    actor, critic = hidden_layers(cfg)
+    return ActorCritic(num_outputs=num_outputs, obs_ndim=obs_ndim, actor_hidden=actor, critic_hidden=critic,
+                       activation=cfg.activation, learned_log_std=learned_log_std, dtype=compute_dtype(cfg.precision))
 
 
 def q_network(cfg, num_actions: int, obs_ndim: int) -> QNetwork:

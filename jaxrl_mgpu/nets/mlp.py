@@ -44,29 +44,31 @@ class MLP(nn.Module):
 
 
 class ActorCritic(nn.Module):
-    """`__call__(obs) -> (pi, value)` for a batch of observations of rank `obs_ndim`. pi is
-    logits [..., num_actions], or with `continuous` the (mean, log_std) of a diagonal Gaussian
-    over `num_actions` dimensions, each [..., num_actions]: the mean from the actor MLP, the
-    log-std one learned vector for every state (as PureJaxRL's and CleanRL's continuous PPO)."""
-    num_actions: int
+    """`__call__(obs) -> (pi, value)` for a batch of observations of rank `obs_ndim`. pi is the
+    actor MLP's `num_outputs` outputs [..., num_outputs] (logits; a tanh-squashed normal's
+    location and raw scale), or with `learned_log_std` the (mean, log_std) of a diagonal
+    Gaussian over `num_outputs` dimensions, each [..., num_outputs]: the mean from the actor
+    MLP, the log-std one learned vector for every state (as PureJaxRL's and CleanRL's continuous
+    PPO). The actor and the critic have hidden layers of their own widths (Brax's Ant: 4 x 32
+    and 5 x 256)."""
+    num_outputs: int
     obs_ndim: int
-    hidden_size: int = 64
-    num_layers: int = 2
+    actor_hidden: Sequence[int] = (64, 64)
+    critic_hidden: Sequence[int] = (64, 64)
     activation: str = "tanh"
-    continuous: bool = False
+    learned_log_std: bool = False
     dtype: jnp.dtype = jnp.float32
 
     def setup(self):
-        hidden = [self.hidden_size] * self.num_layers
         self.torso = Torso(self.obs_ndim, self.dtype)
-        self.actor = MLP(hidden, self.num_actions, 0.01, self.activation, self.dtype)
-        self.critic = MLP(hidden, 1, 1.0, self.activation, self.dtype)
-        if self.continuous:
-            self.log_std = self.param("log_std", nn.initializers.zeros, (self.num_actions,))
+        self.actor = MLP(tuple(self.actor_hidden), self.num_outputs, 0.01, self.activation, self.dtype)
+        self.critic = MLP(tuple(self.critic_hidden), 1, 1.0, self.activation, self.dtype)
+        if self.learned_log_std:
+            self.log_std = self.param("log_std", nn.initializers.zeros, (self.num_outputs,))
 
     def pi(self, x):
         out = self.actor(x).astype(jnp.float32)
-        return (out, jnp.broadcast_to(self.log_std, out.shape)) if self.continuous else out
+        return (out, jnp.broadcast_to(self.log_std, out.shape)) if self.learned_log_std else out
 
     def __call__(self, obs):
         x = self.torso(obs)
