@@ -62,10 +62,11 @@ import jax
 import numpy as np
 
 from jaxrl_mgpu import parallel
-from jaxrl_mgpu.config import ConfigError
-from jaxrl_mgpu.log import RunLog
+from jaxrl_mgpu.algos import module_for
 from jaxrl_mgpu.chunks import Trainer
 from jaxrl_mgpu.cli import count
+from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.log import RunLog
 
 MIN_PER_DEVICE = 2 ** 8  # the smallest size the search compiles, unless the run's updates need fewer
 MAX_PER_DEVICE = 2 ** 18
@@ -91,8 +92,8 @@ class Row:
 
 
 def knob(cfg) -> str:
-    """The option auto-scaling sets: sequences per update for AD, else environments."""
-    return "ad_batch_size" if cfg.algo == "ad" else "num_envs"
+    """The option auto-scaling sets: the algorithm's (environments; AD: sequences per update)."""
+    return module_for(cfg).SIZE_OPTION
 
 
 def compiled_bytes(compiled) -> int | None:
@@ -125,9 +126,9 @@ def fit_line(sizes: list[int], values: list[float]) -> Callable[[int], float]:
 
 
 def steady_state(cfg):
-    """`cfg` as timed (the probes here, and `bench`): DQN learns from its first update, since
-    before --learning-starts an update only collects and is several times faster."""
-    return dataclasses.replace(cfg, learning_starts=0) if cfg.algo == "dqn" else cfg
+    """`cfg` as timed (the probes here, and `bench`): as the algorithm says (DQN learns from
+    its first update)."""
+    return module_for(cfg).steady_state(cfg)
 
 
 def with_size(cfg, per_device: int, num_devices: int):

@@ -1,7 +1,8 @@
 """Orbax checkpoints of a training state, restorable on any number of devices.
 
 A training state is a NamedTuple whose leaves all carry the leading device axis. Each
-algorithm declares, per field, how that field is laid out over devices (`STATE_LAYOUT`):
+algorithm declares, per field, how that field lies on the devices and is saved (its
+`STATE_LAYOUT`, a `Layout` per field):
 
 - REPLICATED (params, optimizer state, keys, counters): identical on every device, so ONE copy
   is saved (device 0's) and it is copied to however many devices restore it;
@@ -10,6 +11,9 @@ algorithm declares, per field, how that field is laid out over devices (`STATE_L
   different device count as long as the global number of environments is the same;
 - PER_DEVICE (e.g. replay buffers): saved as is; restored only on the same device count,
   else re-created (the caller logs what was re-created).
+
+Many runs in one program (multirun.py) bring layouts of their own; this module only calls a
+field's layout.
 
 Saves are asynchronous and atomic: Orbax writes into a temporary directory and renames it
 when complete. Deleting an old step is atomic too: Orbax renames it into `deleted/` (a plain
@@ -35,7 +39,6 @@ import orbax.checkpoint as ocp
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.parallel import Parallel
 
-REPLICATED, PER_ENV, PER_DEVICE = "replicated", "per_env", "per_device"
 DELETED = "deleted"  # where Orbax moves the steps it drops, inside each manager's directory
 
 
@@ -50,6 +53,65 @@ def _join_env_axis(tree, par: Parallel):
     n = par.num_devices
     return jax.jit(lambda t: jax.tree.map(lambda x: x.reshape((n, -1) + x.shape[1:]), t),
                    out_shardings=par.sharding)(tree)
+
+
+class Layout:
+    """How a field of the training state lies on the devices ([devices, ...] leaves) and is
+    saved: `saved` (what Orbax writes), `target` (what to restore into, given the template's
+    value and the checkpoint's metadata; None where the saved value cannot be laid out on
+    these devices, and the field is re-created) and `placed` (the restored value back on the
+    devices)."""
+
+    def saved(self, value, par: Parallel):
+        raise NotImplementedError
+
+    def target(self, value, par: Parallel, meta: dict):
+        raise NotImplementedError
+
+    def placed(self, restored, par: Parallel):
+        raise NotImplementedError
+
+
+class _Replicated(Layout):
+    def saved(self, value, par):
+        return par.first(value)
+
+    def target(self, value, par, meta):
+        return jax.tree.map(lambda x: np.zeros(x.shape[1:], x.dtype), value)
+
+    def placed(self, restored, par):
+        return par.replicate(restored)
+
+
+class _PerEnv(Layout):
+    def saved(self, value, par):
+        return _split_env_axis(value, par)
+
+    def target(self, value, par, meta):
+        leaf = jax.tree.leaves(value)[0]
+        if meta.get("num_envs") != leaf.shape[0] * leaf.shape[1]:
+            return None
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] * x.shape[1],) + x.shape[2:], x.dtype,
+                                                           sharding=par.sharding), value)
+
+    def placed(self, restored, par):
+        return _join_env_axis(restored, par)
+
+
+class _PerDevice(Layout):
+    def saved(self, value, par):
+        return value
+
+    def target(self, value, par, meta):
+        if meta.get("num_devices") != par.num_devices:
+            return None
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=par.sharding), value)
+
+    def placed(self, restored, par):
+        return restored
+
+
+REPLICATED, PER_ENV, PER_DEVICE = _Replicated(), _PerEnv(), _PerDevice()
 
 
 class DamagedCheckpoint(Exception):
@@ -139,12 +201,7 @@ class Checkpoints:
         for name, value in state._asdict().items():
             if not jax.tree.leaves(value):
                 continue  # an empty field (e.g. a memoryless policy's memory): nothing to save
-            kind = layout[name]
-            if par.runs is not None:  # many runs (multirun.py): [runs, ...], [runs, envs per run, ...]
-                value = par.runs_of(value) if kind == REPLICATED else par.run_envs_of(value)
-            else:
-                value = (par.first(value) if kind == REPLICATED else
-                         _split_env_axis(value, par) if kind == PER_ENV else value)
+            value = layout[name].saved(value, par)
             args[name] = ocp.args.StandardSave({name: value})  # a tree: Orbax refuses bare arrays
         self._purge_deleted(self.latest)  # Orbax's save would wait for the previous one here anyway
         self.latest.save(step, args=ocp.args.Composite(**args), force=True)
@@ -226,28 +283,12 @@ class Checkpoints:
         initialised state on `par`: it gives the tree structure, and the values of whatever
         cannot be re-laid out. Returns the state and the names of the re-created fields."""
         meta = self.meta(step)
-        same_devices = meta.get("num_devices") == par.num_devices
         args, recreated = {}, []
         for name, value in template._asdict().items():
-            kind = layout[name]
             if not jax.tree.leaves(value):
                 continue
-            # Many runs (multirun.py), as saved: [runs, ...] and [runs, envs per run, ...].
-            if par.runs is not None and kind == REPLICATED:
-                target = jax.tree.map(lambda x: np.zeros((par.runs,) + x.shape[2:], x.dtype), value)
-            elif par.runs is not None and kind == PER_ENV and meta.get("num_envs") == _num_envs(value, par):
-                target = jax.tree.map(lambda x: np.zeros((par.runs, meta["num_envs"]) + x.shape[3:], x.dtype), value)
-            elif par.runs is not None:
-                recreated.append(name)
-                continue
-            elif kind == REPLICATED:
-                target = jax.tree.map(lambda x: np.zeros(x.shape[1:], x.dtype), value)
-            elif kind == PER_ENV and meta.get("num_envs") == _num_envs(value, par):
-                target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(
-                    (x.shape[0] * x.shape[1],) + x.shape[2:], x.dtype, sharding=par.sharding), value)
-            elif kind == PER_DEVICE and same_devices:
-                target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=par.sharding), value)
-            else:
+            target = layout[name].target(value, par, meta)
+            if target is None:
                 recreated.append(name)
                 continue
             args[name] = ocp.args.StandardRestore({name: target})
@@ -266,12 +307,7 @@ class Checkpoints:
                 f"with that version, or start a new --run-dir") from e
         values = template._asdict()
         for name in args:
-            kind, value = layout[name], restored[name][name]
-            if par.runs is not None:
-                values[name] = par.shard_runs(value) if kind == REPLICATED else par.shard_run_envs(value)
-                continue
-            values[name] = (par.replicate(value) if kind == REPLICATED else
-                            _join_env_axis(value, par) if kind == PER_ENV else value)
+            values[name] = layout[name].placed(restored[name][name], par)
         return type(template)(**values), recreated
 
     def restore_params(self, step: int, template_params, best: bool = False):
@@ -282,12 +318,3 @@ class Checkpoints:
         with self._reading(step, mgr):
             restored = mgr.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore({"params": target})))
         return restored["params"]["params"]
-
-
-def _num_envs(per_env_field, par: Parallel) -> int:
-    """Global environments (of one run) of a PER_ENV field laid out [devices, envs per device,
-    ...], or with many runs [devices, runs per device, envs per device, ...]."""
-    leaf = jax.tree.leaves(per_env_field)[0]
-    if par.runs is not None:
-        return par.data_devices * leaf.shape[2]
-    return leaf.shape[0] * leaf.shape[1]

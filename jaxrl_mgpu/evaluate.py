@@ -80,7 +80,7 @@ def main(argv=None) -> int:
         if args.episodes < 1:
             raise ConfigError(f"--episodes must be at least 1, got {args.episodes}")
         cfg, ckpts = load_run(args.run_dir)
-        if cfg.algo == "ad":
+        if module_for(cfg).EVALUATED_BY == "in-context":
             raise ConfigError(f"--run-dir {args.run_dir} is an --algo ad run: it acts from its context of past "
                               f"episodes, so evaluate it with --in-context")
         if args.video is not None:

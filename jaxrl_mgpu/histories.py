@@ -63,25 +63,25 @@ class Transition(NamedTuple):
     terminated: jax.Array
 
 
-def choose(cfg: LearnerConfig, num_steps: int, learner: Learner, state: jax.Array, key: jax.Array) -> jax.Array:
+def choose(source: LearnerConfig, num_steps: int, learner: Learner, state: jax.Array, key: jax.Array) -> jax.Array:
     """The exploring action in table row `state`. Ties (e.g. all-zero values at the start) are
     broken at random, so early exploration has no built-in direction."""
     key_tie, key_eps, key_random = jax.random.split(key, 3)
     q, n = learner.q[state], learner.count[state]
     tie = 1e-6 * jax.random.uniform(key_tie, q.shape)
-    if cfg.algo == "ucb":
-        bonus = cfg.ucb_c * jnp.sqrt(jnp.log(n.sum() + 1.0) / jnp.maximum(n, 1.0))
+    if source.algo == "ucb":
+        bonus = source.ucb_c * jnp.sqrt(jnp.log(n.sum() + 1.0) / jnp.maximum(n, 1.0))
         # Untried actions first. A large finite score, not inf: inf + tie noise is still inf, and
         # argmax would always pick the first untried action.
         return jnp.argmax(jnp.where(n == 0, 1e9, q + bonus) + tie)
-    progress = learner.step / (cfg.eps_decay_fraction * num_steps)
-    eps = cfg.eps_start + (cfg.eps_end - cfg.eps_start) * jnp.clip(progress, 0.0, 1.0)
+    progress = learner.step / (source.eps_decay_fraction * num_steps)
+    eps = source.eps_start + (source.eps_end - source.eps_start) * jnp.clip(progress, 0.0, 1.0)
     greedy = jnp.argmax(q + tie)
     return jnp.where(jax.random.uniform(key_eps) < eps,
                      jax.random.randint(key_random, (), 0, q.shape[0]), greedy)
 
 
-def learn(env, cfg: LearnerConfig, num_steps: int, key: jax.Array, goal: jax.Array) -> Transition:
+def learn(env, source: LearnerConfig, num_steps: int, key: jax.Array, goal: jax.Array) -> Transition:
     """One task's whole learning history: `num_steps` Q-learning steps, as transitions [num_steps]."""
     params = env.params_for(goal)
     cells = env.size * env.size
@@ -96,13 +96,13 @@ def learn(env, cfg: LearnerConfig, num_steps: int, key: jax.Array, goal: jax.Arr
     def step(learner: Learner, key):
         key_act, key_env = jax.random.split(key)
         state = state_of(learner.obs, learner.rewarded)
-        action = choose(cfg, num_steps, learner, state, key_act)
+        action = choose(source, num_steps, learner, state, key_act)
         obs, env_state, reward, terminated, truncated, info = env.step(key_env, learner.env_state, action, params)
         rewarded = jnp.int32(env.reward_once) * jnp.maximum(learner.rewarded, (reward > 0).astype(jnp.int32))
         # Bootstrap through truncation, from the observation before the auto-reset.
         next_state = state_of(info["final_observation"], rewarded)
-        target = reward + cfg.gamma * (1.0 - terminated) * learner.q[next_state].max()
-        q = learner.q.at[state, action].add(cfg.lr * (target - learner.q[state, action]))
+        target = reward + source.gamma * (1.0 - terminated) * learner.q[next_state].max()
+        q = learner.q.at[state, action].add(source.lr * (target - learner.q[state, action]))
         done = jnp.logical_or(terminated, truncated)
         seen = Transition(learner.obs, action, reward, done, terminated)
         return Learner(q, learner.count.at[state, action].add(1.0), env_state, obs,
@@ -116,7 +116,7 @@ def learn(env, cfg: LearnerConfig, num_steps: int, key: jax.Array, goal: jax.Arr
     return history
 
 
-def run(env_name: str, goals: np.ndarray, num_steps: int, seed: int, cfg: LearnerConfig,
+def run(env_name: str, goals: np.ndarray, num_steps: int, seed: int, source: LearnerConfig,
         par: parallel.Parallel) -> rlds.Histories:
     """The learning histories of one learner per goal ([tasks, 2]), over all local devices."""
     env, _ = darkroom_env(env_name)
@@ -128,7 +128,7 @@ def run(env_name: str, goals: np.ndarray, num_steps: int, seed: int, cfg: Learne
     by_device = lambda x: np.asarray(x).reshape((devices, per_device) + np.shape(x)[1:])  # noqa: E731
 
     def per_device_fn(keys, goals):  # this device's tasks, one learner each
-        return jax.vmap(lambda k, g: learn(env, cfg, num_steps, k, g))(keys, goals)
+        return jax.vmap(lambda k, g: learn(env, source, num_steps, k, g))(keys, goals)
 
     out = par.map(per_device_fn)(par.shard(by_device(keys)), par.shard(by_device(goals[index])))
     out = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:])[:num_tasks], par.local(out))
@@ -144,12 +144,12 @@ def darkroom_env(env_name: str):
     return env, env.default_params
 
 
-def source_metadata(env_name: str, cfg: LearnerConfig, tasks: int, steps: int, seed: int, split: str) -> dict:
+def source_metadata(env_name: str, source: LearnerConfig, tasks: int, steps: int, seed: int, split: str) -> dict:
     """What a dataset of learning histories records about its source: env, algorithm and its
     config, size, and the seed and split of the goals (in-context evaluation holds out the
     other split)."""
     env, _ = darkroom_env(env_name)
-    return {"env": env_name, "algo": f"tabular-q-{cfg.algo}", "algo_config": dataclasses.asdict(cfg),
+    return {"env": env_name, "algo": f"tabular-q-{source.algo}", "algo_config": dataclasses.asdict(source),
             "tasks": tasks, "steps": steps, "seed": seed, "split": split, "episode_len": env.episode_len}
 
 
@@ -203,9 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     except (EnvError, ParallelError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    cfg = LearnerConfig(algo=args.algo)
-    histories = run(args.env, goals, args.steps, args.seed, cfg, par)
-    metadata = source_metadata(args.env, cfg, args.tasks, args.steps, args.seed, args.split)
+    source = LearnerConfig(algo=args.algo)
+    histories = run(args.env, goals, args.steps, args.seed, source, par)
+    metadata = source_metadata(args.env, source, args.tasks, args.steps, args.seed, args.split)
     rlds.write(args.out, dataclasses.replace(histories, metadata=metadata))
     returns = episode_returns(histories, env.episode_len).mean(0)
     print(f"wrote {args.tasks} learning histories x {args.steps} steps ({len(returns)} episodes of "

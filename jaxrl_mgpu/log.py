@@ -17,13 +17,6 @@ from pathlib import Path
 
 from jaxrl_mgpu.parallel import is_main
 
-# What the console line shows of a row, where the row has it: (label, key, format).
-CONSOLE = (("policy", "loss/policy", ".3f"), ("value", "loss/value", ".3f"), ("kl", "loss/approx_kl", ".4f"),
-           ("clip", "loss/clip_frac", ".3f"), ("td", "loss/td", ".4f"), ("eps", "epsilon", ".3f"),
-           ("loss", "loss/cross_entropy", ".4f"), ("acc", "loss/accuracy", ".3f"),
-           # multi-agent games (algos/mappo.py): per team, and the game's tags
-           ("taggers", "taggers/episode_return", ".2f"), ("runners", "runners/episode_return", ".2f"),
-           ("tags", "tags_per_episode", ".2f"))
 # How often a long wait (a compile, a slow first chunk) says it is still working.
 HEARTBEAT_S = 30.0
 
@@ -36,7 +29,7 @@ def _clean(value):
 
 class RunLog:
     def __init__(self, run_dir: Path | None, total_steps: int, unit: str = "env_steps", episodic: bool = True,
-                 runs: list[dict] | None = None):
+                 runs: list[dict] | None = None, console: tuple = ()):
         self.enabled = is_main()
         # Many runs (multirun.py): what identifies each (index, seed, swept values). A row then
         # carries each run's metrics under "runs": metrics.jsonl gets one line per run, each
@@ -45,6 +38,7 @@ class RunLog:
         self.runs = runs
         self.unit = unit  # the row key progress is counted in
         self.episodic = episodic  # False: the rows carry no episode returns (AD's training)
+        self.console = console  # what the progress line shows of a row, where it has it: (label, key, format)
         self.run_dir = run_dir
         self.total_steps = total_steps
         self.tty = sys.stdout.isatty()
@@ -144,7 +138,7 @@ class RunLog:
                             + (f"; {gone} diverged)" if gone else ")")))
         if row.get("eval/episode_return") is not None:
             parts.append(f"eval {row['eval/episode_return']:.1f}")
-        parts += [f"{label} {row[key]:{fmt}}" for label, key, fmt in CONSOLE if row.get(key) is not None]
+        parts += [f"{label} {row[key]:{fmt}}" for label, key, fmt in self.console if row.get(key) is not None]
         rate = f"{row['sps']:,.0f} {self.unit.replace('env_', '')}/s" if row.get("sps") is not None else ""
         if row.get("agent_sps") is not None:
             rate += f" ({row['agent_sps']:,.0f} agent steps/s)"

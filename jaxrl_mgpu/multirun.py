@@ -30,6 +30,7 @@ import numpy as np
 
 from jaxrl_mgpu.algos import mappo
 from jaxrl_mgpu.algos.base import Algorithm, all_finite
+from jaxrl_mgpu.checkpoint import PER_DEVICE, REPLICATED, Layout
 from jaxrl_mgpu.config import ConfigError, parse_sweep
 from jaxrl_mgpu.parallel import Parallel
 
@@ -79,6 +80,47 @@ class Runs:
         return np.stack([np.asarray(jax.random.PRNGKey(self.seed_of(i) + offset)) for i in range(self.count)])
 
 
+class _RunsReplicated(Layout):
+    """A field identical on a run's devices: saved once per run, [runs, ...]."""
+
+    def saved(self, value, par):
+        return par.runs_of(value)
+
+    def target(self, value, par, meta):
+        return jax.tree.map(lambda x: np.zeros((par.runs,) + x.shape[2:], x.dtype), value)
+
+    def placed(self, restored, par):
+        return par.shard_runs(restored)
+
+
+class _RunsPerEnv(Layout):
+    """A field per environment: saved per run over its environments, [runs, envs per run, ...],
+    and laid out again where the environments per run are as many. `restores=False`: a field
+    per device (a replay of its own), saved the same way but re-created on a resume."""
+
+    def __init__(self, restores: bool = True):
+        self.restores = restores
+
+    def saved(self, value, par):
+        return par.run_envs_of(value)
+
+    def target(self, value, par, meta):
+        envs = par.data_devices * jax.tree.leaves(value)[0].shape[2]
+        if not self.restores or meta.get("num_envs") != envs:
+            return None
+        return jax.tree.map(lambda x: np.zeros((par.runs, envs) + x.shape[3:], x.dtype), value)
+
+    def placed(self, restored, par):
+        return par.shard_run_envs(restored)
+
+
+def per_run(layout: Layout) -> Layout:
+    """A single run's field layout (checkpoint.py) for the same field of every run."""
+    if layout is REPLICATED:
+        return _RunsReplicated()
+    return _RunsPerEnv(restores=layout is not PER_DEVICE)
+
+
 def setup(cfg, par: Parallel) -> Parallel:
     """`par` laid out for `cfg`'s runs (a runs axis), or `par` itself for a single run."""
     runs = Runs.of(cfg)
@@ -119,5 +161,6 @@ def algorithm(cfg, module, env, env_params, split, par: Parallel, runs: Runs) ->
     # inside it, and 128 CartPole runs deadlocked there on a 2-core machine. One run's init is
     # also exactly the single run's (an unbatched QR). It runs once.
     return dataclasses.replace(base, init=lambda keys: jax.lax.map(base.init, keys), update=update,
+                               layout={name: per_run(kind) for name, kind in base.layout.items()},
                                data=(par.shard_runs(runs.values()),),
                                finite=jax.vmap(lambda losses, state: all_finite(state.opt_state)))

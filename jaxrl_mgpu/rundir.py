@@ -207,7 +207,7 @@ def summary(cfg, log: RunLog, last: dict, done: int, unit: str, steps: int | Non
         values["best_return"] = best.get("episode_return", (None,))[0]
         if "eval/episode_return" in best:
             values["best_eval_return"] = best["eval/episode_return"][0]
-    for key in ("loss/cross_entropy", "loss/accuracy"):
+    for key in module_for(cfg).SUMMARY:
         if last.get(key) is not None:
             values[key.split("/")[1]] = last[key]
     values["startup"] = {k: round(v, 2) for k, v in log.timeline.items()}

@@ -16,6 +16,7 @@ import jax
 
 import jaxrl_mgpu
 from jaxrl_mgpu import compile_cache, multirun, parallel, runstats
+from jaxrl_mgpu.algos import module_for
 from jaxrl_mgpu.algos.base import Split
 from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.chunks import NonFinite, Trainer
@@ -28,12 +29,12 @@ from jaxrl_mgpu.stop import StopSignal
 from jaxrl_mgpu.tracing import Profile
 
 
-def banner(cfg, par: Parallel, layout: Split, per_update: str) -> dict:
-    """The start-up summary of the distributed setup. `layout` is the algorithm's
+def banner(cfg, par: Parallel, split: Split, per_update: str) -> dict:
+    """The start-up summary of the distributed setup. `split` is the algorithm's
     {what: (global, per device)} split of the batch (its `check`)."""
-    device = par.devices[0]
+    device, module = par.devices[0], module_for(cfg)
     rows = {
-        "jaxrl_mgpu": f"{cfg.algo} on {cfg.env}" + ("" if cfg.algo == "ad" else f", policy {cfg.policy}")
+        "jaxrl_mgpu": f"{cfg.algo} on {cfg.env}" + (f", policy {cfg.policy}" if module.TAKES_POLICY else "")
                       + ("" if cfg.mode == "both" else f", --mode {cfg.mode}"),
         "processes": f"{jax.process_count()} (this is process {jax.process_index()})",
         "devices": f"{par.num_local_devices} local, {par.num_devices} global: "
@@ -49,10 +50,10 @@ def banner(cfg, par: Parallel, layout: Split, per_update: str) -> dict:
             rows["sweep"] = cfg.sweep
     each = "" if runs is None else " per run"
     rows.update({what: f"{total} global{each}, {per_device} per device{each}"
-                 for what, (total, per_device) in layout.items()})
+                 for what, (total, per_device) in split.items()})
     if cfg.auto_scale:
-        size = "--ad-batch-size" if cfg.algo == "ad" else "--num-envs"
-        rows["auto-scale"] = (f"{cfg.auto_scale}: {size} {getattr(cfg, size[2:].replace('-', '_'))} chosen at the "
+        size = module.SIZE_OPTION
+        rows["auto-scale"] = (f"{cfg.auto_scale}: --{size.replace('_', '-')} {getattr(cfg, size)} chosen at the "
                               f"run's start (kept on resume); minibatch count, epochs and lr as configured, so "
                               f"minibatches grow with the batch")
     rows.update({
@@ -71,7 +72,7 @@ def banner(cfg, par: Parallel, layout: Split, per_update: str) -> dict:
     return rows
 
 
-def run(cfg, par: Parallel, layout: Split, notes: list[str], asynchronous=None, auto_scale_s: float = 0.0) -> int:
+def run(cfg, par: Parallel, split: Split, notes: list[str], asynchronous=None, auto_scale_s: float = 0.0) -> int:
     """Trains in the run directory, from its newest whole checkpoint with `--resume`: `--mode
     both`, or a `--mode learn` learner fed by `asynchronous` (asynchronous/dqn.py or ad.py).
     `notes`: lines said under the banner (what a resume changed, what followed the log points);
@@ -85,7 +86,7 @@ def run(cfg, par: Parallel, layout: Split, notes: list[str], asynchronous=None, 
     learner = cfg.mode == "learn"
 
     def build(cfg):
-        trainer = Trainer(cfg, par, asynchronous.algorithm(cfg, par, layout) if learner else None, layout)
+        trainer = Trainer(cfg, par, asynchronous.algorithm(cfg, par, split) if learner else None, split)
         # A learner publishes its initial state for the collectors before it compiles.
         return trainer, trainer.init_state() if learner else None
 
@@ -94,7 +95,7 @@ def run(cfg, par: Parallel, layout: Split, notes: list[str], asynchronous=None, 
         return 0  # already complete
     cfg, trainer, state, step = begun.cfg, begun.trainer, begun.state, begun.update
     prepare(cfg, run_dir, step)
-    log = open_log(cfg, trainer, run_dir, layout, asynchronous.per_update(cfg) if learner else None,
+    log = open_log(cfg, trainer, run_dir, split, asynchronous.per_update(cfg) if learner else None,
                    notes + begun.set_aside)
     if step is None and cfg.resume == "auto":
         log.print("  --resume auto: no checkpoint yet, starting fresh")
@@ -106,15 +107,15 @@ def run(cfg, par: Parallel, layout: Split, notes: list[str], asynchronous=None, 
     if auto_scale_s:
         log.timeline["auto_scale_s"] = auto_scale_s
     log.timeline["setup_s"] = time.monotonic() - entered  # algorithm, initial state, restore, log files
-    return train(cfg, trainer, state, step, log, layout, asynchronous if learner else None)
+    return train(cfg, trainer, state, step, log, split, asynchronous if learner else None)
 
 
-def open_log(cfg, trainer: Trainer, run_dir: Path, layout: Split, per_update: str | None, notes: list[str]) -> RunLog:
+def open_log(cfg, trainer: Trainer, run_dir: Path, split: Split, per_update: str | None, notes: list[str]) -> RunLog:
     """The run's log (process 0 writes it), its banner and the lines under it."""
     runs = None if trainer.runs is None else [trainer.runs.describe(i) for i in range(trainer.runs.count)]
     log = RunLog(run_dir, cfg.steps_at(cfg.total_updates, trainer.steps_per_update), unit=trainer.step_unit,
-                 episodic=trainer.algorithm.episodic, runs=runs)
-    log.banner(banner(cfg, trainer.par, layout, per_update or f"{trainer.steps_per_update:,} {trainer.step_unit}"))
+                 episodic=trainer.algorithm.episodic, runs=runs, console=module_for(cfg).CONSOLE)
+    log.banner(banner(cfg, trainer.par, split, per_update or f"{trainer.steps_per_update:,} {trainer.step_unit}"))
     for note in notes:
         log.print(f"  {note}")
     return log

@@ -52,12 +52,12 @@ def main(argv: list[str] | None = None) -> int:
             cfg, _ = autoscale.choose(cfg, par, module_for(cfg))
             searched_s = time.monotonic() - t
         par = multirun.setup(cfg, par)  # --num-seeds / --sweep: a runs axis beside the data axis
-        layout = (module_for(cfg).check if cfg.mode == "both" else learner.check)(cfg, par.data_devices)
+        split = (module_for(cfg).check if cfg.mode == "both" else learner.check)(cfg, par.data_devices)
         if cfg.mode == "collect":
             if not cfg.run_dir:
                 raise ConfigError("--mode collect needs --run-dir: the run whose store it fills")
-            return collect(cfg, par, layout, learner)
-        return runner.run(cfg, par, layout, notes, learner, auto_scale_s=searched_s)
+            return collect(cfg, par, split, learner)
+        return runner.run(cfg, par, split, notes, learner, auto_scale_s=searched_s)
     except USER_ERRORS as e:
         fail(e)
     except KeyboardInterrupt:  # Ctrl-C before training began (once it has, stop.py handles it)
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signal.SIGINT
 
 
-def collect(cfg, par, layout, asynchronous) -> int:
+def collect(cfg, par, split, asynchronous) -> int:
     """`--mode collect`: no run directory of its own; it adds episodes (or, for --algo ad,
     learning histories) to `--run-dir`'s store."""
     log = RunLog(None, 0)
@@ -74,7 +74,7 @@ def collect(cfg, par, layout, asynchronous) -> int:
               + f", store {cfg.run_dir}/store")
     stop = StopSignal(log)
     try:
-        total = asynchronous.collect(cfg, par, layout, log, stop)
+        total = asynchronous.collect(cfg, par, split, log, stop)
     finally:
         stop.restore()
     log.print(f"collector done: {total:,} env steps written")

@@ -49,6 +49,20 @@ from jaxrl_mgpu.cli import count
 
 # Progress is counted in tokens (transitions the model is trained on), not env steps.
 STEP_UNIT = "tokens"
+# What the code outside algos/ knows of this algorithm (runner, log, auto-scale, evaluate):
+# the progress line's terms (label, row key, format) and the summary's, what --auto-scale
+# sizes (sequences per update), that it takes no --policy (its network is AD's transformer),
+# and that a trained run is evaluated in context (incontext.py), not by playing episodes.
+CONSOLE = (("loss", "loss/cross_entropy", ".4f"), ("acc", "loss/accuracy", ".3f"))
+SUMMARY = ("loss/cross_entropy", "loss/accuracy")
+SIZE_OPTION = "ad_batch_size"
+TAKES_POLICY = False
+EVALUATED_BY = "in-context"
+
+
+def steady_state(cfg):
+    """`cfg` as a throughput probe times it (auto-scale, bench): as it trains."""
+    return cfg
 
 # Options (besides config.STATE_KEYS) that shape this algorithm's state: the optimizer state
 # holds a schedule count only when annealing; the transformer's size and context.

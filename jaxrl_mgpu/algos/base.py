@@ -19,7 +19,7 @@ import jax.numpy as jnp
 class Algorithm:
     init: Callable          # key -> state (the same key on every device: identical parameters)
     update: Callable        # state, *data -> state, (losses: dict, vec.EpisodeStats of the update)
-    layout: dict            # the state's checkpoint layout: each field checkpoint.REPLICATED or PER_ENV
+    layout: dict            # the state's checkpoint layout: a checkpoint.Layout per field (REPLICATED, PER_ENV, ...)
     step_unit: str          # what progress is counted in: env_steps, tokens, update
     steps_per_update: int   # of step_unit, over all devices
     policy: Any = None      # nets.actor_critic.Policy for evaluation episodes (None: not evaluated)

@@ -60,6 +60,7 @@ epsilon-greedily, their argmax (`--greedy`) is acting greedily.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Any, NamedTuple
@@ -120,6 +121,20 @@ STATE_KEYS = ("buffer_size", "num_envs", "num_steps", "d_model", "n_layers", "n_
               "replay_obs_dtype")
 
 STEP_UNIT = "env_steps"
+# What the code outside algos/ knows of this algorithm (runner, log, auto-scale, evaluate):
+# the progress line's terms (label, row key, format), what --auto-scale sizes, whether
+# --policy chooses its network, and how a trained run is evaluated (playing episodes).
+CONSOLE = (("td", "loss/td", ".4f"), ("eps", "epsilon", ".3f"))
+SUMMARY = ()
+SIZE_OPTION = "num_envs"
+TAKES_POLICY = True
+EVALUATED_BY = "episodes"
+
+
+def steady_state(cfg):
+    """`cfg` as a throughput probe times it (auto-scale, bench): learning from its first update,
+    since before --learning-starts an update only collects and is several times faster."""
+    return dataclasses.replace(cfg, learning_starts=0)
 
 
 def steps_per_update(cfg) -> int:

@@ -40,6 +40,11 @@ from jaxrl_mgpu.parallel import AXIS, all_sum, device_index, global_indices, spl
 from jaxrl_mgpu.cli import count
 
 STEP_UNIT = ppo.STEP_UNIT
+# As PPO's (algos/ppo.py), and per team the return per agent, and the game's tags.
+CONSOLE = ppo.CONSOLE + (("taggers", "taggers/episode_return", ".2f"), ("runners", "runners/episode_return", ".2f"),
+                         ("tags", "tags_per_episode", ".2f"))
+SUMMARY, SIZE_OPTION, TAKES_POLICY, EVALUATED_BY = ppo.SUMMARY, ppo.SIZE_OPTION, ppo.TAKES_POLICY, ppo.EVALUATED_BY
+steady_state = ppo.steady_state
 STATE_KEYS = ("anneal_lr",)
 steps_per_update = ppo.steps_per_update
 

@@ -84,6 +84,20 @@ STATE_KEYS = ("anneal_lr", "d_model", "n_layers", "n_heads", "context_len", "nor
 GPU_ROLLOUT_UNROLL = 4
 
 STEP_UNIT = "env_steps"
+# What the code outside algos/ knows of this algorithm (runner, log, auto-scale, evaluate):
+# the progress line's terms (label, row key, format), what --auto-scale sizes, whether
+# --policy chooses its network, and how a trained run is evaluated (playing episodes).
+CONSOLE = (("policy", "loss/policy", ".3f"), ("value", "loss/value", ".3f"), ("kl", "loss/approx_kl", ".4f"),
+           ("clip", "loss/clip_frac", ".3f"))
+SUMMARY = ()
+SIZE_OPTION = "num_envs"
+TAKES_POLICY = True
+EVALUATED_BY = "episodes"
+
+
+def steady_state(cfg):
+    """`cfg` as a throughput probe times it (auto-scale, bench): as it trains."""
+    return cfg
 
 
 def steps_per_update(cfg) -> int:

@@ -14,6 +14,7 @@ the learners bootstrap from that observation), `observation_space(params)`,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -86,6 +87,7 @@ def register(name: str, factory: Callable[..., tuple[Any, Any]], args: dict[str,
     from `--env-args` (name -> Arg, in the order a listing shows them), and `make` checks them
     before calling it; without it, the factory's named parameters are taken as they are written."""
     _OWN[name] = (factory, args)
+    _made.cache_clear()  # a name registered again is built anew
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +107,7 @@ _SUITES: dict[str, Suite] = {}
 
 def register_suite(name: str, suite: Suite) -> None:
     _SUITES[name] = suite
+    _made.cache_clear()
 
 
 def names() -> list[str]:
@@ -115,7 +118,13 @@ def names() -> list[str]:
 def make(name: str, args: str | None = None) -> tuple[Any, Any]:
     """`(env, env_params)`; `args` (`--env-args`, "NAME=VALUE,...") are keyword arguments of a
     project environment's factory (its sizes and parameters, e.g. the Tag games') or of a
-    suite's, each checked against its table before anything is built."""
+    suite's, each checked against its table before anything is built. Built once per name and
+    arguments (start-up asks for it in several places; environments hold no mutable state)."""
+    return _made(name, args)
+
+
+@functools.cache
+def _made(name: str, args: str | None) -> tuple[Any, Any]:
     check(name)
     kwargs = parse_args(name, args)
     if ":" in name:
