@@ -119,7 +119,12 @@ class Parallel:
             out = fn(*jax.tree.map(lambda x: x[0], args))
             return jax.tree.map(lambda x: x[None], out)
 
-        mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=P(self.axes), out_specs=P(self.axes))
+        # No varying-manual-axes typing (check_vma): environments of other suites (and users')
+        # branch with lax.cond between a value of the state and a constant, which that typing
+        # refuses; the per-device code never differentiates through a collective (gradients are
+        # averaged after they are taken), so nothing depends on it.
+        mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=P(self.axes), out_specs=P(self.axes),
+                               check_vma=False)
         return jax.jit(mapped, donate_argnums=donate_argnums)
 
     def _global(self, local: jax.Array) -> jax.Array:
