@@ -40,7 +40,6 @@ from jaxrl_mgpu.parallel import AXIS, all_sum, device_index, global_indices, spl
 from jaxrl_mgpu.cli import count
 
 STEP_UNIT = ppo.STEP_UNIT
-STATE_KEYS = ("anneal_lr",)
 steps_per_update = ppo.steps_per_update
 
 
