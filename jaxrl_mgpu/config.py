@@ -3,6 +3,12 @@
 Precedence: dataclass defaults < `--config` preset (YAML, shipped in jaxrl_mgpu/presets/, or
 any path) < flags given on the command line. Numbers on the command line are GLOBAL (over all devices and hosts);
 per-device values are derived from them once the devices are known.
+
+Each option is declared once, in `Config`, with everything the rest of the package asks about
+it: its group (what it configures: `--help GROUP` shows one), its range (checked here and
+nowhere else), which runs use it (a run that would ignore it refuses it), what a resume may do
+with it, which algorithms' checkpointed state it shapes, and which algorithms' `--sweep` may
+vary it. The lists the other modules need are computed from those declarations.
 """
 
 from __future__ import annotations
@@ -11,11 +17,13 @@ import argparse
 import dataclasses
 import json
 import math
+import shutil
 import sys
+import textwrap
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import yaml
 
@@ -27,224 +35,402 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 SOURCE_ALGOS = ("ucb", "q")  # exploration of AD's tabular Q-learning source (histories.py)
 PRESET_DIRS = (Path(__file__).resolve().parent / "presets",)  # package data: installed with the package
 
+# -- how an option is declared -----------------------------------------------------------------
 
-def option(default: Any, help: str, **kw) -> Any:
-    return dataclasses.field(default=default, metadata={"help": help, **kw})
+# The groups, in the order `--help` lists them, with the line it says about each.
+RUN, ENV, LEARNING, NETWORK, PPO, DQN, AD, MULTIRUN, ASYNC, DEVICES = (
+    "run", "env", "learning", "network", "ppo", "dqn", "ad", "multirun", "async", "devices")
+GROUPS = {
+    RUN: "what to train, for how long; the run directory, logs, checkpoints, evaluation, resume",
+    ENV: "the environment, and how many of it step at once",
+    LEARNING: "the optimizer, the discount, the compute precision (PPO, DQN and AD)",
+    NETWORK: "the policy network: the MLP, the transformer and its fused kernels",
+    PPO: "PPO: its loss, minibatches and epochs, normalisation, actor and critic widths",
+    DQN: "DQN: the replay, the target network, epsilon-greedy exploration, n-step returns",
+    AD: "Algorithm Distillation: the dataset, its windows, its collectors' source learners",
+    MULTIRUN: "many runs in one compiled program: --num-seeds, --sweep",
+    ASYNC: "--mode learn / collect: learners and collectors sharing a run's trajectory store",
+    DEVICES: "devices and hosts: pmap or shard_map, --auto-scale, the multi-host flags",
+}
+
+
+class Range(NamedTuple):
+    """The values a number may take, as an error states them ("> 0") and as a test."""
+    text: str
+    holds: Callable[[Any], bool]
+
+
+POSITIVE = Range("> 0", lambda v: v > 0)
+NON_NEGATIVE = Range(">= 0", lambda v: v >= 0)
+UNIT = Range("in [0, 1]", lambda v: 0 <= v <= 1)
+UNIT_OPEN = Range("in (0, 1]", lambda v: 0 < v <= 1)
+
+
+class Applies(NamedTuple):
+    """The runs that use an option: who (as the refusal names them) and a test of the config.
+    Giving the option to any other run is an error, not a silent no-op."""
+    who: str
+    test: Callable[[Any], bool]
+
+
+# What a resume does with an option given on its command line:
+RESUME_KEEPS = "keeps"            # the run's own value (config.json) stays; another value is refused
+RESUME_MAY_CHANGE = "may change"  # the new value is taken and the change logged (unless it shapes the state)
+THIS_INVOCATION = "invocation"    # of one invocation, not of the run: never taken from the saved config
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """What one option is, besides its name, type and default (the dataclass field's)."""
+    help: str
+    group: str
+    common: bool = False          # a bare --help shows it (with `brief` where given)
+    brief: str | None = None      # a bare --help's shorter text
+    check: Range | None = None    # the values a number may take
+    choices: tuple = ()
+    applies: Applies | None = None  # None: every run uses it
+    resume: str = RESUME_KEEPS
+    state: tuple[str, ...] = ()   # the algorithms whose checkpointed state it shapes (a resume never changes it)
+    sweep: tuple[str, ...] = ()   # the algorithms whose --sweep may vary it (an update reads it only as a number)
+    nargs: str | None = None
+    const: Any = None
+    metavar: str | None = None
+    internal: bool = False        # set by the package (a resume), never on the command line
+
+
+def option(default: Any, help: str, group: str, **kw) -> Any:
+    """A field of Config: its default, and the rest of its declaration (Option's fields)."""
+    return dataclasses.field(default=default, metadata={"option": Option(help, group, **kw)})
+
+
+# Who uses the options that only some runs use.
+FOR_PPO = Applies("--algo ppo", lambda c: c.algo == "ppo")
+FOR_PPO_MLP = Applies("--algo ppo --policy mlp", lambda c: c.algo == "ppo" and c.policy == "mlp")
+FOR_DQN = Applies("--algo dqn", lambda c: c.algo == "dqn")
+FOR_AD = Applies("--algo ad", lambda c: c.algo == "ad")
+FOR_ENV_STEPS = Applies("--algo ppo or dqn", lambda c: c.algo != "ad")
+FOR_MLP = Applies("an MLP (--policy mlp, --algo ppo or dqn)", lambda c: c.algo != "ad" and c.policy == "mlp")
+FOR_TRANSFORMER = Applies("a transformer (--policy transformer, or --algo ad)",
+                          lambda c: c.algo == "ad" or c.policy == "transformer")
+FOR_TRANSFORMER_POLICY = Applies("--policy transformer", lambda c: c.algo != "ad" and c.policy == "transformer")
+FOR_AD_DATASET = Applies("--algo ad with --mode both", lambda c: c.algo == "ad" and c.mode == "both")
+FOR_AD_STORE = Applies("--algo ad with --mode learn or collect", lambda c: c.algo == "ad" and c.mode != "both")
+# Learners and collectors of one run may share one command line, so these are for both.
+FOR_STORE = Applies("--mode learn or collect", lambda c: c.mode != "both")
+# AD's collectors write whole learning histories (--ad-history-tasks x --ad-history-steps) one
+# shard at a time, and its learner reads those few large shards on a thread.
+FOR_DQN_STORE = Applies("--algo dqn with --mode learn or collect", lambda c: c.algo == "dqn" and c.mode != "both")
+FOR_MANY_RUNS = Applies("many runs (--num-seeds > 1 or --sweep)", lambda c: c.num_seeds > 1 or bool(c.sweep))
+FOR_TRAINING = Applies("training (--mode both or learn)", lambda c: c.mode != "collect")
+FOR_PROFILE = Applies("--profile", lambda c: c.profile is not None)
+FOR_AUTO_SCALE = Applies("--auto-scale", lambda c: c.auto_scale is not None)
+# AD's run is --num-updates long whatever its batch: the minimum does not bite there.
+FOR_AUTO_SCALE_STEPS = Applies("--auto-scale with --algo ppo or dqn (AD trains --num-updates at any size)",
+                               lambda c: c.auto_scale is not None and c.algo != "ad")
+
+PPO_DQN = ("ppo", "dqn")  # the algorithms that step environments themselves
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    # what to train
-    algo: str = option("ppo", "algorithm", choices=ALGOS)
-    env: str = option("CartPole-v1", "environment: any gymnax name (e.g. Breakout-MinAtar) or a project env")
+    # -- run: what to train, for how long, where it is written ------------------------------
+    algo: str = option("ppo", "algorithm", RUN, common=True, choices=ALGOS, state=ALGOS)
+    total_timesteps: int = option(3_000_000, "environment steps to train for, over all devices", RUN, common=True,
+                                  check=POSITIVE, applies=FOR_ENV_STEPS, resume=RESUME_MAY_CHANGE)
+    num_updates: int | None = option(None, "train for this many updates instead (the unit of --algo ad)", RUN,
+                                     check=POSITIVE, applies=FOR_AD, resume=RESUME_MAY_CHANGE)
+    seed: int = option(0, "random seed (params, environments and sampling all derive from it)", RUN, common=True,
+                       brief="random seed of params, environments and sampling")
+    run_dir: str | None = option(None, "output directory (default runs/<env>-<algo>-<time>)", RUN, common=True,
+                                 resume=THIS_INVOCATION, metavar="DIR")
+    config: str | None = option(None, "YAML preset: a path, or the name of a shipped preset (listed at the end of "
+                                      "--help)", RUN, common=True, brief="YAML preset: a path or a name listed below",
+                                resume=THIS_INVOCATION, metavar="PRESET")
+    log_every: int = option(10, "updates per compiled chunk and per log point", RUN, common=True, check=POSITIVE,
+                            resume=RESUME_MAY_CHANGE)
+    checkpoint_every: int = option(100, "save a checkpoint every this many updates (a multiple of --log-every; "
+                                        "0 = only at the end)", RUN, common=True,
+                                   brief="checkpoint every this many updates (0: at the end only)", check=NON_NEGATIVE,
+                                   resume=RESUME_MAY_CHANGE)
+    keep_checkpoints: int = option(3, "how many of the latest checkpoints to keep", RUN, check=POSITIVE,
+                                   resume=RESUME_MAY_CHANGE)
+    resume: str | None = option(None, "continue the run in --run-dir from its latest complete checkpoint; "
+                                      "'--resume auto': resume if there is one, else start fresh", RUN, common=True,
+                                brief="continue --run-dir's run ('auto': or start it)",
+                                choices=("latest", "auto"), nargs="?", const="latest", resume=THIS_INVOCATION,
+                                metavar="auto")
+    stop_at_update: int | None = option(None, "stop after this update with a checkpoint, as if preempted "
+                                              "(the schedule still follows --total-timesteps); resume later", RUN,
+                                        check=POSITIVE, resume=THIS_INVOCATION)
+    eval_every: int = option(0, "evaluate every this many updates (a multiple of --log-every; 0 = never) "
+                                "and keep the best checkpoint for `evaluate --best`", RUN, common=True,
+                             brief="evaluate every this many updates (0: never)",
+                             check=NON_NEGATIVE, resume=RESUME_MAY_CHANGE)
+    eval_episodes: int = option(64, "episodes per evaluation, GLOBAL (spread over all devices)", RUN, check=POSITIVE,
+                                resume=RESUME_MAY_CHANGE)
+    compile_cache: str | None = option(None, "directory of JAX's persistent compilation cache, where compiled "
+                                             "programs are kept for the next run (default: $JAX_COMPILATION_CACHE_DIR, "
+                                             "else $XDG_CACHE_HOME/jaxrl_mgpu/jax); 'off': compile everything afresh",
+                                       RUN, resume=THIS_INVOCATION, metavar="DIR")
+    profile: str | None = option(None, "write a jax.profiler trace of two log intervals of training under this "
+                                       "directory, one per process (TensorBoard's profile plugin or Perfetto open "
+                                       "it; experiments/gpu/trace_summary.py sums it)", RUN, applies=FOR_TRAINING,
+                                 resume=THIS_INVOCATION, metavar="DIR")
+    profile_from: int | None = option(None, "the update after which the --profile trace starts (default: the end "
+                                            "of the first log interval, so that compiling and warming up are left "
+                                            "out)", RUN, check=NON_NEGATIVE, applies=FOR_PROFILE,
+                                      resume=THIS_INVOCATION)
+    # Where this run's count starts (set by a resume, not on the command line): a resume with
+    # another --num-envs or --total-timesteps goes on from the env steps done, not from
+    # update x the new batch.
+    resumed_update: int = option(0, "update of the checkpoint this run resumed from", RUN, check=NON_NEGATIVE,
+                                 internal=True)
+    resumed_steps: int = option(0, "env steps (tokens for --algo ad) done by then", RUN, check=NON_NEGATIVE,
+                                internal=True)
+
+    # -- env ----------------------------------------------------------------------------------
+    env: str = option("CartPole-v1", "environment: any gymnax name (e.g. Breakout-MinAtar), SUITE:TASK (e.g. "
+                                     "brax:ant, dmc:CheetahRun) or a project env (envs/)", ENV, common=True,
+                      brief="a gymnax name, SUITE:TASK or a project env", state=ALGOS, metavar="NAME")
     env_args: str | None = option(None, "arguments of a project env, NAME=VALUE,... (e.g. the Tag games' sizes: "
-                                        "num_taggers=4,grid_length=100; see envs/tag.py)")
-    policy: str = option("mlp", "policy network: mlp, or transformer over the recent history (a conv "
-                                "torso is added for image observations)", choices=POLICIES)
-    total_timesteps: int = option(3_000_000, "environment steps to train for, over all devices")
-    num_updates: int | None = option(None, "train for this many updates instead (the unit of --algo ad)")
-    # PPO
-    num_envs: int = option(32, "environments, GLOBAL over all devices (per device = num-envs / devices)")
-    num_steps: int = option(128, "steps per environment per update (rollout length)")
-    num_minibatches: int = option(4, "minibatches per epoch, GLOBAL (each device takes 1/devices of each)")
-    update_epochs: int = option(4, "passes over each rollout")
-    lr: float = option(2.5e-4, "Adam learning rate")
-    anneal_lr: bool = option(True, "decay the learning rate linearly to 0 over training")
-    gamma: float = option(0.99, "discount factor")
-    gae_lambda: float = option(0.95, "GAE lambda")
-    clip_eps: float = option(0.2, "PPO ratio (and value) clipping")
-    ent_coef: float = option(0.01, "entropy bonus coefficient")
-    vf_coef: float = option(0.5, "value loss coefficient")
-    max_grad_norm: float = option(0.5, "clip gradients to this global norm (after the all-reduce)")
-    normalize_reward: bool = option(False, "PPO: divide rewards by the running standard deviation of the "
-                                           "discounted return (statistics over all devices, kept in checkpoints), "
-                                           "as PureJaxRL's and CleanRL's continuous-action PPO do")
-    normalize_obs: bool = option(False, "PPO: normalise observations by their running mean and standard deviation "
-                                        "over all devices and processes (Brax's normalize_observations; the "
-                                        "statistics are kept with the params, so checkpoints and evaluation use "
-                                        "them)")
-    reward_scale: float = option(1.0, "PPO: multiply rewards by this in the learner (Brax's reward_scaling); "
-                                      "episode returns are logged unscaled")
-    clip_value: bool = option(True, "PPO: clip the value loss around the rollout's values by --clip-eps, as "
-                                    "PureJaxRL and CleanRL do (--no-clip-value: Brax's unclipped value loss, for "
-                                    "value targets far from unit size, e.g. with --reward-scale)")
-    actor_hidden: str | None = option(None, "PPO: widths of the actor MLP's hidden layers, comma-separated (e.g. "
-                                            "32,32,32,32; default: --num-layers x --hidden-size)")
-    critic_hidden: str | None = option(None, "PPO: widths of the critic MLP's hidden layers, comma-separated (e.g. "
-                                             "256,256,256,256,256; default: --num-layers x --hidden-size)")
-    action_dist: str = option("clipped_normal", "PPO with Box actions: clipped_normal (a Gaussian with a learned "
-                                                "state-independent std, samples clipped to the bounds for the env) "
-                                                "or tanh_normal (Brax's: a Gaussian with a state-dependent std, "
-                                                "squashed by tanh into the bounds)",
-                              choices=("clipped_normal", "tanh_normal"))
-    # DQN ------------------------------------------------------------------------------
-    # (--algo dqn also uses --num-envs, --num-steps, --lr, --anneal-lr, --gamma, --max-grad-norm,
-    # --hidden-size, --num-layers, --activation.)
-    buffer_size: int = option(100_000, "DQN replay capacity in transitions, GLOBAL (per device = buffer-size / "
-                                       "devices); a multiple of num-envs")
-    replay_obs_dtype: str = option("float32", "dtype DQN's replay stores observations in: uint8 (a quarter of the "
-                                              "memory) where they are whole numbers in 0..255, as MinAtar's 0/1 "
-                                              "channel maps are (checked at start-up)", choices=("float32", "uint8"))
-    replay_batch_size: int = option(256, "DQN transitions sampled per gradient step, GLOBAL (per device = "
-                                         "replay-batch-size / devices)")
-    updates_per_step: float = option(1.0, "DQN gradient steps per vectorised env step (one step of all num-envs "
-                                          "environments): each update steps every env num-steps times, then does "
-                                          "num-steps x updates-per-step gradient steps (a whole number)")
-    learning_starts: int = option(10_000, "DQN env steps (global) collected before the first gradient step")
-    target_update_every: int = option(500, "DQN: copy the online network into the target network every this many "
-                                           "gradient steps (used when tau = 1)")
-    tau: float = option(1.0, "DQN target update: 1 = hard copy every target-update-every gradient steps; < 1 = "
-                             "Polyak averaging target <- tau*online + (1-tau)*target after every gradient step")
-    eps_start: float = option(1.0, "DQN epsilon-greedy: epsilon at the start")
-    eps_end: float = option(0.05, "DQN epsilon-greedy: epsilon after eps-decay-steps")
-    eps_decay_steps: int = option(100_000, "DQN epsilon-greedy: env steps (global) of linear decay from eps-start "
-                                           "to eps-end")
-    n_step: int = option(1, "DQN n-step returns (cut at episode ends; time limits bootstrap from the final "
-                            "observation)")
-    # end DQN --------------------------------------------------------------------------
-    # Algorithm Distillation -----------------------------------------------------------
-    # (--algo ad trains for --num-updates and also uses --lr, --anneal-lr, --max-grad-norm, --d-model,
-    # --n-layers, --n-heads, --precision, --grad-accum; its transformer's context is --n-transit, so
-    # --policy and --context-len do not apply.)
-    dataset: str | None = option(None, "AD: directory of learning histories to distill (written by "
-                                       "python -m jaxrl_mgpu.histories --out DIR)")
-    n_transit: int = option(80, "AD: transitions per training window and in the model's context, across "
-                                "episode boundaries (e.g. 80 = 4 DarkRoom episodes)")
-    ad_batch_size: int = option(128, "AD: windows of n-transit transitions per update, GLOBAL (per device = "
-                                     "ad-batch-size / devices)")
-    ad_episode_stride: int = option(1, "AD: keep every k-th episode of each learning history, so a context of "
-                                       "n episodes spans k x n episodes of the source's learning")
-    # (--algo ad with --mode collect|learn: the histories come from the run's store, asynchronous/ad.py)
-    ad_history_steps: int = option(4000, "AD --mode collect|learn: environment steps of each source learning "
-                                         "history (a multiple of the episode length); the same for collectors "
-                                         "and learner")
-    ad_history_tasks: int = option(32, "AD --mode collect: tasks (goals) learned at once, one source learner "
-                                       "each, per store shard")
-    ad_source: str = option("ucb", "AD --mode collect: exploration of the tabular Q-learning source",
-                            choices=SOURCE_ALGOS)
-    # end Algorithm Distillation -------------------------------------------------------
-    # network
-    hidden_size: int = option(64, "width of the MLP layers")
-    num_layers: int = option(2, "hidden layers of the actor and of the critic MLP")
-    activation: str = option("tanh", "MLP activation (swish is silu, Brax's name for it)",
-                             choices=("tanh", "relu", "gelu", "silu", "swish"))
+                                        "num_taggers=4,grid_length=100; see envs/tag.py)", ENV, common=True,
+                                  brief="a project env's arguments, NAME=VALUE,... (the Tag games' sizes)",
+                                  state=ALGOS, metavar="ARGS")
+    # DQN's replay is a ring per environment, written num_steps rows per update: both shape its state.
+    num_envs: int = option(32, "environments, GLOBAL over all devices (per device = num-envs / devices)", ENV,
+                           common=True, brief="environments, GLOBAL over all devices", check=POSITIVE,
+                           applies=FOR_ENV_STEPS, resume=RESUME_MAY_CHANGE, state=("dqn",))
+    num_steps: int = option(128, "steps per environment per update (rollout length)", ENV, common=True,
+                            check=POSITIVE, applies=FOR_ENV_STEPS, state=("dqn",))
+
+    # -- learning -----------------------------------------------------------------------------
+    lr: float = option(2.5e-4, "Adam learning rate", LEARNING, common=True, check=POSITIVE,
+                       resume=RESUME_MAY_CHANGE, sweep=PPO_DQN)
+    # (PPO's and AD's optimizer state holds a schedule count only when annealing)
+    anneal_lr: bool = option(True, "decay the learning rate linearly to 0 over training", LEARNING,
+                             state=("ppo", "ad"))
+    gamma: float = option(0.99, "discount factor", LEARNING, common=True, check=UNIT, applies=FOR_ENV_STEPS,
+                          sweep=PPO_DQN)
+    max_grad_norm: float = option(0.5, "clip gradients to this global norm (after the all-reduce)", LEARNING,
+                                  common=True, check=POSITIVE, resume=RESUME_MAY_CHANGE, sweep=PPO_DQN)
     precision: str = option("fp32", "compute dtype of forward and backward passes; params, optimizer state "
-                                    "and metrics stay fp32; fp16 uses dynamic loss scaling", choices=PRECISIONS)
-    grad_accum: int = option(1, "micro-batches per optimizer step (gradients accumulated over them)")
-    # transformer policy
-    d_model: int = option(128, "transformer width")
-    n_layers: int = option(2, "transformer blocks")
-    n_heads: int = option(4, "attention heads")
-    context_len: int = option(64, "tokens (steps) each layer attends to, itself included")
-    context_across_episodes: bool = option(False, "let the context window cross episode boundaries (meta-RL)")
+                                    "and metrics stay fp32; fp16 uses dynamic loss scaling", LEARNING,
+                            choices=PRECISIONS)
+    grad_accum: int = option(1, "micro-batches per optimizer step (gradients accumulated over them)", LEARNING,
+                             check=POSITIVE)
+
+    # -- network ------------------------------------------------------------------------------
+    policy: str = option("mlp", "policy network: mlp, or transformer over the recent history (a conv "
+                                "torso is added for image observations)", NETWORK, common=True,
+                         brief="policy network", choices=POLICIES,
+                         applies=FOR_ENV_STEPS, state=ALGOS)
+    hidden_size: int = option(64, "width of the MLP layers", NETWORK, common=True, check=POSITIVE, applies=FOR_MLP,
+                              state=ALGOS)
+    num_layers: int = option(2, "hidden layers of the actor and of the critic MLP", NETWORK, check=POSITIVE,
+                             applies=FOR_MLP, state=ALGOS)
+    activation: str = option("tanh", "MLP activation (swish is silu, Brax's name for it)", NETWORK,
+                             choices=("tanh", "relu", "gelu", "silu", "swish"), applies=FOR_MLP, state=ALGOS)
+    d_model: int = option(128, "transformer width", NETWORK, check=POSITIVE, applies=FOR_TRANSFORMER, state=ALGOS)
+    n_layers: int = option(2, "transformer blocks", NETWORK, check=POSITIVE, applies=FOR_TRANSFORMER, state=ALGOS)
+    n_heads: int = option(4, "attention heads", NETWORK, check=POSITIVE, applies=FOR_TRANSFORMER, state=ALGOS)
+    context_len: int = option(64, "tokens (steps) each layer attends to, itself included", NETWORK, check=POSITIVE,
+                              applies=FOR_TRANSFORMER_POLICY, state=PPO_DQN)
+    context_across_episodes: bool = option(False, "let the context window cross episode boundaries (meta-RL)",
+                                           NETWORK, applies=FOR_TRANSFORMER_POLICY)
     attention: str = option("xla", "transformer attention: xla; cudnn (flash attention, GPU); pallas (LayerNorm, "
                                    "QKV projection, RoPE and attention fused, windows of <= 128 tokens, --algo "
-                                   "ad, GPU)",
-                            choices=("xla", "cudnn", "pallas"))
+                                   "ad, GPU)", NETWORK, choices=("xla", "cudnn", "pallas"), applies=FOR_TRANSFORMER)
     mlp: str = option("xla", "transformer MLP half-blocks and output heads: xla; pallas (fused LayerNorm + "
                              "MLP + residual kernels, and final LayerNorm + heads, --d-model a power of 2 up "
-                             "to 128, GPU)", choices=("xla", "pallas"))
-    # sizing the work to the device (autoscale.py)
-    auto_scale: str | None = option(None, "choose the environments per device (AD: sequences per device) before "
-                                          "training, from XLA's memory analysis of the compiled training chunk: "
-                                          "'throughput' (what a bare --auto-scale means: the smallest size within 5%% "
-                                          "of the fastest that fits, timed in a short probe; a larger batch buys no "
-                                          "speed and gives fewer updates) or 'memory' (the largest that fits); "
-                                          "minibatch count, epochs and lr stay as configured",
-                                    choices=("throughput", "memory"), nargs="?", const="throughput")
-    auto_scale_memory: float = option(0.9, "--auto-scale: the fraction of the device's memory the training chunk "
-                                           "may take (XLA's allocator limit; on a CPU, host RAM / devices)")
-    auto_scale_min_updates: int = option(100, "--auto-scale (PPO, DQN): the fewest updates of --total-timesteps the "
-                                              "chosen size must leave the run (a bigger batch is fewer updates); "
-                                              "where even the smallest size leaves fewer, it is taken and said. AD "
-                                              "trains --num-updates at any size")
-    auto_scale_seconds: int = option(120, "--auto-scale: the search's time budget in seconds: no size is started "
-                                          "that would pass it, and the best size found by then is taken")
-    # run
-    seed: int = option(0, "random seed (params, environments and sampling all derive from it)")
-    # many runs in one compiled program (multirun.py)
+                             "to 128, GPU)", NETWORK, choices=("xla", "pallas"), applies=FOR_TRANSFORMER)
+
+    # -- PPO (--algo ppo also uses --num-envs, --num-steps and the learning and network groups) --
+    num_minibatches: int = option(4, "minibatches per epoch, GLOBAL (each device takes 1/devices of each)", PPO,
+                                  common=True, brief="minibatches per epoch, GLOBAL", check=POSITIVE,
+                                  applies=FOR_PPO)
+    update_epochs: int = option(4, "passes over each rollout", PPO, common=True, check=POSITIVE, applies=FOR_PPO)
+    gae_lambda: float = option(0.95, "GAE lambda", PPO, common=True, check=UNIT, applies=FOR_PPO, sweep=("ppo",))
+    clip_eps: float = option(0.2, "PPO ratio (and value) clipping", PPO, common=True, check=POSITIVE,
+                             applies=FOR_PPO, sweep=("ppo",))
+    ent_coef: float = option(0.01, "entropy bonus coefficient", PPO, common=True, check=NON_NEGATIVE,
+                             applies=FOR_PPO, sweep=("ppo",))
+    vf_coef: float = option(0.5, "value loss coefficient", PPO, common=True, check=NON_NEGATIVE, applies=FOR_PPO,
+                            sweep=("ppo",))
+    normalize_reward: bool = option(False, "divide rewards by the running standard deviation of the discounted "
+                                           "return (statistics over all devices, kept in checkpoints), as "
+                                           "PureJaxRL's and CleanRL's continuous-action PPO do", PPO,
+                                    applies=FOR_PPO, state=("ppo",))
+    normalize_obs: bool = option(False, "normalise observations by their running mean and standard deviation "
+                                        "over all devices and processes (Brax's normalize_observations; the "
+                                        "statistics are kept with the params, so checkpoints and evaluation use "
+                                        "them)", PPO, applies=FOR_PPO_MLP, state=("ppo",))
+    reward_scale: float = option(1.0, "multiply rewards by this in the learner (Brax's reward_scaling); episode "
+                                      "returns are logged unscaled", PPO, check=POSITIVE, applies=FOR_PPO,
+                                 sweep=("ppo",))
+    clip_value: bool = option(True, "clip the value loss around the rollout's values by --clip-eps, as PureJaxRL "
+                                    "and CleanRL do (--no-clip-value: Brax's unclipped value loss, for value "
+                                    "targets far from unit size, e.g. with --reward-scale)", PPO, applies=FOR_PPO)
+    actor_hidden: str | None = option(None, "widths of the actor MLP's hidden layers, comma-separated (e.g. "
+                                            "32,32,32,32; default: --num-layers x --hidden-size)", PPO,
+                                      applies=FOR_PPO_MLP, state=("ppo",), metavar="WIDTHS")
+    critic_hidden: str | None = option(None, "widths of the critic MLP's hidden layers, comma-separated (e.g. "
+                                             "256,256,256,256,256; default: --num-layers x --hidden-size)", PPO,
+                                       applies=FOR_PPO_MLP, state=("ppo",), metavar="WIDTHS")
+    action_dist: str = option("clipped_normal", "with Box actions: clipped_normal (a Gaussian with a learned "
+                                                "state-independent std, samples clipped to the bounds for the env) "
+                                                "or tanh_normal (Brax's: a Gaussian with a state-dependent std, "
+                                                "squashed by tanh into the bounds)", PPO,
+                              choices=("clipped_normal", "tanh_normal"), applies=FOR_PPO_MLP, state=("ppo",))
+
+    # -- DQN (--algo dqn also uses --num-envs, --num-steps and the learning and network groups) --
+    buffer_size: int = option(100_000, "replay capacity in transitions, GLOBAL (per device = buffer-size / "
+                                       "devices); a multiple of num-envs", DQN, check=POSITIVE, applies=FOR_DQN,
+                              state=("dqn",))
+    replay_obs_dtype: str = option("float32", "dtype the replay stores observations in: uint8 (a quarter of the "
+                                              "memory) where they are whole numbers in 0..255, as MinAtar's 0/1 "
+                                              "channel maps are (checked at start-up)", DQN,
+                                   choices=("float32", "uint8"), applies=FOR_DQN, state=("dqn",))
+    replay_batch_size: int = option(256, "transitions sampled per gradient step, GLOBAL (per device = "
+                                         "replay-batch-size / devices)", DQN, check=POSITIVE, applies=FOR_DQN)
+    updates_per_step: float = option(1.0, "gradient steps per vectorised env step (one step of all num-envs "
+                                          "environments): each update steps every env num-steps times, then does "
+                                          "num-steps x updates-per-step gradient steps (a whole number)", DQN,
+                                     check=POSITIVE, applies=FOR_DQN)
+    learning_starts: int = option(10_000, "env steps (global) collected before the first gradient step", DQN,
+                                  check=NON_NEGATIVE, applies=FOR_DQN)
+    target_update_every: int = option(500, "copy the online network into the target network every this many "
+                                           "gradient steps (used when tau = 1)", DQN, check=POSITIVE,
+                                      applies=FOR_DQN)
+    tau: float = option(1.0, "target update: 1 = hard copy every target-update-every gradient steps; < 1 = "
+                             "Polyak averaging target <- tau*online + (1-tau)*target after every gradient step", DQN,
+                        check=UNIT_OPEN, applies=FOR_DQN)
+    eps_start: float = option(1.0, "epsilon-greedy: epsilon at the start", DQN, check=UNIT, applies=FOR_DQN,
+                              sweep=("dqn",))
+    eps_end: float = option(0.05, "epsilon-greedy: epsilon after eps-decay-steps", DQN, check=UNIT,
+                            applies=FOR_DQN, sweep=("dqn",))
+    eps_decay_steps: int = option(100_000, "epsilon-greedy: env steps (global) of linear decay from eps-start to "
+                                           "eps-end", DQN, check=NON_NEGATIVE, applies=FOR_DQN)
+    n_step: int = option(1, "n-step returns (cut at episode ends; time limits bootstrap from the final "
+                            "observation)", DQN, check=POSITIVE, applies=FOR_DQN)
+
+    # -- AD (--algo ad trains for --num-updates and also uses --lr, --anneal-lr, --max-grad-norm,
+    # --precision, --grad-accum and the transformer's options; its context is --n-transit, so
+    # --policy and --context-len do not apply) -------------------------------------------------
+    dataset: str | None = option(None, "directory of learning histories to distill (written by python -m "
+                                       "jaxrl_mgpu.histories --out DIR)", AD, applies=FOR_AD_DATASET, metavar="DIR")
+    n_transit: int = option(80, "transitions per training window and in the model's context, across episode "
+                                "boundaries (e.g. 80 = 4 DarkRoom episodes)", AD, check=POSITIVE, applies=FOR_AD,
+                            state=("ad",))
+    ad_batch_size: int = option(128, "windows of n-transit transitions per update, GLOBAL (per device = "
+                                     "ad-batch-size / devices)", AD, check=POSITIVE, applies=FOR_AD)
+    ad_episode_stride: int = option(1, "keep every k-th episode of each learning history, so a context of n "
+                                       "episodes spans k x n episodes of the source's learning", AD, check=POSITIVE,
+                                    applies=FOR_AD)
+    # (--mode collect|learn: the histories come from the run's store, asynchronous/ad.py)
+    ad_history_steps: int = option(4000, "--mode collect|learn: environment steps of each source learning history "
+                                         "(a multiple of the episode length); the same for collectors and learner",
+                                   AD, check=POSITIVE, applies=FOR_AD_STORE)
+    ad_history_tasks: int = option(32, "--mode collect: tasks (goals) learned at once, one source learner each, "
+                                       "per store shard", AD, check=POSITIVE, applies=FOR_AD_STORE)
+    ad_source: str = option("ucb", "--mode collect: exploration of the tabular Q-learning source", AD,
+                            choices=SOURCE_ALGOS, applies=FOR_AD_STORE)
+
+    # -- multirun: many runs in one compiled program (multirun.py) -----------------------------
     num_seeds: int = option(1, "train this many independent runs in one program, with seeds seed, seed+1, ...: "
                                "own params, optimizer state, environments and keys; each run has --num-envs "
-                               "environments")
-    sweep: str | None = option(None, "NAME=v1,v2,... [NAME=...]: also cross these values of numeric options that do "
-                                     "not change the program's shapes (lr, ent-coef, ...) with the seeds, as per-run "
-                                     "values in the one compiled program", nargs="+")
-    target_return: float | None = option(None, "--num-seeds / --sweep: the summary gives the fraction of seeds whose "
-                                               "final return is above this")
-    run_dir: str | None = option(None, "output directory (default runs/<env>-<algo>-<time>)")
-    parallel: str = option("pmap", "how the per-device update is mapped over devices",
-                           choices=("pmap", "shard_map"))
-    devices: int | None = option(None, "use the first k local devices of each host (default: all)")
-    log_every: int = option(10, "updates per compiled chunk and per log point")
-    profile: str | None = option(None, "write a jax.profiler trace of two log intervals of training under this "
-                                       "directory, one per process (TensorBoard's profile plugin or Perfetto open it; "
-                                       "experiments/gpu/trace_summary.py sums it)")
-    profile_from: int | None = option(None, "the update after which the --profile trace starts (default: the end of "
-                                            "the first log interval, so that compiling and warming up are left out)")
-    # several hosts (jax.distributed); with none of these flags JAX detects SLURM / Open MPI
-    coordinator_address: str | None = option(None, "host:port of process 0, the same on every process")
-    num_processes: int | None = option(None, "processes in the job (one per host, or one per GPU group)")
-    process_id: int | None = option(None, "this process's index, 0 .. num-processes - 1")
-    local_device_ids: str | None = option(None, "comma-separated local device ids this process uses (e.g. 0,1)")
-    failure_timeout: int = option(60, "seconds after which the other processes give up on a dead or "
-                                      "unreachable process (heartbeat and start-up timeout)")
-    # asynchronous collection and learning on one run directory (asynchronous/)
+                               "environments", MULTIRUN, common=True,
+                            brief="independent runs in one program, seeds seed, seed+1, ...", check=POSITIVE,
+                            state=ALGOS)
+    sweep: str | None = option(None, "NAME=v1,v2,... [NAME=...]: also cross these values of numeric options that "
+                                     "do not change the program's shapes (lr, ent-coef, ...) with the seeds, as "
+                                     "per-run values in the one compiled program", MULTIRUN, common=True,
+                               brief="also cross these values of numeric options (lr, ...) with the seeds",
+                               nargs="+", metavar="NAME=V,...", state=ALGOS)
+    target_return: float | None = option(None, "the summary gives the fraction of seeds whose final return is "
+                                               "above this", MULTIRUN, applies=FOR_MANY_RUNS,
+                                         resume=RESUME_MAY_CHANGE)
+
+    # -- async: collection and learning on one run directory (asynchronous/) ------------------
     mode: str = option("both", "both: act and learn in one process; learn: train from the run's trajectory store "
                                "and publish checkpoints; collect: follow the newest checkpoint and add episodes "
                                "to the store. A collector may start before its learner (even before --run-dir "
                                "exists): it waits for the learner's first params, saying so every minute, until "
                                "stopped (or acts at random meanwhile: --collect-before-checkpoint random); it stops "
-                               "when the learner is done", choices=("both", "learn", "collect"))
-    store_max_episodes: int = option(100_000, "learn: keep at most this many episodes in the store (oldest "
-                                              "shards deleted first); --algo ad: also the capacity of the "
-                                              "learner's on-device buffer, in whole learning histories")
-    samples_per_insert: float | None = option(None, "learn/collect: the target of transitions sampled for "
-                                                    "gradient steps (AD: steps of the sampled windows) per "
-                                                    "transition inserted (Reverb's SampleToInsertRatio): the "
-                                                    "learner waits when it is ahead, collectors pause when it is "
-                                                    "behind (default DQN: the ratio of --mode both, "
-                                                    "updates-per-step x replay-batch-size / num-envs; AD: 100)")
-    samples_per_insert_tolerance: float = option(0.1, "learn/collect: the band around --samples-per-insert "
-                                                      "within which neither side waits, as a fraction of the "
-                                                      "samples --learning-starts transitions pay for (Acme's "
-                                                      "error buffer); at least --max-data-lag iterations' "
-                                                      "samples, the data that may be on its way")
+                               "when the learner is done", ASYNC, common=True,
+                       brief="act and learn in one process, or apart",
+                       choices=("both", "learn", "collect"))
+    store_max_episodes: int = option(100_000, "keep at most this many episodes in the store (oldest shards "
+                                              "deleted first); --algo ad: also the capacity of the learner's "
+                                              "on-device buffer, in whole learning histories", ASYNC,
+                                     check=POSITIVE, applies=FOR_STORE)
+    samples_per_insert: float | None = option(None, "the target of transitions sampled for gradient steps (AD: "
+                                                    "steps of the sampled windows) per transition inserted "
+                                                    "(Reverb's SampleToInsertRatio): the learner waits when it is "
+                                                    "ahead, collectors pause when it is behind (default DQN: the "
+                                                    "ratio of --mode both, updates-per-step x replay-batch-size / "
+                                                    "num-envs; AD: 100)", ASYNC, check=POSITIVE, applies=FOR_STORE)
+    samples_per_insert_tolerance: float = option(0.1, "the band around --samples-per-insert within which neither "
+                                                      "side waits, as a fraction of the samples --learning-starts "
+                                                      "transitions pay for (Acme's error buffer); at least "
+                                                      "--max-data-lag iterations' samples, the data that may be on "
+                                                      "its way", ASYNC, check=UNIT, applies=FOR_STORE)
     collect_before_checkpoint: str = option("wait", "collect: before the learner first publishes its params "
-                                                    "(DQN: policy.msgpack), wait or act uniformly at random",
-                                            choices=("wait", "random"))
+                                                    "(DQN: policy.msgpack), wait or act uniformly at random", ASYNC,
+                                            choices=("wait", "random"), applies=FOR_STORE)
     collector_id: str | None = option(None, "collect: this collector's name in the store and the learner's "
-                                            "metrics (default host-pid)")
-    max_data_lag: float = option(8.0, "learn/collect: the most data on its way from the collectors to the "
-                                      "learner's memory (written to the store, being read or queued), in "
-                                      "learner iterations' worth at --samples-per-insert (at least two shards): "
-                                      "collectors pause beyond it, so the learner inserts data acted by params "
-                                      "about this many iterations old at most. Lower: fresher data; higher: "
-                                      "rides out slower writing and reading")
+                                            "metrics (default host-pid)", ASYNC, applies=FOR_STORE, metavar="NAME")
+    max_data_lag: float = option(8.0, "the most data on its way from the collectors to the learner's memory "
+                                      "(written to the store, being read or queued), in learner iterations' worth "
+                                      "at --samples-per-insert (at least two shards): collectors pause beyond it, "
+                                      "so the learner inserts data acted by params about this many iterations old "
+                                      "at most. Lower: fresher data; higher: rides out slower writing and reading",
+                                 ASYNC, check=POSITIVE, applies=FOR_STORE, resume=RESUME_MAY_CHANGE)
     shard_steps: int = option(16, "collect: vector steps of all environments per store shard (the unit the "
-                                  "learner receives: larger shards, fewer files but staler data)")
-    store_workers: int = option(0, "learn/collect: processes that decode (learner) or encode (collector) the "
-                                   "store's shards, several at once (0: a quarter of the host's cores, 1 to 4)")
-    # checkpoints and evaluation
-    checkpoint_every: int = option(100, "save a checkpoint every this many updates (a multiple of --log-every; "
-                                        "0 = only at the end)")
-    keep_checkpoints: int = option(3, "how many of the latest checkpoints to keep")
-    resume: str | None = option(None, "continue the run in --run-dir from its latest complete checkpoint; "
-                                      "'--resume auto': resume if there is one, else start fresh",
-                                choices=("latest", "auto"), nargs="?", const="latest")
-    stop_at_update: int | None = option(None, "stop after this update with a checkpoint, as if preempted "
-                                              "(the schedule still follows --total-timesteps); resume later")
-    eval_every: int = option(0, "evaluate every this many updates (a multiple of --log-every; 0 = never) "
-                                "and keep the best checkpoint for `evaluate --best`")
-    eval_episodes: int = option(64, "episodes per evaluation, GLOBAL (spread over all devices)")
-    config: str | None = option(None, "YAML preset: a path, or the name of a shipped preset (listed at the end of --help)")
-    compile_cache: str | None = option(None, "directory of JAX's persistent compilation cache, where compiled programs "
-                                             "are kept for the next run (default: $JAX_COMPILATION_CACHE_DIR, else "
-                                             "$XDG_CACHE_HOME/jaxrl_mgpu/jax); 'off': compile everything afresh")
-    # Where this run's count starts (set by a resume, not on the command line): a resume with
-    # another --num-envs or --total-timesteps goes on from the env steps done, not from
-    # update x the new batch.
-    resumed_update: int = option(0, "update of the checkpoint this run resumed from", internal=True)
-    resumed_steps: int = option(0, "env steps (tokens for --algo ad) done by then", internal=True)
+                                  "learner receives: larger shards, fewer files but staler data)", ASYNC,
+                              check=POSITIVE, applies=FOR_DQN_STORE)
+    store_workers: int = option(0, "processes that decode (learner) or encode (collector) the store's shards, "
+                                   "several at once (0: a quarter of the host's cores, 1 to 4)", ASYNC,
+                                check=NON_NEGATIVE, applies=FOR_DQN_STORE, resume=THIS_INVOCATION)
+
+    # -- devices and hosts ----------------------------------------------------------------------
+    devices: int | None = option(None, "use the first k local devices of each host (default: all)", DEVICES,
+                                 common=True, check=POSITIVE, resume=THIS_INVOCATION)
+    parallel: str = option("pmap", "how the per-device update is mapped over devices", DEVICES, common=True,
+                           brief="mapping over devices",
+                           choices=("pmap", "shard_map"), resume=RESUME_MAY_CHANGE)
+    # sizing the work to the device (autoscale.py)
+    auto_scale: str | None = option(None, "choose the environments per device (AD: sequences per device) before "
+                                          "training, from XLA's memory analysis of the compiled training chunk: "
+                                          "'throughput' (what a bare --auto-scale means: the smallest size within "
+                                          "5% of the fastest that fits, timed in a short probe; a larger batch buys "
+                                          "no speed and gives fewer updates) or 'memory' (the largest that fits); "
+                                          "minibatch count, epochs and lr stay as configured", DEVICES, common=True,
+                                    brief="choose --num-envs by compiling and timing",
+                                    choices=("throughput", "memory"), nargs="?", const="throughput",
+                                    metavar="HOW")
+    auto_scale_memory: float = option(0.9, "--auto-scale: the fraction of the device's memory the training chunk "
+                                           "may take (XLA's allocator limit; on a CPU, host RAM / devices)", DEVICES,
+                                      check=UNIT_OPEN, applies=FOR_AUTO_SCALE)
+    auto_scale_min_updates: int = option(100, "--auto-scale (PPO, DQN): the fewest updates of --total-timesteps the "
+                                              "chosen size must leave the run (a bigger batch is fewer updates); "
+                                              "where even the smallest size leaves fewer, it is taken and said. AD "
+                                              "trains --num-updates at any size", DEVICES, check=POSITIVE,
+                                         applies=FOR_AUTO_SCALE_STEPS)
+    auto_scale_seconds: int = option(120, "--auto-scale: the search's time budget in seconds: no size is started "
+                                          "that would pass it, and the best size found by then is taken", DEVICES,
+                                     check=POSITIVE, applies=FOR_AUTO_SCALE)
+    # several hosts (jax.distributed); with none of these flags JAX detects SLURM / Open MPI
+    coordinator_address: str | None = option(None, "host:port of process 0, the same on every process", DEVICES,
+                                             resume=THIS_INVOCATION, metavar="HOST:PORT")
+    num_processes: int | None = option(None, "processes in the job (one per host, or one per GPU group)", DEVICES,
+                                       check=POSITIVE, resume=THIS_INVOCATION)
+    process_id: int | None = option(None, "this process's index, 0 .. num-processes - 1", DEVICES,
+                                    check=NON_NEGATIVE, resume=THIS_INVOCATION)
+    local_device_ids: str | None = option(None, "comma-separated local device ids this process uses (e.g. 0,1)",
+                                          DEVICES, resume=THIS_INVOCATION, metavar="IDS")
+    failure_timeout: int = option(60, "seconds after which the other processes give up on a dead or unreachable "
+                                      "process (heartbeat and start-up timeout)", DEVICES, check=POSITIVE,
+                                  resume=THIS_INVOCATION)
 
     # -- derived numbers ---------------------------------------------------------------
     @property
@@ -269,36 +455,44 @@ class Config:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
-
-# -- what each option may hold and when it applies: every value is checked here, once --------
-POSITIVE, NON_NEGATIVE, UNIT, UNIT_OPEN = "> 0", ">= 0", "in [0, 1]", "in (0, 1]"
-RANGES = {
-    POSITIVE: ("total_timesteps", "num_updates", "num_envs", "num_steps", "num_minibatches", "update_epochs",
-               "lr", "clip_eps", "max_grad_norm", "reward_scale", "buffer_size", "replay_batch_size", "updates_per_step",
-               "target_update_every", "n_step", "n_transit", "ad_batch_size", "ad_episode_stride",
-               "ad_history_steps", "ad_history_tasks", "hidden_size", "num_layers", "grad_accum", "d_model",
-               "n_layers", "n_heads", "context_len", "devices", "log_every", "num_seeds", "num_processes",
-               "failure_timeout", "store_max_episodes", "samples_per_insert", "max_data_lag", "shard_steps",
-               "keep_checkpoints", "auto_scale_min_updates", "auto_scale_seconds",
-               "stop_at_update",
-               "eval_episodes"),
-    NON_NEGATIVE: ("ent_coef", "vf_coef", "learning_starts", "eps_decay_steps", "process_id", "checkpoint_every",
-                   "resumed_update", "resumed_steps", "profile_from", "store_workers",
-                   "eval_every"),
-    UNIT: ("gamma", "gae_lambda", "eps_start", "eps_end", "samples_per_insert_tolerance"),
-    UNIT_OPEN: ("tau", "auto_scale_memory"),
-}
-RANGE = {name: kind for kind, names in RANGES.items() for name in names}
+OPTIONS: dict[str, Option] = {name: f.metadata["option"] for name, f in FIELDS.items()}
 
 
-def _in_range(kind: str, value) -> bool:
-    return {POSITIVE: value > 0, NON_NEGATIVE: value >= 0, UNIT: 0 <= value <= 1, UNIT_OPEN: 0 < value <= 1}[kind]
+# -- the lists other modules need, from the declarations --------------------------------------
+
+def state_keys(algo: str) -> tuple[str, ...]:
+    """The options that shape `algo`'s checkpointed state: a checkpoint only resumes under the
+    same values."""
+    return tuple(name for name, o in OPTIONS.items() if algo in o.state)
+
+
+def resumable(algo: str) -> tuple[str, ...]:
+    """The options a resume of an `algo` run may change (each change is logged): how long it
+    runs, how its batch is split, how often it logs and saves, and the step size (to go on from
+    the last good checkpoint after a divergence); never one that shapes its state."""
+    return tuple(name for name, o in OPTIONS.items() if o.resume == RESUME_MAY_CHANGE and algo not in o.state)
+
+
+def per_invocation() -> tuple[str, ...]:
+    """The options of one invocation, not of the run: a resume takes them from its own command
+    line (or their defaults), never from the saved config."""
+    return tuple(name for name, o in OPTIONS.items() if o.resume == THIS_INVOCATION)
+
+
+def sweepable(algo: str) -> tuple[str, ...]:
+    """The options `algo`'s --sweep may vary: those an update reads only as numbers, so that
+    each run's value can enter the one compiled program as a traced array (multirun.py). Any
+    other option changes the program (shapes, or Python branches such as DQN's --tau 1 hard
+    copy) and needs a program of its own."""
+    return tuple(name for name, o in OPTIONS.items() if algo in o.sweep)
 
 
 def flag(name: str) -> str:
     """An option's name as the command line spells it: --num-envs."""
     return "--" + name.replace("_", "-")
 
+
+# -- values: every one is checked here, once ----------------------------------------------------
 
 def check_value(name: str, value, label: str | None = None) -> None:
     """A value of the right kind can still be wrong: negative, zero where it divides, NaN.
@@ -308,64 +502,21 @@ def check_value(name: str, value, label: str | None = None) -> None:
         return
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{label} must be a finite number, got {value}")
-    if name in RANGE and not _in_range(RANGE[name], value):
-        wanted = "at least 1" if RANGE[name] == POSITIVE and isinstance(value, int) else RANGE[name]
-        raise ConfigError(f"{label} must be {wanted}, got {value}")
-
-
-# Options that only some runs use: (who, test). Giving one to a run that ignores it is an error,
-# not a silent no-op. Options missing here apply to every run.
-_TRANSFORMER = ("a transformer (--policy transformer, or --algo ad)", lambda c: c.algo == "ad" or c.policy == "transformer")
-_ASYNC = ("--mode learn or collect", lambda c: c.mode != "both")
-APPLIES = {
-    **dict.fromkeys(("num_minibatches", "update_epochs", "gae_lambda", "clip_eps", "ent_coef", "vf_coef",
-                     "normalize_reward"),
-                    ("--algo ppo", lambda c: c.algo == "ppo")),
-    **dict.fromkeys(("reward_scale", "clip_value"), ("--algo ppo", lambda c: c.algo == "ppo")),
-    **dict.fromkeys(("normalize_obs", "actor_hidden", "critic_hidden", "action_dist"),
-                    ("--algo ppo --policy mlp", lambda c: c.algo == "ppo" and c.policy == "mlp")),
-    **dict.fromkeys(("buffer_size", "replay_obs_dtype", "replay_batch_size", "updates_per_step", "learning_starts",
-                     "target_update_every", "tau", "eps_start", "eps_end", "eps_decay_steps", "n_step"),
-                    ("--algo dqn", lambda c: c.algo == "dqn")),
-    **dict.fromkeys(("total_timesteps", "num_envs", "num_steps", "gamma", "policy"),
-                    ("--algo ppo or dqn", lambda c: c.algo != "ad")),
-    **dict.fromkeys(("num_updates", "n_transit", "ad_batch_size", "ad_episode_stride"),
-                    ("--algo ad", lambda c: c.algo == "ad")),
-    **dict.fromkeys(("auto_scale_memory", "auto_scale_seconds"), ("--auto-scale", lambda c: c.auto_scale is not None)),
-    # AD's run is --num-updates long whatever its batch: the minimum does not bite there
-    "auto_scale_min_updates": ("--auto-scale with --algo ppo or dqn (AD trains --num-updates at any size)",
-                               lambda c: c.auto_scale is not None and c.algo != "ad"),
-    "dataset": ("--algo ad with --mode both", lambda c: c.algo == "ad" and c.mode == "both"),
-    **dict.fromkeys(("ad_history_steps", "ad_history_tasks", "ad_source"),
-                    ("--algo ad with --mode learn or collect", lambda c: c.algo == "ad" and c.mode != "both")),
-    **dict.fromkeys(("hidden_size", "num_layers", "activation"),
-                    ("an MLP (--policy mlp, --algo ppo or dqn)", lambda c: c.algo != "ad" and c.policy == "mlp")),
-    **dict.fromkeys(("d_model", "n_layers", "n_heads", "attention", "mlp"), _TRANSFORMER),
-    **dict.fromkeys(("context_len", "context_across_episodes"),
-                    ("--policy transformer", lambda c: c.algo != "ad" and c.policy == "transformer")),
-    # Learners and collectors of one run may share one command line, so these are for both.
-    **dict.fromkeys(("store_max_episodes", "collect_before_checkpoint", "collector_id",
-                     "samples_per_insert", "samples_per_insert_tolerance", "max_data_lag"), _ASYNC),
-    # AD's collectors write whole learning histories (--ad-history-tasks x --ad-history-steps) one
-    # shard at a time, and its learner reads those few large shards on a thread
-    **dict.fromkeys(("shard_steps", "store_workers"),
-                    ("--algo dqn with --mode learn or collect", lambda c: c.algo == "dqn" and c.mode != "both")),
-    "target_return": ("many runs (--num-seeds > 1 or --sweep)", lambda c: c.num_seeds > 1 or bool(c.sweep)),
-    "profile": ("training (--mode both or learn)", lambda c: c.mode != "collect"),
-    "profile_from": ("--profile", lambda c: c.profile is not None),
-}
+    wanted = OPTIONS[name].check
+    if wanted is not None and not wanted.holds(value):
+        text = "at least 1" if wanted is POSITIVE and isinstance(value, int) else wanted.text
+        raise ConfigError(f"{label} must be {text}, got {value}")
 
 
 def check_applicable(cfg: "Config", given) -> None:
     """A ConfigError for the first option in `given` (set on the command line or by the preset)
     that this run would ignore."""
     for name in given:
-        if name in APPLIES and not APPLIES[name][1](cfg):
-            who = APPLIES[name][0]
+        applies = OPTIONS[name].applies
+        if applies is not None and not applies.test(cfg):
             this = f"--algo {cfg.algo}" + (f" --policy {cfg.policy}" if cfg.algo != "ad" else "") + \
                    ("" if cfg.mode == "both" else f" --mode {cfg.mode}")
-            raise ConfigError(f"--{name.replace('_', '-')} is only for {who}; this run is {this} and would "
-                              f"ignore it")
+            raise ConfigError(f"{flag(name)} is only for {applies.who}; this run is {this} and would ignore it")
 
 
 def _base_type(name: str) -> type:
@@ -388,7 +539,7 @@ def _coerce(name: str, value: Any, source: str) -> Any:
     """`value` as option `name`'s type, checked (choices, range), or a one-line ConfigError that
     names it as `source` spells it: the flag on the command line, `FILE: name` in a preset or
     a run's config.json."""
-    kind, meta = _base_type(name), FIELDS[name].metadata
+    kind, choices = _base_type(name), OPTIONS[name].choices
     label = flag(name) if source == "command line" else f"{source}: {name}"
     if value is None:
         if _optional(name):
@@ -407,31 +558,93 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             else kind(value)
     except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{label} must be {KIND_NAMES[kind]}, got {value!r}") from None
-    if "choices" in meta and value not in meta["choices"]:
-        raise ConfigError(f"{label} {value!r} is not valid; choose from: {', '.join(meta['choices'])}")
+    if choices and value not in choices:
+        raise ConfigError(f"{label} {value!r} is not valid; choose from: {', '.join(choices)}")
     check_value(name, value, label)
     return value
 
 
+# -- the command line and its help ----------------------------------------------------------------
+
+PROG = "python -m jaxrl_mgpu.train"
+DESCRIPTION = ("Train an RL agent data-parallel on all local devices. Numbers are GLOBAL, over all devices and "
+               "hosts; flags override a --config preset, which overrides the defaults.")
+HELP_WIDTH = 100     # at most; narrower terminals get narrower help
+FLAG_COLUMN = 26     # where an option's text starts
+
+
+def _usage(name: str) -> str:
+    """How the command line writes an option and its value: --num-envs N, --[no-]anneal-lr."""
+    o, kind = OPTIONS[name], _base_type(name)
+    if kind is bool:
+        return "--[no-]" + flag(name)[2:]
+    metavar = o.metavar or ("NAME" if o.choices else {int: "N", float: "X"}.get(kind, "TEXT"))
+    return flag(name) + {"?": f" [{metavar}]", "+": f" {metavar} [...]"}.get(o.nargs, f" {metavar}")
+
+
+def _describe(name: str, width: int, whole: bool) -> list[str]:
+    """An option's lines in the help: its flag, then its text (`whole`: the full text and what
+    the declaration says about it; else its brief), its choices and its default."""
+    o, default = OPTIONS[name], FIELDS[name].default
+    text = (o.help if whole else o.brief or o.help) + (f"; one of {', '.join(map(str, o.choices))}" if o.choices else "")
+    text += f" (default: {default})" if default is not None else ""
+    if whole:  # what the declaration says, but what the group's name says already
+        at_least_1 = o.check is POSITIVE and _base_type(name) is int
+        notes = [("at least 1" if at_least_1 else o.check.text)] if o.check else []
+        notes += [f"only for {o.applies.who}"] if o.applies and o.applies.who != f"--algo {o.group}" else []
+        notes += {RESUME_MAY_CHANGE: ["a resume may change it"],
+                  THIS_INVOCATION: ["per invocation"]}.get(o.resume, [])
+        notes += [f"sweepable ({', '.join(o.sweep)})"] if o.sweep else []
+        text += f" [{'; '.join(notes)}]" if notes else ""
+    head = f"  {_usage(name)}"
+    body = textwrap.wrap(text, width - FLAG_COLUMN, break_on_hyphens=False, break_long_words=False)
+    if len(head) >= FLAG_COLUMN - 1:  # a long flag: its text starts on the next line
+        return [head] + [" " * FLAG_COLUMN + line for line in body]
+    return [head.ljust(FLAG_COLUMN) + body[0]] + [" " * FLAG_COLUMN + line for line in body[1:]]
+
+
+def help_text(group: str | None = None, width: int | None = None) -> str:
+    """--help: the common options, the groups and the presets; --help GROUP: every option of
+    that group, whole; --help all (or --help-all): every group."""
+    if group is not None and group != "all" and group not in GROUPS:
+        raise ConfigError(f"--help {group}: no such group; groups: {', '.join(GROUPS)} (or all)")
+    width = min(width or shutil.get_terminal_size((HELP_WIDTH, 24)).columns, HELP_WIDTH) - 2
+    shown = [n for n, o in OPTIONS.items() if not o.internal]
+    wrap = lambda text, indent="": textwrap.wrap(text, width, break_on_hyphens=False, subsequent_indent=indent)
+    lines = [f"usage: {PROG} [--OPTION VALUE ...]", "", *wrap(DESCRIPTION)]
+    if group is None:
+        lines += ["", "common options, by group:"]
+        for g in GROUPS:
+            common = [n for n in shown if OPTIONS[n].group == g and OPTIONS[n].common]
+            lines += [f" {g}:"] * bool(common) + [line for n in common for line in _describe(n, width, whole=False)]
+        lines += ["", "option groups (--help GROUP: all of its options; --help-all: every option):"]
+        lines += [line for g, about in GROUPS.items() for line in wrap(f"  {g:<10}{about}", " " * 12)]
+    for g in (GROUPS if group == "all" else [group] if group else []):
+        lines += ["", f"{g} options: {GROUPS[g]}"]
+        lines += [line for n in shown if OPTIONS[n].group == g for line in _describe(n, width, whole=True)]
+    lines += ["", *wrap(f"presets (--config NAME): {', '.join(preset_names())}", "  ")]
+    return "\n".join(lines)
+
+
+class _ShowHelp(argparse.Action):
+    """--help [GROUP] and --help-all: print that help, exit 0."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(help_text("all" if option_string == "--help-all" else values))
+        parser.exit()
+
+
 def parser() -> argparse.ArgumentParser:
-    p = Parser(prog="python -m jaxrl_mgpu.train", description="Train an RL agent data-parallel on all local devices.",
-                epilog=f"presets (--config NAME): {', '.join(preset_names())}")
-    defaults = Config()
-    for f in dataclasses.fields(Config):
-        if f.metadata.get("internal"):
+    p = Parser(prog=PROG, add_help=False)
+    p.add_argument("-h", "--help", action=_ShowHelp, nargs="?", metavar="GROUP", default=argparse.SUPPRESS)
+    p.add_argument("--help-all", action=_ShowHelp, nargs=0, default=argparse.SUPPRESS)
+    for name, o in OPTIONS.items():
+        if o.internal:
             continue
-        flag, kind = "--" + f.name.replace("_", "-"), _base_type(f.name)
-        default = getattr(defaults, f.name)
-        choices = f.metadata.get("choices")
-        help_ = f.metadata["help"] + (f"; one of {', '.join(map(str, choices))}" if choices else "") + \
-            (f" (default: {default})" if default is not None else "")
-        if kind is bool:
-            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_)
-        elif "nargs" in f.metadata:
-            p.add_argument(flag, type=str, default=None, nargs=f.metadata["nargs"], const=f.metadata.get("const"),
-                           metavar=f.name.upper(), help=help_)
+        if _base_type(name) is bool:
+            p.add_argument(flag(name), action=argparse.BooleanOptionalAction, default=None)
         else:
-            p.add_argument(flag, type=str, default=None, metavar=f.name.upper(), help=help_)
+            p.add_argument(flag(name), type=str, default=None, nargs=o.nargs, const=o.const, metavar=name.upper())
     return p
 
 
@@ -457,7 +670,7 @@ def load_preset(name: str) -> dict:
     if not isinstance(data, dict):
         raise ConfigError(f"--config {path}: a preset must be a mapping of option: value")
     data = {k.replace("-", "_"): v for k, v in data.items()}
-    unknown = sorted(set(data) - {n for n, f in FIELDS.items() if not f.metadata.get("internal")} - {"config"})
+    unknown = sorted(set(data) - {n for n, o in OPTIONS.items() if not o.internal} - {"config"})
     if unknown:
         raise ConfigError(f"--config {path}: unknown option(s) {', '.join(unknown)}")
     return {k: _coerce(k, v, str(path)) for k, v in data.items()}
@@ -549,26 +762,14 @@ def read_saved(run_dir: str | Path) -> dict:
     return {name: _coerce(name, value, str(path)) for name, value in saved.items()}
 
 
-# Options a resumed run may change (each change is logged): how long it runs, how its batch is
-# split, how often it logs and saves, and the step size (to go on from the last good checkpoint
-# after a divergence). Everything else is the run's own, from its config.json; an algorithm's
-# STATE_KEYS (options that shape its saved state) never change.
-RESUMABLE = ("total_timesteps", "num_updates", "num_envs", "lr", "max_grad_norm", "log_every", "checkpoint_every",
-             "keep_checkpoints", "eval_every", "eval_episodes", "parallel", "target_return", "max_data_lag")
-# Options of one invocation, not of the run: a resume takes them from its own command line (or
-# their defaults), never from the saved config.
-PER_INVOCATION = ("stop_at_update", "devices", "coordinator_address", "num_processes", "process_id",
-                  "local_device_ids", "failure_timeout", "resume", "run_dir", "config", "compile_cache", "profile",
-                  "profile_from", "store_workers")
-
-
-def resumed(saved: dict, given: dict, state_keys=()) -> tuple[Config, list[str]]:
+def resumed(saved: dict, given: dict) -> tuple[Config, list[str]]:
     """The config of a resumed run: its saved config.json, with the options this command sets
-    that a resume may change (RESUMABLE, minus the algorithm's `state_keys`) and this
-    invocation's own (PER_INVOCATION). Returns it and the changes, as 'name old -> new'
-    strings; any other option set to a different value is a ConfigError."""
+    that a resume may change (`resumable` for the run's algorithm) and this invocation's own
+    (`per_invocation`). Returns it and the changes, as 'name old -> new' strings; any other
+    option set to a different value is a ConfigError."""
     saved_cfg = from_dict(saved)
     defaults = Config()
+    may_change, invocation = resumable(saved_cfg.algo), per_invocation()
     swept = dict(parse_sweep(saved_cfg)) if saved_cfg.sweep else {}
     changes, refused = [], []
     for name, value in given.items():
@@ -577,34 +778,26 @@ def resumed(saved: dict, given: dict, state_keys=()) -> tuple[Config, list[str]]
             values = ",".join(f"{v:g}" for v in swept[name])
             raise ConfigError(f"--resume: {flag(name)} is swept in this run ({name}={values}); a resume cannot change "
                               f"a swept option")
-        if name in PER_INVOCATION or value == old:
+        if name in invocation or value == old:
             continue
-        if name in RESUMABLE and name not in state_keys:
+        if name in may_change:
             changes.append(f"{flag(name)} {old} -> {value}")
         else:
             has = "does not set it" if old is None else f"has {old!r}"
             refused.append(f"{flag(name)} {value!r} (the run {has})")
     if refused:
-        allowed = ", ".join("--" + n.replace("_", "-") for n in RESUMABLE if n not in state_keys)
+        allowed = ", ".join(map(flag, may_change))
         raise ConfigError(f"--resume keeps the run's own settings (its config.json); this command changes "
                           f"{'; '.join(refused)}. A resume may change {allowed}, and the per-invocation options "
                           f"(--stop-at-update, --devices, the multi-host flags)")
-    this_invocation = {name: given.get(name, getattr(defaults, name)) for name in PER_INVOCATION}
-    return dataclasses.replace(saved_cfg, **{k: v for k, v in given.items() if k in RESUMABLE},
+    this_invocation = {name: given.get(name, getattr(defaults, name)) for name in invocation}
+    return dataclasses.replace(saved_cfg, **{k: v for k, v in given.items() if k in may_change},
                                **this_invocation), changes
-
-
-# --sweep: the options an update reads only as numbers, so that each run's value can enter the
-# one compiled program as a traced array (multirun.py). Any other option changes the program
-# (shapes, or Python branches such as DQN's --tau 1 hard copy) and needs a program of its own.
-SWEEPABLE = {"ppo": ("lr", "ent_coef", "vf_coef", "clip_eps", "gamma", "gae_lambda", "max_grad_norm",
-                     "reward_scale"),
-             "dqn": ("lr", "gamma", "max_grad_norm", "eps_start", "eps_end")}
 
 
 def parse_sweep(cfg: Config) -> tuple[tuple[str, tuple[float, ...]], ...]:
     """--sweep as ((name, values), ...) in the order given, or a ConfigError naming the bad part."""
-    allowed = SWEEPABLE.get(cfg.algo, ())
+    allowed = sweepable(cfg.algo)
     out: dict[str, tuple[float, ...]] = {}
     for item in (cfg.sweep or "").split():
         name, eq, text = item.partition("=")
@@ -612,7 +805,7 @@ def parse_sweep(cfg: Config) -> tuple[tuple[str, tuple[float, ...]], ...]:
         flag = "--" + name.replace("_", "-")
         if not eq or not text:
             raise ConfigError(f"--sweep {item!r}: write NAME=v1,v2,... (e.g. lr=1e-3,3e-4)")
-        if name not in FIELDS or FIELDS[name].metadata.get("internal") or name in ("sweep", "config"):
+        if name not in OPTIONS or OPTIONS[name].internal or name in ("sweep", "config"):
             raise ConfigError(f"--sweep {name}: no such option; --algo {cfg.algo} sweeps {', '.join(allowed)}")
         if name not in allowed:
             raise ConfigError(f"--sweep {name}: {flag} changes the compiled program (its shapes or code) or is not "
@@ -745,16 +938,14 @@ def check_platform(cfg: Config, platform: str) -> None:
                           f"are {platform}: use --attention xla")
 
 
-# Options that shape the training state: a checkpoint only resumes under the same values.
-STATE_KEYS = ("algo", "env", "env_args", "policy", "hidden_size", "num_layers", "activation", "num_seeds", "sweep")
-
-
-def incompatible(saved: dict, cfg: Config, keys=STATE_KEYS) -> list[str]:
-    """The state-shaping options whose values differ between a saved run and `cfg`. An option
-    the saved config predates had its default then."""
+def incompatible(saved: dict, cfg: Config, keys: tuple[str, ...] | None = None) -> list[str]:
+    """The options among `keys` (default: those that shape the state of `cfg`'s algorithm)
+    whose values differ between a saved run and `cfg`. An option the saved config predates had
+    its default then."""
     defaults = {f.name: f.default for f in dataclasses.fields(Config)}
     return [f"{k.replace('_', '-')} ({saved.get(k, defaults.get(k))!r} vs {getattr(cfg, k)!r})"
-            for k in keys if saved.get(k, defaults.get(k)) != getattr(cfg, k)]
+            for k in (state_keys(cfg.algo) if keys is None else keys)
+            if saved.get(k, defaults.get(k)) != getattr(cfg, k)]
 
 
 def dump(cfg: Config) -> str:

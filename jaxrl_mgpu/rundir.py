@@ -20,7 +20,7 @@ import jax
 
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel, runstats
-from jaxrl_mgpu.algos import ALGOS, module_for
+from jaxrl_mgpu.algos import module_for
 from jaxrl_mgpu.checkpoint import CheckpointMismatch, Checkpoints, DamagedCheckpoint
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.log import RunLog, truncate_metrics
@@ -36,9 +36,8 @@ def resolve(cfg, given: dict):
     if not (path / "config.json").exists() and (cfg.resume == "auto" or not path.exists()):
         return cfg, []  # nothing to resume; plan_run_dir says what happens next
     saved = config_lib.read_saved(path)
-    state_keys = config_lib.STATE_KEYS + ALGOS[saved["algo"]].STATE_KEYS
     try:
-        return config_lib.resumed(saved, given, state_keys)
+        return config_lib.resumed(saved, given)
     except TypeError as e:  # a config.json with options this version does not know
         raise ConfigError(f"--resume: {path / 'config.json'} was written by another version ({e})") from None
 

@@ -2,7 +2,7 @@
 
 With no arguments it trains PPO on CartPole-v1 on all local devices. The same command with
 `--resume` continues the run in `--run-dir` from its latest complete checkpoint, with the
-run's own settings (its config.json; see config.RESUMABLE for what a resume may change).
+run's own settings (its config.json; config.resumable says what a resume may change).
 """
 
 from __future__ import annotations

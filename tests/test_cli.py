@@ -8,6 +8,7 @@ import sys
 import jax
 import pytest
 
+from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import train
 
 
@@ -69,6 +70,43 @@ def test_help_explains_every_flag():
                  "--update-epochs", "--lr", "--gamma", "--gae-lambda", "--clip-eps", "--ent-coef", "--vf-coef",
                  "--max-grad-norm", "--seed", "--run-dir", "--parallel", "--devices", "--log-every", "--config"):
         assert flag in out.stdout, flag
+
+
+def test_help_is_the_common_options_and_the_groups_in_80_lines_of_100_columns():
+    lines = config_lib.help_text(width=100).splitlines()
+    assert len(lines) <= 80 and max(map(len, lines)) <= 100, (len(lines), max(map(len, lines)))
+    text = "\n".join(lines)
+    assert all(f"  {group} " in text for group in config_lib.GROUPS)
+    common = {name for name, o in config_lib.OPTIONS.items() if o.common}
+    for name, o in config_lib.OPTIONS.items():
+        if not o.internal:
+            assert (f"  {config_lib.flag(name)} " in text or f"]{name.replace('_', '-')} " in text) == (name in common), name
+
+
+def test_help_of_a_group_shows_its_options_and_help_all_every_one(capsys):
+    for group in config_lib.GROUPS:
+        text = config_lib.help_text(group, width=100)
+        assert all(config_lib.flag(n)[2:] in text for n, o in config_lib.OPTIONS.items()
+                   if o.group == group and not o.internal), group
+    flags = {a for action in config_lib.parser()._actions for a in action.option_strings} - {"-h", "--help", "--help-all"}
+    everything = config_lib.help_text("all", width=100).replace("--[no-]", "--")
+    assert all(f.replace("--no-", "--") in everything for f in flags)
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--help", "ppo"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0 and "--reward-scale" in out and "--buffer-size" not in out
+    code, err = run_main(capsys, "--help", "tuning")
+    assert code == 2 and err.strip() == ("error: --help tuning: no such group; groups: run, env, learning, network, ppo, "
+                                         "dqn, ad, multirun, async, devices (or all)")
+
+
+def test_a_resume_may_change_num_envs_unless_it_shapes_the_algorithms_state():
+    """--num-envs may change on a resume; DQN's replay is laid out per environment, so its runs keep it."""
+    cfg, changes = config_lib.resumed(config_lib.Config(algo="ppo").to_dict(), {"num_envs": 64})
+    assert cfg.num_envs == 64 and changes == ["--num-envs 32 -> 64"]
+    with pytest.raises(config_lib.ConfigError, match=r"changes --num-envs 64 \(the run has 32\)"):
+        config_lib.resumed(config_lib.Config(algo="dqn").to_dict(), {"num_envs": 64})
+    assert "num_envs" in config_lib.state_keys("dqn") and "num_envs" not in config_lib.state_keys("ppo")
 
 
 def test_a_short_run_on_8_devices_learns_cartpole(tmp_path, capsys):

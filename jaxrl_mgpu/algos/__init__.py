@@ -2,8 +2,8 @@
 devices, checked once, or a one-line ConfigError), `algorithm(cfg, env, env_params, split, par)
 -> base.Algorithm` (what the runner runs), `make(cfg, env, env_params, split)` (its per-device
 functions),
-STEP_UNIT and `steps_per_update(cfg)` (how progress is counted), and STATE_KEYS (the options
-that shape its checkpointed state)."""
+STEP_UNIT and `steps_per_update(cfg)` (how progress is counted). The options that shape an
+algorithm's checkpointed state are declared with the options (config.state_keys)."""
 
 from jaxrl_mgpu import envs
 from jaxrl_mgpu.algos import ad, dqn, mappo, ppo

@@ -64,10 +64,6 @@ def steady_state(cfg):
     """`cfg` as a throughput probe times it (auto-scale, bench): as it trains."""
     return cfg
 
-# Options (besides config.STATE_KEYS) that shape this algorithm's state: the optimizer state
-# holds a schedule count only when annealing; the transformer's size and context.
-STATE_KEYS = ("anneal_lr", "d_model", "n_layers", "n_heads", "n_transit")
-
 # Every field is identical on every device (see checkpoint.py); the dataset is not state.
 STATE_LAYOUT = {"params": REPLICATED, "opt_state": REPLICATED, "loss_scale": REPLICATED, "key": REPLICATED,
                 "update": REPLICATED}
@@ -178,9 +174,6 @@ def check_batch(cfg, num_devices: int) -> Split:
     fills its histories from the run's store, asynchronous/ad.py); the batch layout, or a ConfigError."""
     if cfg.num_updates is None:
         raise ConfigError("--algo ad trains for --num-updates gradient steps: give --num-updates")
-    for name in ("n_transit", "ad_batch_size", "ad_episode_stride"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
     if cfg.n_transit > 2 ** 14:
         raise ConfigError(f"--n-transit {cfg.n_transit} is above the transformer's limit of {2 ** 14}")
     env, env_params = envs_lib.make(cfg.env, cfg.env_args)

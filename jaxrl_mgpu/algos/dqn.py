@@ -115,11 +115,6 @@ class DQNState(NamedTuple):
     grad_steps: jax.Array  # gradient steps done so far (drives the target-network updates)
 
 
-# Options (besides config.STATE_KEYS) that shape this algorithm's state: the replay's shape, and
-# where its write position is (update x num_steps rows into every environment's ring).
-STATE_KEYS = ("buffer_size", "num_envs", "num_steps", "d_model", "n_layers", "n_heads", "context_len",
-              "replay_obs_dtype")
-
 STEP_UNIT = "env_steps"
 # What the code outside algos/ knows of this algorithm (runner, log, auto-scale, evaluate):
 # the progress line's terms (label, row key, format), what --auto-scale sizes, whether
@@ -176,19 +171,8 @@ def check(cfg, num_devices: int) -> Split:
     if not isinstance(actor_critic.distribution(*envs_lib.make(cfg.env, cfg.env_args)), actor_critic.Categorical):
         raise ConfigError(f"--algo dqn takes discrete actions (one Q-value each); --env {cfg.env} has continuous "
                           f"(Box) actions: use --algo ppo")
-    for name in ("buffer_size", "replay_batch_size", "n_step", "target_update_every"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(cfg, name)}")
-    for name in ("learning_starts", "eps_decay_steps"):
-        if getattr(cfg, name) < 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be at least 0, got {getattr(cfg, name)}")
-    for name in ("eps_start", "eps_end"):
-        if not 0.0 <= getattr(cfg, name) <= 1.0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(cfg, name)}")
-    if not 0.0 < cfg.tau <= 1.0:
-        raise ConfigError(f"--tau must be in (0, 1], got {cfg.tau}")
     grads = cfg.num_steps * cfg.updates_per_step
-    if cfg.updates_per_step <= 0 or abs(grads - round(grads)) > 1e-6:
+    if abs(grads - round(grads)) > 1e-6:
         raise ConfigError(f"--updates-per-step {cfg.updates_per_step} x --num-steps {cfg.num_steps} must be a "
                           f"positive whole number of gradient steps per update")
     envs_per_device = _divide(cfg.num_envs, num_devices, "--num-envs")

@@ -45,7 +45,6 @@ CONSOLE = ppo.CONSOLE + (("taggers", "taggers/episode_return", ".2f"), ("runners
                          ("tags", "tags_per_episode", ".2f"))
 SUMMARY, SIZE_OPTION, TAKES_POLICY, EVALUATED_BY = ppo.SUMMARY, ppo.SIZE_OPTION, ppo.TAKES_POLICY, ppo.EVALUATED_BY
 steady_state = ppo.steady_state
-STATE_KEYS = ("anneal_lr",)
 steps_per_update = ppo.steps_per_update
 
 

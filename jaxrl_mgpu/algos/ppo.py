@@ -69,13 +69,6 @@ class ReturnStats(NamedTuple):
         return ReturnStats(jnp.zeros(()), jnp.ones(()), jnp.full((), 1e-4))
 
 
-# Options (besides config.STATE_KEYS) that shape this algorithm's state: the optimizer state
-# holds a schedule count only when annealing; the transformer's size and memory; the return
-# statistics of --normalize-reward; the observation statistics in the params (--normalize-obs);
-# the MLPs' widths and the actor head's outputs (--action-dist).
-STATE_KEYS = ("anneal_lr", "d_model", "n_layers", "n_heads", "context_len", "normalize_reward", "normalize_obs",
-              "actor_hidden", "critic_hidden", "action_dist")
-
 # Rollout steps per iteration of the compiled loop, on GPUs: there every iteration of a loop
 # waits for the host to read its predicate, and each unrolled step is more code to compile.
 # On an H200 (experiments/RESULTS.md, "Start-up"): 1 / 4 / 8 steps gave 8.34 / 7.36 / 7.28 ms
