@@ -98,7 +98,7 @@ def run(cfg, par: Parallel, layout: Split, notes: list[str], asynchronous=None, 
                    notes + begun.set_aside)
     if step is None and cfg.resume == "auto":
         log.print("  --resume auto: no checkpoint yet, starting fresh")
-    if step is not None and not learner:  # (a learner says where it resumed: asynchronous/ledger.py)
+    if step is not None and not learner:  # (a learner says where it resumed: asynchronous/checkpoints.py)
         log.print(f"  resumed from the checkpoint at update {step} ({cfg.resumed_steps:,} {trainer.step_unit})"
                   + (f"; re-created {', '.join(begun.recreated)} (the saved ones do not fit "
                      f"{count(trainer.par.num_devices, 'device')} x {cfg.num_envs} envs)" if begun.recreated else ""))
@@ -130,7 +130,7 @@ def train(cfg, trainer: Trainer, state, step: int | None, log: RunLog, split: Sp
     t_start, feed = time.perf_counter(), None
     try:
         if asynchronous is not None:
-            feed = asynchronous.Feed(cfg, par, split, trainer.algo, ckpts, log, step, state)
+            feed = asynchronous.source(cfg, par, split, trainer.algo, ckpts, log, step, state)
             source, callbacks = feed, Callbacks(log=lambda row, updates: log.write(feed.log_row(row, updates)),
                                                 checkpoint=feed.checkpoint, dispatched=feed.ran, stop=stop)
         else:
