@@ -138,23 +138,23 @@ class Start(NamedTuple):
     set_aside: list[str]
 
 
-def start(cfg, run_dir: Path, step: int | None, build: Callable, learner: bool) -> Start | None:
+def start(cfg, run_dir: Path, step: int | None, build: Callable, from_store: bool) -> Start | None:
     """The run's start from checkpoint `step` or, where that one does not read back whole,
     from the newest one that does (`step` None: a fresh start). `build(cfg) -> (trainer, state
-    or None)` makes the trainer (a learner builds its initial state too). None where the run is
+    or None)` makes the trainer (a learner from the store builds its initial state too). None where the run is
     already complete (said in a line)."""
     set_aside: list[str] = []
     while True:
         try:
-            return _start_at(cfg, run_dir, step, build, learner, set_aside)
+            return _start_at(cfg, run_dir, step, build, from_store, set_aside)
         except DamagedCheckpoint as e:
             step, note = _set_aside(run_dir, e)
             set_aside.append(note)
 
 
-def _start_at(cfg, run_dir: Path, step: int | None, build: Callable, learner: bool, set_aside: list[str]):
+def _start_at(cfg, run_dir: Path, step: int | None, build: Callable, from_store: bool, set_aside: list[str]):
     if step is not None:
-        if learner:
+        if from_store:
             _reading(run_dir, lambda r: r.meta(step))
         else:
             module = module_for(cfg)
@@ -165,7 +165,7 @@ def _start_at(cfg, run_dir: Path, step: int | None, build: Callable, learner: bo
         if step >= cfg.total_updates:
             for line in set_aside:
                 print(line)
-            ended = "" if learner else f", {cfg.resumed_steps:,} {module_for(cfg).STEP_UNIT}"
+            ended = "" if from_store else f", {cfg.resumed_steps:,} {module_for(cfg).STEP_UNIT}"
             print(f"the run in {run_dir} is already complete (update {step} of {cfg.total_updates}{ended}); nothing "
                   f"to do. To train it further, resume with a larger "
                   f"{'--num-updates' if cfg.num_updates is not None else '--total-timesteps'}")
@@ -176,7 +176,7 @@ def _start_at(cfg, run_dir: Path, step: int | None, build: Callable, learner: bo
     if step is not None:
         # Restored before process 0 rewrites config.json and metrics.jsonl, so that a checkpoint
         # this version cannot read leaves the run directory as it was.
-        target = state if learner else trainer.init_state()
+        target = state if from_store else trainer.init_state()
         state, recreated = _reading(run_dir, lambda r: r.restore(step, target, trainer.layout, trainer.par))
     return Start(cfg, trainer, state, step, recreated, set_aside)
 

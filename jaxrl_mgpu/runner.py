@@ -83,23 +83,23 @@ def run(cfg, par: Parallel, split: Split, notes: list[str], asynchronous=None, a
     if cfg.profile:
         check_writable(Path(cfg.profile), "--profile")
     cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
-    learner = cfg.mode == "learn"
+    from_store = cfg.mode == "learn"
 
     def build(cfg):
-        trainer = Trainer(cfg, par, asynchronous.algorithm(cfg, par, split) if learner else None, split)
+        trainer = Trainer(cfg, par, asynchronous.algorithm(cfg, par, split) if from_store else None, split)
         # A learner publishes its initial state for the collectors before it compiles.
-        return trainer, trainer.init_state() if learner else None
+        return trainer, trainer.init_state() if from_store else None
 
-    begun = start(cfg, run_dir, step, build, learner)
+    begun = start(cfg, run_dir, step, build, from_store)
     if begun is None:
         return 0  # already complete
     cfg, trainer, state, step = begun.cfg, begun.trainer, begun.state, begun.update
     prepare(cfg, run_dir, step)
-    log = open_log(cfg, trainer, run_dir, split, asynchronous.per_update(cfg) if learner else None,
+    log = open_log(cfg, trainer, run_dir, split, asynchronous.per_update(cfg) if from_store else None,
                    notes + begun.set_aside)
     if step is None and cfg.resume == "auto":
         log.print("  --resume auto: no checkpoint yet, starting fresh")
-    if step is not None and not learner:  # (a learner says where it resumed: asynchronous/ledger.py)
+    if step is not None and not from_store:  # (a learner says where it resumed: asynchronous/checkpoints.py)
         log.print(f"  resumed from the checkpoint at update {step} ({cfg.resumed_steps:,} {trainer.step_unit})"
                   + (f"; re-created {', '.join(begun.recreated)} (the saved ones do not fit "
                      f"{count(trainer.par.num_devices, 'device')} x {cfg.num_envs} envs)" if begun.recreated else ""))
@@ -107,7 +107,7 @@ def run(cfg, par: Parallel, split: Split, notes: list[str], asynchronous=None, a
     if auto_scale_s:
         log.timeline["auto_scale_s"] = auto_scale_s
     log.timeline["setup_s"] = time.monotonic() - entered  # algorithm, initial state, restore, log files
-    return train(cfg, trainer, state, step, log, split, asynchronous if learner else None)
+    return train(cfg, trainer, state, step, log, split, asynchronous if from_store else None)
 
 
 def open_log(cfg, trainer: Trainer, run_dir: Path, split: Split, per_update: str | None, notes: list[str]) -> RunLog:
@@ -131,7 +131,7 @@ def train(cfg, trainer: Trainer, state, step: int | None, log: RunLog, split: Sp
     t_start, feed = time.perf_counter(), None
     try:
         if asynchronous is not None:
-            feed = asynchronous.Feed(cfg, par, split, trainer.algo, ckpts, log, step, state)
+            feed = asynchronous.source(cfg, par, split, trainer.algo, ckpts, log, step, state)
             source, callbacks = feed, Callbacks(log=lambda row, updates: log.write(feed.log_row(row, updates)),
                                                 checkpoint=feed.checkpoint, dispatched=feed.ran, stop=stop)
         else:

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         # --mode learn|collect: DQN from episodes, or AD from learning histories, in the run's store
         par = parallel.setup(cfg.parallel, cfg.devices)
         config_lib.check_platform(cfg, par.devices[0].platform)
-        learner = asynchronous.for_algo(cfg.algo)
+        learn_collect = asynchronous.for_algo(cfg.algo)
         resuming = bool(cfg.resume and cfg.run_dir and (Path(cfg.run_dir) / "config.json").exists())
         searched_s = 0.0  # the summary's auto_scale_s, apart from the imports and devices before it
         if cfg.auto_scale and not resuming:  # a resumed run keeps the size its config.json holds
@@ -52,12 +52,12 @@ def main(argv: list[str] | None = None) -> int:
             cfg, _ = autoscale.choose(cfg, par, module_for(cfg))
             searched_s = time.monotonic() - t
         par = multirun.setup(cfg, par)  # --num-seeds / --sweep: a runs axis beside the data axis
-        split = (module_for(cfg).check if cfg.mode == "both" else learner.check)(cfg, par.data_devices)
+        split = (module_for(cfg).check if cfg.mode == "both" else learn_collect.check)(cfg, par.data_devices)
         if cfg.mode == "collect":
             if not cfg.run_dir:
                 raise ConfigError("--mode collect needs --run-dir: the run whose store it fills")
-            return collect(cfg, par, split, learner)
-        return runner.run(cfg, par, split, notes, learner, auto_scale_s=searched_s)
+            return collect(cfg, par, split, learn_collect)
+        return runner.run(cfg, par, split, notes, learn_collect, auto_scale_s=searched_s)
     except USER_ERRORS as e:
         fail(e)
     except KeyboardInterrupt:  # Ctrl-C before training began (once it has, stop.py handles it)
@@ -70,7 +70,7 @@ def collect(cfg, par, split, asynchronous) -> int:
     learning histories) to `--run-dir`'s store."""
     log = RunLog(None, 0)
     log.print(f"collector on {count(par.num_devices, par.devices[0].platform + ' device')}, "
-              + (f"{cfg.ad_history_tasks} tasks" if cfg.algo == "ad" else f"{cfg.num_envs} envs")
+              + asynchronous.collects(cfg)
               + f", store {cfg.run_dir}/store")
     stop = StopSignal(log)
     try:

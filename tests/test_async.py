@@ -17,9 +17,11 @@ import pytest
 from helpers import spawn_train, wait_until
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel
+from jaxrl_mgpu.algos.replay import Transitions
 from jaxrl_mgpu.asynchronous import dqn as async_dqn
+from jaxrl_mgpu.asynchronous import ingest as async_ingest
 from jaxrl_mgpu.asynchronous import policy, rate
-from jaxrl_mgpu.asynchronous.store import Segments, Store, Transitions
+from jaxrl_mgpu.asynchronous.store import Segments, Store
 from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.log import RunLog
 
@@ -271,18 +273,18 @@ def test_learner_replay_stores_minatar_observations_as_bytes():
     the store's float32 transitions unchanged, and learns from them."""
     cfg = config_lib.validate(dataclasses.replace(
         config_lib.Config(), algo="dqn", mode="learn", env="Breakout-MinAtar", num_envs=2, num_steps=2,
-        buffer_size=2 * async_dqn.BLOCK, replay_batch_size=8, hidden_size=8, updates_per_step=0.5,
+        buffer_size=2 * async_ingest.BLOCK, replay_batch_size=8, hidden_size=8, updates_per_step=0.5,
         replay_obs_dtype="uint8"))
     par = parallel.setup("pmap", 2)
-    learner = async_dqn.Learner(cfg, par, async_dqn.check(cfg, par.num_devices))
+    learner = async_dqn.algorithm(cfg, par, async_dqn.check(cfg, par.num_devices)).parts
     key = par.replicate(np.asarray(jax.random.PRNGKey(0)))
     replay, state = learner.init_replay(key), learner.init(key)
     rng = np.random.default_rng(0)
-    n = 2 * async_dqn.BLOCK
+    n = 2 * async_ingest.BLOCK
     frames = lambda: (rng.random((n,) + learner.obs_shape) < 0.2).astype(np.float32)  # noqa: E731
     block = Transitions(frames(), rng.integers(0, 3, n).astype(np.int32), rng.normal(size=n).astype(np.float32),
                         np.ones(n, np.float32), frames())
-    shaped = Transitions(*(x.reshape((2, async_dqn.BLOCK) + x.shape[1:]) for x in block))
+    shaped = Transitions(*(x.reshape((2, async_ingest.BLOCK) + x.shape[1:]) for x in block))
     replay = learner.insert(replay, par.shard(shaped))
     assert replay.obs.dtype == replay.next_obs.dtype == np.uint8
     np.testing.assert_array_equal(np.asarray(par.local(replay.obs), np.float32).reshape(block.obs.shape), block.obs)
@@ -360,11 +362,11 @@ def test_ingest_is_bounded_and_in_large_blocks():
         return Transitions(np.zeros((n, 2), np.float32), np.arange(n, dtype=np.int32), np.zeros(n, np.float32),
                            np.ones(n, np.float32), np.zeros((n, 2), np.float32))
 
-    big = async_dqn.LARGE_BLOCK
+    big = async_ingest.LARGE_BLOCK
     shard = transitions(5 * big + 300)
-    blocks, rest = async_dqn._host_blocks([shard, transitions(10)], devices=2, budget=async_dqn.INSERT_BUDGET)
+    blocks, rest = async_ingest._host_blocks([shard, transitions(10)], devices=2, budget=async_ingest.INSERT_BUDGET)
     sizes = [len(b.reward) for b in blocks]
-    assert sum(sizes) <= async_dqn.INSERT_BUDGET * 2 and set(sizes) <= {2 * big, 2 * async_dqn.BLOCK}
+    assert sum(sizes) <= async_ingest.INSERT_BUDGET * 2 and set(sizes) <= {2 * big, 2 * async_ingest.BLOCK}
     assert sizes[0] == 2 * big
     # Order is kept and nothing is lost: the blocks and the rest are the queue, in order.
     actions = np.concatenate([b.action for b in blocks] + [r.action for r in rest])
@@ -372,12 +374,12 @@ def test_ingest_is_bounded_and_in_large_blocks():
     # A block within one queued array is a view of it (a new shard is not copied whole).
     assert np.shares_memory(blocks[0].obs, shard.obs)
     # A block across queued arrays joins them, in order; small leftovers wait for more.
-    small = async_dqn.BLOCK
-    blocks, rest = async_dqn._host_blocks([transitions(small - 10), transitions(30)], devices=1, budget=4 * small)
+    small = async_ingest.BLOCK
+    blocks, rest = async_ingest._host_blocks([transitions(small - 10), transitions(30)], devices=1, budget=4 * small)
     assert [len(b.reward) for b in blocks] == [small] and [len(r.reward) for r in rest] == [20]
     np.testing.assert_array_equal(blocks[0].action, np.concatenate([np.arange(small - 10), np.arange(10)]))
     np.testing.assert_array_equal(rest[0].action, np.arange(10, 30))
-    blocks, rest = async_dqn._host_blocks([transitions(small - 1)], devices=1, budget=4 * small)
+    blocks, rest = async_ingest._host_blocks([transitions(small - 1)], devices=1, budget=4 * small)
     assert blocks == [] and [len(r.reward) for r in rest] == [small - 1]
 
 
@@ -391,8 +393,8 @@ def test_ingest_uses_its_whole_budget_each_step_keeps_order_and_bounds_its_queue
                            np.zeros(n, np.float32), np.ones(n, np.float32), np.zeros((n, 2), np.float32))
 
     inserted = []
-    ingest = async_dqn.Ingest(2, to_devices=lambda block: block, insert=lambda block: inserted.append(block.action))
-    budget = async_dqn.INSERT_BUDGET * 2  # transitions, both devices
+    ingest = async_ingest.Ingest(2, to_devices=lambda block: block, insert=lambda block: inserted.append(block.action))
+    budget = async_ingest.INSERT_BUDGET * 2  # transitions, both devices
     shard = 3 * budget // 2
     added = 0
     while ingest.has_room:
@@ -409,7 +411,7 @@ def test_ingest_uses_its_whole_budget_each_step_keeps_order_and_bounds_its_queue
     assert ingest.landed == [(budget, "shard 0"), (shard - budget, "shard 0"), (2 * budget - shard, "shard 1"),
                              (budget, "shard 1")]
     # Nothing goes in before its copy has arrived; then all of it, at the next insert.
-    ingest.landed, block = [], 2 * async_dqn.LARGE_BLOCK
+    ingest.landed, block = [], 2 * async_ingest.LARGE_BLOCK
     ingest.add(transitions(added, block), tag="next")
     assert ingest.insert_arrived() == 0 and ingest.landed == []
     ingest.stage()
@@ -496,7 +498,8 @@ def test_store_listing_follows_the_directory_oldest_first(tmp_path):
 def test_eviction_deletes_only_consumed_shards_oldest_first(tmp_path, monkeypatch):
     """The learner evicts beyond --store-max-episodes, but never a shard it has not read: a
     complete shard is never lost (the rate limiter bounds how many wait unread)."""
-    from jaxrl_mgpu.asynchronous.ledger import Ledger, Publisher
+    from jaxrl_mgpu.asynchronous.checkpoints import CheckpointPublisher
+    from jaxrl_mgpu.asynchronous.ledger import Ledger
     store = Store(tmp_path)
     episode = {"observation": np.zeros((3, 2), np.float32), "action": np.zeros(3, np.int32),
                "reward": np.ones(3, np.float32), "terminated": True, "final_observation": np.zeros(2, np.float32)}
@@ -505,7 +508,7 @@ def test_eviction_deletes_only_consumed_shards_oldest_first(tmp_path, monkeypatc
     ledger = Ledger.fresh(async_dqn.COUNTS)
     ledger.consumed = set(names[:3])
     cfg = config_lib.Config(algo="dqn", mode="learn", store_max_episodes=6)
-    publisher = Publisher(cfg, None, None, {}, store)
+    publisher = CheckpointPublisher(cfg, None, None, {}, store)
     monkeypatch.setattr(publisher, "publish", lambda *a: None)
     evicted = publisher.publish_and_evict(1, None, ledger)
     # 10 episodes, 4 of them unread: the consumed ones may keep 6 - 4 = 2, the newest consumed shard.
@@ -529,8 +532,8 @@ def test_shards_decoded_by_worker_processes_equal_the_thread_read_in_order_and_e
     """The DQN learner decodes shards in child processes (workers.Pool): the same transitions as
     a read on the thread, delivered oldest first by several workers at once; a damaged shard's
     error is raised in the parent; a dead child is an error, not a hang."""
+    from jaxrl_mgpu.asynchronous.dqn import read_transitions
     from jaxrl_mgpu.asynchronous.reader import ShardReader
-    from jaxrl_mgpu.asynchronous.store import read_transitions
     from jaxrl_mgpu.asynchronous.workers import Pool, WorkerError
     from jaxrl_mgpu.data.rlds import DatasetError
     store = Store(tmp_path)
@@ -541,7 +544,7 @@ def test_shards_decoded_by_worker_processes_equal_the_thread_read_in_order_and_e
     for i in range(5):  # shards of 3, 2, 1, 3, 2 episodes
         store.write(Segments.whole(episodes[:3 - i % 3]), f"c{i}", 0, "CartPole-v1")
     shards = store.shards()
-    expected = [store.read(s) for s in shards]
+    expected = [read_transitions(s) for s in shards]
     np.testing.assert_array_equal(expected[0].next_obs[:4], np.concatenate([episodes[0]["observation"][1:],
                                                                             episodes[0]["final_observation"][None]]))
     np.testing.assert_array_equal(expected[0].discount, [1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 0])
@@ -589,8 +592,8 @@ def test_collector_segments_give_each_step_once_with_mode_boths_n_step_targets(t
     and next observation (only an episode's end cuts a window, a time limit bootstrapping from
     the final observation); and each ended episode's return and length, once."""
     import jax.numpy as jnp
-    from jaxrl_mgpu.algos import dqn
-    from jaxrl_mgpu.asynchronous.store import read_transitions
+    from jaxrl_mgpu.algos.replay import Replay, n_step_return
+    from jaxrl_mgpu.asynchronous.dqn import read_transitions
     rng = np.random.default_rng(1)
     T, E, n_step, gamma = 7, 4, 3, 0.9
     par = types.SimpleNamespace(local=lambda tree: tree)  # one device's rollout, already on the host
@@ -631,10 +634,10 @@ def test_collector_segments_give_each_step_once_with_mode_boths_n_step_targets(t
     pad = lambda x: np.concatenate([x, np.zeros((n_step,) + x.shape[1:], x.dtype)])  # noqa: E731
     obs, action, reward, terminated, truncated, final = (pad(np.concatenate(x)).swapaxes(0, 1) for x in seen.values())
     N = obs.shape[1] - n_step
-    replay = dqn.Replay(*(jnp.asarray(x) for x in (obs, action, reward, terminated, truncated, final)))
+    replay = Replay(*(jnp.asarray(x) for x in (obs, action, reward, terminated, truncated, final)))
     env, row = np.repeat(np.arange(E), N), np.tile(np.arange(N), E)
-    want_reward, want_discount, last = (np.asarray(x) for x in dqn.n_step_return(replay, jnp.asarray(env),
-                                                                                 jnp.asarray(row), n_step, gamma))
+    want_reward, want_discount, last = (np.asarray(x) for x in n_step_return(replay, jnp.asarray(env),
+                                                                             jnp.asarray(row), n_step, gamma))
     window_end = row + last
     complete = window_end < N
     got = [read_transitions(s, n_step=n_step, gamma=gamma) for s in store.shards()]
@@ -657,12 +660,12 @@ def test_collector_segments_give_each_step_once_with_mode_boths_n_step_targets(t
 
 def test_learner_transitions_are_the_n_step_transitions_of_mode_both(tmp_path):
     """--mode learn trains on what --mode both's replay samples: a shard's episodes decoded with
-    --n-step and --gamma give, from every step, dqn.n_step_return's reward, bootstrap discount
+    --n-step and --gamma give, from every step, replay.n_step_return's reward, bootstrap discount
     and next observation (windows cut at episode ends, time limits bootstrapping from the final
     observation, terminations not at all)."""
     import jax.numpy as jnp
-    from jaxrl_mgpu.algos import dqn
-    from jaxrl_mgpu.asynchronous.store import read_transitions
+    from jaxrl_mgpu.algos.replay import Replay, n_step_return
+    from jaxrl_mgpu.asynchronous.dqn import read_transitions
     rng = np.random.default_rng(2)
     episodes = [{"observation": rng.random((n, 2)).astype(np.float32), "action": rng.integers(0, 3, n),
                  "reward": rng.random(n).astype(np.float32), "terminated": term,
@@ -682,11 +685,11 @@ def test_learner_transitions_are_the_n_step_transitions_of_mode_both(tmp_path):
     terminated[is_last] = flat.terminated
     next_obs = np.concatenate([flat.observation[1:], flat.observation[:1]])
     next_obs[is_last] = flat.final_observation
-    replay = dqn.Replay(jnp.asarray(flat.observation)[None], jnp.asarray(flat.action)[None],
-                        jnp.asarray(flat.reward)[None], jnp.asarray(terminated)[None],
-                        jnp.asarray(is_last & ~terminated)[None], jnp.asarray(next_obs)[None])
+    replay = Replay(jnp.asarray(flat.observation)[None], jnp.asarray(flat.action)[None],
+                    jnp.asarray(flat.reward)[None], jnp.asarray(terminated)[None],
+                    jnp.asarray(is_last & ~terminated)[None], jnp.asarray(next_obs)[None])
     rows = jnp.arange(N - n_step + 1)  # the windows --mode both can sample: wholly written
-    reward, discount, last = dqn.n_step_return(replay, jnp.zeros_like(rows), rows, n_step, gamma)
+    reward, discount, last = n_step_return(replay, jnp.zeros_like(rows), rows, n_step, gamma)
     np.testing.assert_allclose(got.reward[:len(rows)], reward, rtol=1e-6)
     np.testing.assert_allclose(got.discount[:len(rows)], discount, rtol=1e-6)
     np.testing.assert_array_equal(got.next_obs[:len(rows)], next_obs[rows + last])
@@ -735,7 +738,7 @@ def test_params_published_for_collectors_are_read_once_each_and_exactly(tmp_path
     par = parallel.setup("pmap", 2)
     params = {"params": {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.float32)}}
     template = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
-    publisher, follower = policy.Publisher(tmp_path), policy.Follower(tmp_path, template)
+    publisher, follower = policy.ParamsPublisher(tmp_path), policy.ParamsFollower(tmp_path, template)
     assert follower.newer() is None  # nothing published yet
     before = time.time()
     publisher.offer(3, par.replicate(params), 1000, force=True)

@@ -13,6 +13,7 @@ from helpers import assert_trees_close, make_trainer
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import train
 from jaxrl_mgpu.algos import dqn
+from jaxrl_mgpu.algos.replay import Replay, replay_gather, replay_sample, replay_window
 from jaxrl_mgpu.config import ConfigError
 
 SMALL = dict(algo="dqn", num_envs=16, num_steps=4, buffer_size=16 * 32, replay_batch_size=64, learning_starts=128,
@@ -25,13 +26,13 @@ def run_updates(trainer, n: int):
     return trainer.chunk_fn(n, state)(state)
 
 
-def random_replay(rng, envs: int, rows: int, obs_dim: int) -> dqn.Replay:
-    return dqn.Replay(obs=rng.normal(size=(envs, rows, obs_dim)).astype(np.float32),
-                      action=rng.integers(0, 2, (envs, rows)).astype(np.int32),
-                      reward=rng.normal(size=(envs, rows)).astype(np.float32),
-                      terminated=rng.random((envs, rows)) < 0.1,
-                      truncated=rng.random((envs, rows)) < 0.1,
-                      next_obs=rng.normal(size=(envs, rows, obs_dim)).astype(np.float32))
+def random_replay(rng, envs: int, rows: int, obs_dim: int) -> Replay:
+    return Replay(obs=rng.normal(size=(envs, rows, obs_dim)).astype(np.float32),
+                  action=rng.integers(0, 2, (envs, rows)).astype(np.int32),
+                  reward=rng.normal(size=(envs, rows)).astype(np.float32),
+                  terminated=rng.random((envs, rows)) < 0.1,
+                  truncated=rng.random((envs, rows)) < 0.1,
+                  next_obs=rng.normal(size=(envs, rows, obs_dim)).astype(np.float32))
 
 
 @pytest.mark.parametrize("grad_accum", [1, 2])
@@ -54,7 +55,7 @@ def test_one_gradient_step_on_8_devices_equals_1_device_with_the_same_global_bat
         env_local = env.reshape(d, -1) - (envs // d) * np.arange(d)[:, None]
 
         def two_steps(state, replay, env, row):
-            sample = dqn.replay_gather(replay, env, row, n_step, 0.99)
+            sample = replay_gather(replay, env, row, n_step, 0.99)
             params, target, opt_state, scale = state.params, state.target_params, state.opt_state, state.loss_scale
             for _ in range(2):  # the second step sees target != online params
                 params, opt_state, scale, stats = algo.learn(params, target, opt_state, scale, sample)
@@ -103,7 +104,7 @@ def test_n_step_targets_stop_at_terminations_and_bootstrap_through_time_limits()
     truncated = np.zeros((1, rows), bool)
     terminated[0, 2], truncated[0, 5] = True, True
     obs = np.arange(rows, dtype=np.float32)[None, :, None]
-    replay = dqn.Replay(obs, np.zeros((1, rows), np.int32), reward, terminated, truncated, obs + 100)
+    replay = Replay(obs, np.zeros((1, rows), np.int32), reward, terminated, truncated, obs + 100)
     g = 0.5
     r = reward[0]
     expected = {  # start row: (discounted reward sum, bootstrap discount, row of the bootstrap observation)
@@ -116,8 +117,8 @@ def test_n_step_targets_stop_at_terminations_and_bootstrap_through_time_limits()
         6: (r[6] + g * r[7] + g * g * r[0], g ** 3, 0),      # wraps around the ring
     }
     starts = np.array(list(expected), np.int32)
-    batch = dqn.replay_gather(jax.tree.map(jnp.asarray, replay), jnp.zeros(len(starts), jnp.int32),
-                              jnp.asarray(starts), 3, g)
+    batch = replay_gather(jax.tree.map(jnp.asarray, replay), jnp.zeros(len(starts), jnp.int32),
+                          jnp.asarray(starts), 3, g)
     for i, start in enumerate(starts):
         ret, discount, boot = expected[start]
         assert float(batch.obs[i, 0]) == start
@@ -131,9 +132,9 @@ def test_n_step_targets_stop_at_terminations_and_bootstrap_through_time_limits()
 def test_replay_samples_only_stored_transitions_with_a_complete_window(written):
     rows, n_step = 8, 3
     obs = np.broadcast_to(np.arange(rows, dtype=np.float32)[None, :, None], (2, rows, 1))
-    replay = jax.tree.map(jnp.asarray, dqn.Replay(obs, np.zeros((2, rows), np.int32), np.zeros((2, rows), np.float32),
-                                                  np.zeros((2, rows), bool), np.zeros((2, rows), bool), obs))
-    batch = dqn.replay_sample(replay, jnp.int32(written), jax.random.PRNGKey(0), 2048, n_step, 0.9)
+    replay = jax.tree.map(jnp.asarray, Replay(obs, np.zeros((2, rows), np.int32), np.zeros((2, rows), np.float32),
+                                              np.zeros((2, rows), bool), np.zeros((2, rows), bool), obs))
+    batch = replay_sample(replay, jnp.int32(written), jax.random.PRNGKey(0), 2048, n_step, 0.9)
     filled = min(written, rows)
     oldest = written - filled
     valid = {(oldest + age) % rows for age in range(filled - n_step + 1)}
@@ -268,8 +269,8 @@ def test_replay_windows_follow_the_ring_and_episode_starts():
     for t in steps[-rows:]:
         obs[0, t % rows, 0], action[0, t % rows], reward[0, t % rows] = t, t % 3, 10.0 * t
     done[0, 4 % rows] = True  # the episode ends at step 4: step 5 starts one
-    replay = jax.tree.map(jnp.asarray, dqn.Replay(obs, action, reward, done, np.zeros_like(done), obs + 100))
-    w = dqn.replay_window(replay, jnp.int32(written), jnp.zeros(1, jnp.int32), jnp.array([6]), 6)
+    replay = jax.tree.map(jnp.asarray, Replay(obs, action, reward, done, np.zeros_like(done), obs + 100))
+    w = replay_window(replay, jnp.int32(written), jnp.zeros(1, jnp.int32), jnp.array([6]), 6)
     np.testing.assert_array_equal(w.valid[0], [False, True, True, True, True, True])        # steps 1..6
     np.testing.assert_array_equal(w.obs[0, 1:, 0], [2, 3, 4, 5, 6])
     np.testing.assert_array_equal(w.is_first[0, 1:], [True, False, False, True, False])    # 2: oldest held; 5: new episode

@@ -14,6 +14,7 @@ from gymnax.environments import environment, spaces
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs, parallel
 from jaxrl_mgpu.algos import dqn, ppo
+from jaxrl_mgpu.algos.replay import replay_gather
 
 T = 5  # the time limit: every episode is T steps, each with reward 1
 
@@ -146,8 +147,8 @@ def test_dqn_n_step_targets_bootstrap_from_the_observation_a_time_limit_cut_at()
     def targets(params, key):
         state = algo.init(key)
         _, _, replay, _, _, _ = algo.rollout(params, state.envs, state.memory, state.replay, state.key, jnp.int32(0))
-        batch = dqn.replay_gather(replay, jnp.zeros(len(starts), jnp.int32), jnp.asarray(starts, jnp.int32),
-                                  n_step, GAMMA)
+        batch = replay_gather(replay, jnp.zeros(len(starts), jnp.int32), jnp.asarray(starts, jnp.int32),
+                              n_step, GAMMA)
 
         def one(i):  # the learner's own target of transition i (its loss's target_mean over a batch of one)
             single = jax.tree.map(lambda x: jax.lax.dynamic_slice_in_dim(x, i, 1), batch)

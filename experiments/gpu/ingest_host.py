@@ -1,7 +1,7 @@
 """The asynchronous DQN learner's host work per poll of its feed (issue 31), without a GPU:
 shards of Breakout-MinAtar's size (71k transitions of 10x10x4 bytes, as a 256-env collector
 writes them) arrive, and each poll takes its replay blocks from the queue
-(asynchronous/dqn.py: `_host_blocks`) and reads them as the copy to the device does. Prints the
+(asynchronous/ingest.py: `_host_blocks`) and reads them as the copy to the device does. Prints the
 mean and the longest poll, and the mean of the polls in which a shard arrived.
     python experiments/gpu/ingest_host.py [--shards 8] [--polls-per-shard 5]"""
 import argparse
@@ -9,8 +9,8 @@ import time
 
 import numpy as np
 
-from jaxrl_mgpu.asynchronous import dqn
-from jaxrl_mgpu.asynchronous.store import Transitions
+from jaxrl_mgpu.algos.replay import Transitions
+from jaxrl_mgpu.asynchronous import ingest
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 p.add_argument("--shards", type=int, default=8)
@@ -30,7 +30,7 @@ for _ in range(args.shards):
     pending.append(shard(args.shard_steps))
     for _ in range(args.polls_per_shard):
         start = time.perf_counter()
-        blocks, pending = dqn._host_blocks(pending, 1, dqn.INSERT_BUDGET)
+        blocks, pending = ingest._host_blocks(pending, 1, ingest.INSERT_BUDGET)
         for block in blocks:
             block.obs.sum()  # read, as the copy to the device reads it
         times.append(time.perf_counter() - start)

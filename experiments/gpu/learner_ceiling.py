@@ -18,8 +18,9 @@ import numpy as np
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import chunks, parallel
 from jaxrl_mgpu.algos import dqn
+from jaxrl_mgpu.algos.replay import Transitions
 from jaxrl_mgpu.asynchronous import dqn as learner_lib
-from jaxrl_mgpu.asynchronous.store import Transitions
+from jaxrl_mgpu.asynchronous.ingest import LARGE_BLOCK
 
 p = argparse.ArgumentParser()
 p.add_argument("--seconds", type=float, default=5.0)
@@ -29,14 +30,15 @@ given = config_lib.parse_given(["--config", "breakout-minatar-dqn", "--num-envs"
 cfg = config_lib.validate(config_lib.Config(**given))
 par = parallel.setup(cfg.parallel, cfg.devices)
 split = learner_lib.check(cfg, par.data_devices)
-lrn = learner_lib.Learner(cfg, par, split)
-trainer = chunks.Trainer(cfg, par, lrn.algorithm, split)
+algorithm = learner_lib.algorithm(cfg, par, split)
+lrn = algorithm.parts
+trainer = chunks.Trainer(cfg, par, algorithm, split)
 state = trainer.init_state()
 replay = lrn.init_replay(par.replicate(np.asarray(jax.random.PRNGKey(0))))
 
 # Fill every device's replay with random transitions, a large block at a time.
 rng = np.random.default_rng(0)
-rows = learner_lib.LARGE_BLOCK
+rows = LARGE_BLOCK
 obs = lambda: rng.integers(0, 2, (par.num_devices, rows) + lrn.obs_shape).astype(dqn.stored_obs_dtype(cfg))
 block = Transitions(obs(), rng.integers(0, 6, (par.num_devices, rows)).astype(np.int32),
                     rng.random((par.num_devices, rows), np.float32), np.full((par.num_devices, rows), 0.97, np.float32),

@@ -19,29 +19,24 @@ So `--updates-per-step` counts gradient steps per vectorised env step (one step 
 `num_envs` environments), and the replay ratio in sampled transitions per collected
 transition is `replay_batch_size x updates_per_step / num_envs`.
 
-Replay: a ring buffer of fixed-size arrays inside the training state (so it is checkpointed
-with it and a resume is exact). It is laid out [envs, rows]: environment e's transitions are a
-time-ordered ring of `buffer_size / num_envs` rows, one per vectorised step, so the n steps
-after a sampled transition are the next rows of the same environment. Every update writes
-`num_steps` rows, so the write position and fill level follow from the update counter. Each
-device holds its own environments' rings (`buffer_size / D` transitions); stacked over devices
-they are exactly the buffer one device would hold, which is why the checkpoint can treat the
-buffer like the environment states (PER_ENV) and restore it on any device count. Observations
-are stored as float32, or with `--replay-obs-dtype uint8` as bytes (a quarter of the memory; for
-observations of whole numbers in 0..255 such as MinAtar's channel maps, which `check` verifies
-on random steps) and turned back into float32 where sampled.
+Replay (algos/replay.py): per-environment rings inside the training state, so they are
+checkpointed with it and a resume is exact. Every update writes `num_steps` rows, so the write
+position and fill level follow from the update counter; each device holds its own
+environments' rings (`buffer_size / D` transitions). With `--replay-obs-dtype uint8`
+observations are stored as bytes, a quarter of the memory, for observations of whole numbers
+in 0..255 such as MinAtar's channel maps (which `check` verifies on random steps).
 
-Randomness: exploration of environment i comes from its GLOBAL index (as in `vec.env_keys`),
-so acting does not depend on the device count; replay sampling folds in the device index.
+Acting (`epsilon_greedy`, `make_actor`, what the asynchronous collectors act with too):
+exploration of environment i comes from its GLOBAL index (as in `vec.env_keys`), so acting
+does not depend on the device count; replay sampling folds in the device index.
 
-Targets (double DQN, n-step): for a sampled (s_t, a_t), sum the discounted rewards of steps
-t..t+k, where k < n is the first step whose episode ended (or n - 1). If it terminated, there is
-no bootstrap; otherwise (time limit, or no end) bootstrap with gamma^(k+1) * Q_target(s', a*),
-a* = argmax Q_online(s'), where s' is the observation after step t+k BEFORE any auto-reset
-(`vec.Step.final_obs`). The loss is the Huber loss (delta 1) of Q_online(s_t, a_t) against that
-target. The gradient step is the shared `learner.step` (the all-reduce, `--grad-accum`
-micro-batches, `--precision`), with `learner.adam`: Adam with global-norm clipping
-(`--max-grad-norm`) and, with `--anneal-lr`, a linear decay to 0 over the run's gradient steps.
+Targets (double DQN, n-step: replay.n_step_targets): the discounted rewards of steps t..t+k
+(k < n, cut where an episode ends), bootstrapped unless the episode terminated with
+gamma^(k+1) * Q_target(s', a*), a* = argmax Q_online(s'). The loss is the Huber loss (delta 1) of
+Q_online(s_t, a_t) against that target. The gradient step is the shared `learner.step` (the
+all-reduce, `--grad-accum` micro-batches, `--precision`), with `learner.adam`: Adam with
+global-norm clipping (`--max-grad-norm`) and, with `--anneal-lr`, a linear decay to 0 over the
+run's gradient steps.
 
 Q-network: an MLP over the observation (a conv torso for images), or with `--policy transformer`
 the actor head of the causal transformer (nets/transformer.py) over the recent history. The
@@ -73,6 +68,7 @@ import optax
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu.algos.base import Algorithm, Split
+from jaxrl_mgpu.algos.replay import Replay, SeqBatch, Transitions, replay_add, replay_init, replay_sample
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.envs import vec
@@ -80,26 +76,6 @@ from jaxrl_mgpu.nets import actor_critic, factory
 from jaxrl_mgpu.nets.actor_critic import Memory, Policy
 from jaxrl_mgpu.parallel import ParallelError, device_index, global_indices, split_evenly, zeros
 from jaxrl_mgpu.cli import count
-
-
-class Replay(NamedTuple):
-    """One device's ring buffers: [envs per device, rows], one row per vectorised step. Row
-    `written % rows` is written next, where `written` counts the vector steps taken so far."""
-    obs: jax.Array         # [E, R, *obs_shape]  observation acted on
-    action: jax.Array      # [E, R] int32
-    reward: jax.Array      # [E, R] float32
-    terminated: jax.Array  # [E, R] bool: true end, no bootstrap
-    truncated: jax.Array   # [E, R] bool: time limit, bootstrap from next_obs
-    next_obs: jax.Array    # [E, R, *obs_shape]  observation after the step, before any auto-reset
-
-
-class Batch(NamedTuple):
-    """Sampled n-step transitions, ready for the loss."""
-    obs: jax.Array       # [B, *obs_shape]
-    action: jax.Array    # [B]
-    reward: jax.Array    # [B] discounted reward sum over the (at most n) steps
-    discount: jax.Array  # [B] gamma^k where the target bootstraps, 0 where the episode terminated
-    next_obs: jax.Array  # [B, *obs_shape] the observation to bootstrap from
 
 
 class DQNState(NamedTuple):
@@ -148,8 +124,8 @@ class Algo(NamedTuple):
     rollout: Any      # params, EnvBatch, memory, Replay, key, vector steps so far -> EnvBatch, memory, Replay, actions, epsilons, Step
     init_params: Any  # key -> params (the same key gives the same params everywhere)
     policy: Any       # nets.actor_critic.Policy for evaluation: epsilon-greedy (eps-end) as logits
-    learn: Any        # params, target_params, opt_state, loss_scale, Batch -> params, opt_state, loss_scale, stats
-    train_step: Any   # (params, target_params, opt_state, loss_scale, grad steps), Batch -> that carry, stats:
+    learn: Any        # params, target_params, opt_state, loss_scale, batch -> params, opt_state, loss_scale, stats
+    train_step: Any   # (params, target_params, opt_state, loss_scale, grad steps), batch -> that carry, stats:
                       # one gradient step and the target update, what --mode both and the async learner run
 
 
@@ -201,7 +177,7 @@ def check(cfg, num_devices: int) -> Split:
                                "replay buffer": (cfg.buffer_size, cfg.buffer_size // num_devices)})
 
 
-# -- replay ------------------------------------------------------------------------------
+# -- what the replay stores --------------------------------------------------------------
 
 @functools.lru_cache(maxsize=None)
 def _first_non_byte_observation(env_name: str) -> float | None:
@@ -225,112 +201,9 @@ def _first_non_byte_observation(env_name: str) -> float | None:
     return float(bad[0]) if bad.size else None
 
 
-def replay_init(envs: int, rows: int, obs_shape: tuple, obs_dtype=jnp.float32) -> Replay:
-    z = lambda *shape, dtype=jnp.float32: jnp.zeros((envs, rows) + shape, dtype)
-    return Replay(z(*obs_shape, dtype=obs_dtype), z(dtype=jnp.int32), z(), z(dtype=bool), z(dtype=bool),
-                  z(*obs_shape, dtype=obs_dtype))
-
-
 def stored_obs_dtype(cfg):
     """The dtype replays keep observations in (check() made sure uint8 loses nothing)."""
     return jnp.dtype(cfg.replay_obs_dtype)
-
-
-def as_input(obs: jax.Array) -> jax.Array:
-    """Stored observations (float32 or uint8) as the network reads them."""
-    return obs.astype(jnp.float32)
-
-
-def replay_add(replay: Replay, written: jax.Array, obs, action, out: vec.Step) -> Replay:
-    """Writes one vector step (all of this device's envs) as row `written % rows`."""
-    row = written % replay.reward.shape[1]
-    put = lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x.astype(buf.dtype), row, 1)
-    return Replay(put(replay.obs, obs), put(replay.action, action), put(replay.reward, out.reward),
-                  put(replay.terminated, out.terminated), put(replay.truncated, out.truncated),
-                  put(replay.next_obs, out.final_obs))
-
-
-def n_step_return(replay: Replay, env: jax.Array, row: jax.Array, n_step: int, gamma: float):
-    """For n-step windows starting at (env, row): the discounted reward sum, the bootstrap
-    discount (0 where the episode terminated) and k, the index of the last step used."""
-    rows = replay.reward.shape[1]
-    idx = (row[:, None] + jnp.arange(n_step)) % rows                        # [B, n]
-    col = env[:, None]
-    reward, term = replay.reward[col, idx], replay.terminated[col, idx]
-    ended = jnp.logical_or(term, replay.truncated[col, idx]).astype(jnp.float32)
-    # step i counts while no earlier step of the window ended its episode
-    alive = jnp.concatenate([jnp.ones_like(ended[:, :1]), jnp.cumprod(1.0 - ended[:, :-1], axis=1)], axis=1)
-    powers = gamma ** jnp.arange(n_step, dtype=jnp.float32)
-    last = alive.sum(1).astype(jnp.int32) - 1                                # k: the last step used
-    last_term = jnp.take_along_axis(term, last[:, None], 1)[:, 0]
-    discount = gamma ** (last + 1).astype(jnp.float32) * (1.0 - last_term.astype(jnp.float32))
-    return (alive * powers * reward).sum(1), discount, last
-
-
-def replay_gather(replay: Replay, env: jax.Array, row: jax.Array, n_step: int, gamma: float) -> Batch:
-    """n-step transitions starting at (env, row); rows row..row+n-1 (mod rows) must be filled."""
-    reward, discount, last = n_step_return(replay, env, row, n_step, gamma)
-    last_row = (row + last) % replay.reward.shape[1]
-    return Batch(as_input(replay.obs[env, row]), replay.action[env, row], reward, discount,
-                 as_input(replay.next_obs[env, last_row]))
-
-
-class Window(NamedTuple):
-    """Tokens of consecutive steps of one environment, for a sequence model [B, W, ...]."""
-    obs: jax.Array
-    prev_action: jax.Array
-    prev_reward: jax.Array
-    is_first: jax.Array
-    valid: jax.Array
-
-
-class SeqBatch(NamedTuple):
-    """n-step transitions with their histories: Q(s_t) is read at the last token of `online`,
-    the bootstrap value at the last token of `target` (which ends with s', the observation
-    after the last step used, before any reset)."""
-    online: Window
-    target: Window
-    action: jax.Array
-    reward: jax.Array
-    discount: jax.Array
-
-
-def replay_window(replay: Replay, written: jax.Array, env: jax.Array, end: jax.Array, length: int) -> Window:
-    """The `length` steps of `env` ending at absolute vector step `end` (inclusive). A step is
-    valid while the ring still holds it; the previous action and reward come from the step
-    before, and a step starts an episode where the one before ended (or is not held)."""
-    rows = replay.reward.shape[1]
-    oldest = written - jnp.minimum(written, rows)
-    steps = end[:, None] - (length - 1) + jnp.arange(length)      # [B, length] absolute steps
-    row, prev = steps % rows, (steps - 1) % rows
-    col = env[:, None]
-    prev_done = replay.terminated[col, prev] | replay.truncated[col, prev]
-    return Window(as_input(replay.obs[col, row]), replay.action[col, prev], replay.reward[col, prev],
-                  (steps - 1 < oldest) | prev_done, steps >= oldest)
-
-
-def replay_sample(replay: Replay, written: jax.Array, key: jax.Array, batch_size: int, n_step: int,
-                  gamma: float, context: int = 0) -> Batch | SeqBatch:
-    """Uniform over the stored transitions whose n-step window is complete (needs
-    `written >= n_step`): the oldest `min(written, rows) - n_step + 1` rows of every env. With
-    `context` > 0 (a sequence model), each comes with the `context` steps up to s_t and up to s'."""
-    envs, rows = replay.reward.shape
-    filled = jnp.minimum(written, rows)
-    env_key, row_key = jax.random.split(key)
-    env = jax.random.randint(env_key, (batch_size,), 0, envs)
-    age = jax.random.randint(row_key, (batch_size,), 0, filled - n_step + 1)  # 0 = the oldest row
-    start = written - filled + age                                            # absolute step of s_t
-    if not context:
-        return replay_gather(replay, env, start % rows, n_step, gamma)
-    reward, discount, last = n_step_return(replay, env, start % rows, n_step, gamma)
-    end = start + last                                   # the last step used; s' follows it
-    col, end_row = env[:, None], (end % rows)[:, None]
-    final = Window(as_input(replay.next_obs[col, end_row]), replay.action[col, end_row], replay.reward[col, end_row],
-                   jnp.zeros((batch_size, 1), bool), jnp.ones((batch_size, 1), bool))
-    history = replay_window(replay, written, env, end, context - 1)
-    target = jax.tree.map(lambda h, f: jnp.concatenate([h, f], axis=1), history, final)
-    return SeqBatch(replay_window(replay, written, env, start, context), target,
-                    replay.action[env, start % rows], reward, discount)
 
 
 # -- the algorithm -------------------------------------------------------------------------
@@ -362,8 +235,8 @@ def epsilon(cfg, env_steps: jax.Array) -> jax.Array:
 
 def make_train_step(cfg, q_values, tx, sequence: bool = False):
     """Double DQN's gradient step on a batch, and with the target network's update after it:
-    what --mode both runs on its replay and the asynchronous learner (asynchronous/dqn.py) on the
-    store's transitions. `q_values(params, x)`: Q-values [B, A] of a batch of inputs
+    what --mode both runs on its replay and the asynchronous learner (asynchronous/dqn.py) on its
+    ring of the store's transitions. `q_values(params, x)`: Q-values [B, A] of a batch of inputs
     (observations, or with `sequence` the windows of a SeqBatch). Returns `learn(params,
     target_params, opt_state, loss_scale, batch) -> params, opt_state, loss_scale, stats` and
     `train_step((params, target_params, opt_state, loss_scale, grad_steps), batch) -> carry, stats`."""
@@ -379,7 +252,7 @@ def make_train_step(cfg, q_values, tx, sequence: bool = False):
         td = optax.huber_loss(q_taken, target, delta=1.0).mean()
         return td, {"loss/td": td, "loss/q_mean": q_taken.mean(), "loss/target_mean": target.mean()}
 
-    def learn(params, target_params, opt_state, loss_scale, batch: Batch | SeqBatch):
+    def learn(params, target_params, opt_state, loss_scale, batch: Transitions | SeqBatch):
         """One gradient step on this device's share of the global batch; the all-reduce in
         learner.step makes it the step of the whole global batch (every share has one size)."""
         return learner.step(lambda p, b: loss_fn(p, target_params, b), tx, params, opt_state, loss_scale, batch,
@@ -390,13 +263,45 @@ def make_train_step(cfg, q_values, tx, sequence: bool = False):
             return optax.incremental_update(params, target_params, cfg.tau)
         return optax.periodic_update(params, target_params, step, cfg.target_update_every)
 
-    def train_step(carry, batch: Batch | SeqBatch):
+    def train_step(carry, batch: Transitions | SeqBatch):
         params, target_params, opt_state, loss_scale, step = carry
         params, opt_state, loss_scale, stats = learn(params, target_params, opt_state, loss_scale, batch)
         step = step + 1
         return (params, update_target(params, target_params, step), opt_state, loss_scale, step), stats
 
     return learn, train_step
+
+
+def sampled_steps(train_step, sample, carry, xs):
+    """`train_step` once per element of `xs`, each on a fresh batch `sample(x)` (this device's
+    share of the global batch); returns the carry and the steps' mean stats."""
+    carry, stats = jax.lax.scan(lambda c, x: train_step(c, sample(x)), carry, xs)
+    return carry, jax.tree.map(jnp.mean, stats)
+
+
+def epsilon_greedy(q: jax.Array, key: jax.Array, ids: jax.Array, eps) -> tuple[jax.Array, jax.Array]:
+    """Epsilon-greedy actions of the environments of global indices `ids` from their Q-values
+    [E, A], and the keys their environment steps take: every environment's randomness comes
+    from its global index (vec.env_keys), so acting does not depend on the device count."""
+    keys = jax.vmap(jax.random.split)(vec.env_keys(key, ids))
+    choice = jax.vmap(jax.random.split)(keys[:, 0])  # whether to explore, and the random action if so
+    explore = jax.vmap(jax.random.uniform)(choice[:, 0]) < eps
+    random = jax.vmap(lambda k: jax.random.randint(k, (), 0, q.shape[-1]))(choice[:, 1])
+    return jnp.where(explore, random, jnp.argmax(q, axis=-1)), keys[:, 1]
+
+
+def make_actor(env, env_params, qf: QFunctions, envs_per_device: int):
+    """`act(params, envs, memory, key, eps) -> next envs, memory, action, vec.Step`: one
+    epsilon-greedy step of this device's environments (inside a mapped function), what --mode
+    both's rollout and the asynchronous collectors take."""
+
+    def act(params, envs: vec.EnvBatch, memory, key: jax.Array, eps):
+        q, memory = qf.act(params, memory, envs.obs)
+        action, step_keys = epsilon_greedy(q, key, global_indices(envs_per_device), eps)
+        next_envs, out = vec.step(env, env_params, envs, action, step_keys)
+        return next_envs, qf.remember(memory, action, out.reward, out.terminated | out.truncated), action, out
+
+    return act
 
 
 class QFunctions(NamedTuple):
@@ -478,7 +383,7 @@ def make(cfg, env, env_params, split: Split) -> Algo:
     obs_dtype = stored_obs_dtype(cfg)
 
     qf = q_functions(cfg, net, env, obs_shape)
-    sequence, init_params, init_memory, act_q, remember, learner_q, policy = qf
+    sequence, init_params, init_memory, _, _, learner_q, policy = qf
 
     def init(key: jax.Array) -> DQNState:
         params_key, env_key, key = jax.random.split(key, 3)
@@ -489,25 +394,15 @@ def make(cfg, env, env_params, split: Split) -> Algo:
         return DQNState(params, params, tx.init(params), learner.LossScale.init(cfg.precision), envs,
                         init_memory(envs_per_device), replay, key, zero, zero)
 
-    def epsilon_greedy(q, keys, eps):
-        """One key per environment: whether to explore, and the random action if so."""
-        keys = jax.vmap(jax.random.split)(keys)
-        explore = jax.vmap(jax.random.uniform)(keys[:, 0]) < eps
-        random = jax.vmap(lambda k: jax.random.randint(k, (), 0, env.num_actions))(keys[:, 1])
-        return jnp.where(explore, random, jnp.argmax(q, axis=-1))
+    act = make_actor(env, env_params, qf, envs_per_device)
 
     def rollout(params, envs: vec.EnvBatch, memory, replay: Replay, key: jax.Array, written: jax.Array):
         """`num_steps` epsilon-greedy vector steps, from the `written`-th vector step of training."""
-        ids = global_indices(envs_per_device)
 
         def step(carry, t):
             envs, memory, replay = carry
             eps = epsilon(cfg, (written + t).astype(jnp.float32) * cfg.num_envs)  # env steps so far
-            keys = jax.vmap(jax.random.split)(vec.env_keys(jax.random.fold_in(key, t), ids))
-            q, memory = act_q(params, memory, envs.obs)
-            action = epsilon_greedy(q, keys[:, 0], eps)
-            next_envs, out = vec.step(env, env_params, envs, action, keys[:, 1])
-            memory = remember(memory, action, out.reward, out.terminated | out.truncated)
+            next_envs, memory, action, out = act(params, envs, memory, jax.random.fold_in(key, t), eps)
             replay = replay_add(replay, written + t, envs.obs, action, out)
             return (next_envs, memory, replay), (action, eps, out)
 
@@ -520,14 +415,9 @@ def make(cfg, env, env_params, split: Split) -> Algo:
     def learn_many(carry, replay: Replay, written: jax.Array, key: jax.Array):
         """`grad_steps` gradient steps, each on a fresh sample; returns the carry and mean stats."""
         key = jax.random.fold_in(key, device_index())  # each device samples its own share
-
-        def grad_step(carry, k):
-            batch = replay_sample(replay, written, jax.random.fold_in(key, k), batch_per_device, cfg.n_step,
-                                  cfg.gamma, cfg.context_len if sequence else 0)
-            return train_step(carry, batch)
-
-        carry, stats = jax.lax.scan(grad_step, carry, jnp.arange(grad_steps))
-        return carry, jax.tree.map(jnp.mean, stats)
+        return sampled_steps(train_step, lambda k: replay_sample(
+            replay, written, jax.random.fold_in(key, k), batch_per_device, cfg.n_step, cfg.gamma,
+            cfg.context_len if sequence else 0), carry, jnp.arange(grad_steps))
 
     def no_learning(carry, replay, written, key):
         # zeros shaped like learn_many's stats (traced abstractly: nothing is computed)

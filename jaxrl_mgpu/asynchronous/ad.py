@@ -14,19 +14,19 @@ scratch, whatever AD has learned.
 The learner keeps a FIXED-capacity buffer of learning histories on every device (as many as
 `--store-max-episodes` holds, split over the devices), so shapes never change and nothing is
 recompiled as data arrives. The learner is the loop (loop.py) with this module's
-`Feed` polled between compiled chunks:
+`HistorySource` as its data source, asked between compiled chunks how many may run:
   1. take the shards a background thread (`reader.ShardReader`) has read since, oldest
      first, as AD's inputs (`ad.prepare`);
   2. insert them, at most one history per device per compiled insert, round robin over the
      devices so they fill evenly; a full buffer overwrites its oldest history (FIFO, like the
-     store's eviction);
-  2. (bounded: at most INSERT_BUDGET compiled inserts a poll, so ingest never crowds out learning);
+     store's eviction); at most INSERT_BUDGET compiled inserts between two chunks, so ingest
+     never crowds out learning;
   3. once every device holds a history, allow the updates the rate limiter (rate.py:
      `--samples-per-insert`, window steps sampled per history step received) leaves room for;
-     the runner runs them (up to `--log-every` at a time) in one compiled chunk (`ad.update`,
+     the loop runs them (up to `--log-every` at a time) in one compiled chunk (`ad.update`,
      windows sampled from the filled slots only). The learner publishes its counts and history
      collectors pause while it is behind;
-  4. the runner logs, publishes a checkpoint every `--checkpoint-every` updates (what
+  4. the loop logs, publishes a checkpoint every `--checkpoint-every` updates (what
      in-context evaluation reads) and evicts the oldest shards beyond `--store-max-episodes`.
 The buffer is not checkpointed: a restarted learner refills it from the store.
 
@@ -50,7 +50,9 @@ from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import histories
 from jaxrl_mgpu.algos import ad
 from jaxrl_mgpu.algos.base import Algorithm, Split
-from jaxrl_mgpu.asynchronous.ledger import COLLECTOR_LOG_S, DONE_MARKER, Pacer, StoreFeed, collector_name, collector_seed
+from jaxrl_mgpu.asynchronous.checkpoints import learner_done
+from jaxrl_mgpu.asynchronous.collector import COLLECTOR_LOG_S, Pacer, collector_name, collector_seed
+from jaxrl_mgpu.asynchronous.source import StoreSource
 from jaxrl_mgpu.asynchronous.store import Store, waited_meta
 from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.config import ConfigError
@@ -161,7 +163,7 @@ def filled(buffer: Buffer) -> jax.Array:
 # -- the learner -----------------------------------------------------------------------------
 
 def algorithm(cfg, par: Parallel, split: Split) -> Algorithm:
-    """What the runner trains in --mode learn: AD's update on the windows of the feed's buffer
+    """What the loop trains in --mode learn: AD's update on the windows of the source's buffer
     (its filled slots only); one optimizer step per update."""
     env, env_params = histories.darkroom_env(cfg.env)
     algo = ad.make(cfg, env, env_params, split)
@@ -169,8 +171,8 @@ def algorithm(cfg, par: Parallel, split: Split) -> Algorithm:
                      "update", 1, parts=algo, episodic=False)
 
 
-class Feed(StoreFeed):
-    """The learner's data (loop.Source): learning histories from the store, read by a
+class HistorySource(StoreSource):
+    """The learner's data source (loop.Source): learning histories from the store, read by a
     background thread, inserted into the fixed-capacity on-device buffer round robin over the
     devices; how many updates may run (every device needs a history; then the samples per
     insert, rate.py); the log's data and rate counts; and the checkpoints in-context evaluation
@@ -178,8 +180,9 @@ class Feed(StoreFeed):
 
     memory, counts = "buffer", COUNTS
 
-    def __init__(self, cfg, par: Parallel, split: Split, learner, ckpts: Checkpoints, log, resume_step: int | None,
+    def __init__(self, cfg, par: Parallel, split: Split, parts, ckpts: Checkpoints, log, resume_step: int | None,
                  state):
+        # (`parts`, the algorithm's own functions, are not needed: the buffer's are this module's)
         self.slot, self.per_device, self.devices = _slot(cfg), split.per_device("buffer (histories)"), par.num_devices
         key = par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed)))
         self.buffer = par.map(lambda _: new_buffer(self.slot, self.per_device))(key)
@@ -294,7 +297,7 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     shard_steps = cfg.ad_history_tasks * cfg.ad_history_steps
     # (the learner starts with one shard: its learning starts with a history per device)
     pacer = Pacer(run_dir, store, name, shard_steps, shard_steps, log)
-    while not stop() and not (run_dir / DONE_MARKER).exists():
+    while not stop() and not learner_done(run_dir):
         if pacer.held_back(time.monotonic()):
             continue
         # Each (collector, batch) draws its own goals and learner keys: collectors with other

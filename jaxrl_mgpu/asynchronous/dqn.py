@@ -1,4 +1,6 @@
-"""Asynchronous DQN: episodes collected by any number of collectors, learned by one learner.
+"""Asynchronous DQN: episodes collected by any number of collectors, learned by one learner,
+both built from DQN's own parts (algos/dqn.py: the network, the epsilon-greedy actor, the
+gradient step; algos/replay.py: the replay and the n-step targets).
 
     python -m jaxrl_mgpu.train --config cartpole-dqn --mode learn   --run-dir R                 # one learner
     CUDA_VISIBLE_DEVICES=1 python -m jaxrl_mgpu.train --config cartpole-dqn --mode collect --run-dir R   # any number,
@@ -12,52 +14,56 @@ as atomically written shards (encoded by writer processes, workers.py, while the
 runs). They can be started, killed and restarted at any time; nothing else notices but the
 learner's data rate.
 
-The learner is the loop (loop.py, as for --mode both) with this module's `Feed`
-polled between compiled chunks (and taking in data, steps 1-2, while they run):
+The learner is the loop (loop.py, as for --mode both) with this module's `ReplaySource` as its
+data source, asked between compiled chunks how many may run (and taking in data, steps 1-2,
+while they run):
   1. take the shards a background thread (`reader.ShardReader`, with decoder processes) has
-     read since, oldest first, as --mode both's n-step transitions, and queue them (`Ingest`:
-     only while its queue has room, so a learner that falls behind stops its reader; collectors
-     pause while more than `--max-data-lag` iterations' worth is on its way, rate.py);
+     read since, oldest first, as --mode both's n-step transitions (`read_transitions`), and
+     queue them (ingest.py: only while its queue has room, so a learner that falls behind
+     stops its reader; collectors pause while more than `--max-data-lag` iterations' worth is
+     on its way, rate.py);
   2. copy queued transitions to the devices in fixed-size blocks on a copier thread (while a
      chunk runs), and between chunks insert the blocks that have arrived into the on-device
-     replay (one compiled insert each, each device taking its share; at most INSERT_BUDGET
-     transitions per device between two chunks, in blocks of LARGE_BLOCK where there are that
-     many, so ingest never crowds out learning);
+     replay (`replay.TransitionRing`; at most ingest.INSERT_BUDGET transitions per device
+     between two chunks, so ingest never crowds out learning);
   3. allow as many iterations as the rate limiter (rate.py: `--samples-per-insert` with
      `--samples-per-insert-tolerance`) leaves room for, once the replay holds
-     `--learning-starts` transitions; the runner runs them in one compiled chunk, each
+     `--learning-starts` transitions; the loop runs them in one compiled chunk, each
      iteration `num_steps x updates_per_step` gradient steps (the double-DQN step of
      `--mode both`, gradients `pmean`-ed over devices). The learner publishes its counts
      (rate.PROGRESS) and collectors pause while it is behind;
-  4. after each chunk, the params are offered to the collectors (policy.Publisher: at most
-     every PUBLISH_S, on a thread of its own);
-  5. the runner logs (with the feed's data counts), publishes a checkpoint every
+  4. after each chunk, the params are offered to the collectors (policy.ParamsPublisher: at
+     most every PUBLISH_S, on a thread of its own);
+  5. the loop logs (with the source's data counts), publishes a checkpoint every
      `--checkpoint-every` iterations and evicts the oldest shards beyond
      `--store-max-episodes` (the learner is the only one who deletes), both on a thread of
-     their own (ledger.StoreFeed.checkpoint).
+     their own (source.StoreSource.checkpoint).
 The replay is not checkpointed: a restarted learner refills it from the store's shards.
 """
 
 from __future__ import annotations
 
-import collections
-import concurrent.futures
 import functools
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mgpu import envs as envs_lib
-from jaxrl_mgpu.algos import dqn, learner
+from jaxrl_mgpu.algos import dqn
 from jaxrl_mgpu.algos.base import Algorithm, Split
-from jaxrl_mgpu.asynchronous.ledger import (COLLECTOR_LOG_S, DONE_MARKER, Pacer, StoreFeed, collector_name,
-                                            collector_seed)
-from jaxrl_mgpu.asynchronous.policy import POLICY, Follower, Publisher
-from jaxrl_mgpu.asynchronous.store import Segments, Store, Transitions, read_transitions, write_job
+from jaxrl_mgpu.algos.learner import LossScale, adam
+from jaxrl_mgpu.algos.replay import Transitions, TransitionRing, ring_init, ring_insert, ring_sample, \
+    segment_transitions
+from jaxrl_mgpu.asynchronous.checkpoints import learner_done
+from jaxrl_mgpu.asynchronous.collector import COLLECTOR_LOG_S, Pacer, collector_name, collector_seed
+from jaxrl_mgpu.asynchronous.ingest import BLOCK, Ingest
+from jaxrl_mgpu.asynchronous.policy import POLICY, ParamsFollower, ParamsPublisher
+from jaxrl_mgpu.asynchronous.source import StoreSource
+from jaxrl_mgpu.asynchronous.store import Segments, Shard, Store, read_segments, write_job
 from jaxrl_mgpu.asynchronous.workers import Pool, default_workers
 from jaxrl_mgpu.checkpoint import REPLICATED, Checkpoints
 from jaxrl_mgpu.config import ConfigError
@@ -67,9 +73,6 @@ from jaxrl_mgpu.runs import params_template
 
 COUNTS = ("env_steps", "episodes")  # what the learner counts of each shard it receives
 WAITING_LOG_S = 60.0          # a collector waiting for the learner's first params says so this often
-BLOCK = 256                   # transitions per device per small replay insert (one compiled shape)
-LARGE_BLOCK = 4096            # ... and per large insert (a second compiled shape), while there are as many
-INSERT_BUDGET = 4 * LARGE_BLOCK   # transitions per device inserted between two chunks at most
 # The data's way from the learner's params to its replay, each stage's seconds logged as
 # async/latency_s/<stage> (wall clocks: of several hosts where they are): params (published ->
 # a collector's rollout with them began), rollout (-> a writer began the shard: acting, the copy
@@ -77,7 +80,6 @@ INSERT_BUDGET = 4 * LARGE_BLOCK   # transitions per device inserted between two 
 # encoding, the rename, the reader's next listing), read (-> the learner took it: a free
 # decoder, decoding, its turn), insert (-> in the replay, per transition: the ingest queue).
 STAGES = ("params", "rollout", "write", "read", "insert")
-QUEUE_STEPS = 2               # the learner takes shards from its reader while it holds fewer than this many budgets
 
 
 def check(cfg, num_devices: int) -> Split:
@@ -101,16 +103,6 @@ def per_update(cfg) -> str:
 
 # -- the learner ---------------------------------------------------------------------------
 
-class Replay(NamedTuple):
-    """One device's flat ring of one-step transitions (`written` counts inserts so far)."""
-    obs: jax.Array
-    action: jax.Array
-    reward: jax.Array
-    discount: jax.Array
-    next_obs: jax.Array
-    written: jax.Array
-
-
 class LearnerState(NamedTuple):
     params: Any
     target_params: Any
@@ -123,197 +115,87 @@ class LearnerState(NamedTuple):
 STATE_LAYOUT = {name: REPLICATED for name in LearnerState._fields}
 
 
-class Learner:
-    """The compiled pieces of the learner over `par`'s devices."""
-
-    def __init__(self, cfg, par: Parallel, split: Split):
-        self.cfg, self.par = cfg, par
-        env, env_params = envs_lib.make(cfg.env, cfg.env_args)
-        self.obs_shape = env.observation_space(env_params).shape
-        obs_dtype = dqn.stored_obs_dtype(cfg)
-        net = dqn.make_network(cfg, env, env_params)
-        tx = learner.adam(cfg, max(cfg.total_updates * dqn.grad_steps_per_update(cfg), 1))
-        capacity = split.per_device("replay buffer")
-        batch = split.per_device("minibatch")
-        grad_steps = dqn.grad_steps_per_update(cfg)
-
-        def init(key):
-            params = net.init(key, jnp.zeros((1,) + self.obs_shape))
-            return LearnerState(params, params, tx.init(params), learner.LossScale.init(cfg.precision),
-                                key, jnp.zeros((), jnp.int32))
-
-        def init_replay(_):
-            z = lambda *shape, dtype=jnp.float32: jnp.zeros((capacity,) + shape, dtype)
-            return Replay(z(*self.obs_shape, dtype=obs_dtype), z(dtype=jnp.int32), z(), z(),
-                          z(*self.obs_shape, dtype=obs_dtype), jnp.zeros((), jnp.int32))
-
-        def insert(replay: Replay, block: Transitions) -> Replay:
-            n = block.reward.shape[0]  # BLOCK or LARGE_BLOCK: one compiled program each
-            rows = (replay.written + jnp.arange(n)) % capacity
-            put = lambda buf, x: buf.at[rows].set(x.astype(buf.dtype))
-            return Replay(*(put(b, x) for b, x in zip(replay[:5], block)), replay.written + n)
-
-        # The gradient step (double-DQN loss, target update) is --mode both's.
-        _, train_step = dqn.make_train_step(cfg, net.apply, tx)
-
-        def learn(state: LearnerState, replay: Replay):
-            key, sample_key = jax.random.split(state.key)
-            sample_key = jax.random.fold_in(sample_key, device_index())  # each device its own share
-            filled = jnp.minimum(replay.written, capacity)
-
-            def step(carry, k):
-                idx = jax.random.randint(k, (batch,), 0, filled)
-                b = dqn.Batch(dqn.as_input(replay.obs[idx]), replay.action[idx], replay.reward[idx],
-                              replay.discount[idx], dqn.as_input(replay.next_obs[idx]))
-                return train_step(carry, b)
-
-            carry = (state.params, state.target_params, state.opt_state, state.loss_scale, state.grad_steps)
-            carry, stats = jax.lax.scan(step, carry, jax.random.split(sample_key, grad_steps))
-            return LearnerState(*carry[:4], key, carry[4]), jax.tree.map(jnp.mean, stats)
-
-        def update(state: LearnerState, replay: Replay):
-            """One learner iteration as the runner's chunk runs it (no episodes: those are
-            counted as they arrive in the store)."""
-            state, losses = learn(state, replay)
-            none = jnp.zeros((), jnp.float32)
-            return state, (losses, vec.EpisodeStats(none, none, none))
-
-        self.algorithm = Algorithm(init, update, STATE_LAYOUT, "update", 1, parts=self)
-        self.init = par.map(init)
-        self.init_replay = par.map(init_replay)
-        self.insert = par.map(insert, donate=True)
-        self.learn = par.map(learn, donate=True)
-
-
-def _host_blocks(pending: list[Transitions], devices: int,
-                 budget: int | None = None) -> tuple[list[Transitions], list[Transitions]]:
-    """Whole blocks from the front of `pending`, at most `budget` transitions per device (None: all): of
-    LARGE_BLOCK per device while there are that many, then of BLOCK; and what remains (the
-    queue's arrays, or views of them). A block within one queued array is a view of it; only a
-    block across two joins its own rows. Joining the whole queue once per call copied every new
-    shard (~100 MB for a 71k-step MinAtar shard, ~0.1-0.2 s of the learner's thread spent in
-    fresh pages: longer than a learning chunk), and joining it for every block was quadratic."""
-    available = sum(len(t.reward) for t in pending)
-    sizes, room = [], available if budget is None else budget * devices
-    for size in (LARGE_BLOCK * devices, BLOCK * devices):
-        while available >= size and room >= size:
-            sizes.append(size)
-            available, room = available - size, room - size
-    queue, blocks = list(pending), []
-    for size in sizes:
-        parts, need = [], size
-        while need:
-            head, n = queue[0], len(queue[0].reward)
-            if n <= need:
-                parts.append(queue.pop(0))
-                need -= n
-            else:
-                parts.append(Transitions(*(f[:need] for f in head)))
-                queue[0] = Transitions(*(f[need:] for f in head))
-                need = 0
-        blocks.append(parts[0] if len(parts) == 1 else Transitions(*(np.concatenate(f) for f in zip(*parts))))
-    return blocks, queue
-
-
-class Ingest:
-    """Transitions on their way from the shard reader to the replay: queued on the host, copied
-    to the devices in whole blocks (_host_blocks) on a copier thread, then inserted. `to_devices`
-    (on the copier thread) lays a host block out on the devices; `insert` puts a copied block
-    into the replay. While a chunk runs, `stage` starts copying every whole block; between
-    chunks, `insert_arrived` inserts the copies that have arrived, at most `budget` transitions
-    per device, so ingest never crowds out learning. The queue is bounded: the learner takes shards from its reader only
-    while `has_room`, so when ingest falls behind, the reader stops, unread shards pile up in the
-    store, and collectors pause (rate.READING) instead of the learner's memory growing."""
-
-    def __init__(self, devices: int, to_devices, insert, budget: int = INSERT_BUDGET):
-        self.devices, self.to_devices, self.insert, self.budget = devices, to_devices, insert, budget
-        self.pending: list[Transitions] = []  # read, not yet on their way to the devices
-        # per add, oldest first: [its transitions not yet inserted, its tag]; and (transitions,
-        # tag) inserted since the caller last emptied `landed` (inserts keep the order of adds)
-        self.stamps: collections.deque[list] = collections.deque()
-        self.landed: list[tuple[int, Any]] = []
-        # blocks being copied, oldest first: (transitions, the copy's future)
-        self.copies: collections.deque[tuple[int, concurrent.futures.Future]] = collections.deque()
-        self.copier = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replay-copier")
-
-    @property
-    def copying(self) -> int:
-        """Transitions on their way to the devices (all devices)."""
-        return sum(rows for rows, _ in self.copies)
-
-    @property
-    def queued(self) -> int:
-        """Transitions read, not yet in the replay (all devices)."""
-        return sum(len(t.reward) for t in self.pending) + self.copying
-
-    @property
-    def has_room(self) -> bool:
-        return self.queued < QUEUE_STEPS * self.budget * self.devices
-
-    def add(self, transitions: Transitions, tag: Any = None) -> None:
-        """Queues `transitions`; `tag` (e.g. the policy step that collected them) comes back in
-        `landed` once they are in the replay."""
-        self.pending.append(transitions)
-        self.stamps.append([len(transitions.reward), tag])
-
-    def _land(self, inserted: int) -> None:
-        while inserted:
-            head = self.stamps[0]
-            n = min(inserted, head[0])
-            self.landed.append((n, head[1]))
-            head[0], inserted = head[0] - n, inserted - n
-            if not head[0]:
-                self.stamps.popleft()
-
-    def stage(self) -> None:
-        """Starts copying the queue's whole blocks to the devices (on the copier thread): host
-        work, done while a chunk runs, so that they are there to insert when it ends. (The
-        queue, and so what is on its way, is bounded by `has_room`.)"""
-        blocks, self.pending = _host_blocks(self.pending, self.devices)
-        for block in blocks:
-            self.copies.append((len(block.reward), self.copier.submit(self.to_devices, block)))
-
-    def insert_arrived(self) -> int:
-        """Inserts the blocks whose copies have arrived, oldest first, at most `budget`
-        transitions per device (between chunks: the insert takes the replay the chunks read, and
-        the devices wait for it); returns the transitions inserted."""
-        inserted = 0
-        while (self.copies and self.copies[0][1].done()
-               and inserted + self.copies[0][0] <= self.budget * self.devices):
-            rows, copied = self.copies.popleft()
-            self.insert(copied.result())
-            inserted += rows
-        self._land(inserted)
-        return inserted
-
-    def close(self) -> None:
-        self.copier.shutdown(wait=True, cancel_futures=True)
+class LearnerFunctions(NamedTuple):
+    """The learner's functions, mapped over the devices (`Algorithm.parts`)."""
+    init: Callable         # key -> LearnerState
+    init_replay: Callable  # key -> TransitionRing (empty)
+    insert: Callable       # TransitionRing, Transitions [devices, block] -> TransitionRing (donates the ring)
+    learn: Callable        # LearnerState, TransitionRing -> LearnerState, mean losses (donates the state)
+    obs_shape: tuple
 
 
 def algorithm(cfg, par: Parallel, split: Split) -> Algorithm:
-    """What the runner trains in --mode learn: one update is one learner iteration of
-    num_steps x updates_per_step gradient steps on the replay (the feed's data)."""
-    return Learner(cfg, par, split).algorithm
+    """What the loop trains in --mode learn: one update is one learner iteration of
+    num_steps x updates_per_step gradient steps on the replay (the source's data), --mode
+    both's double-DQN step on samples of the ring."""
+    env, env_params = envs_lib.make(cfg.env, cfg.env_args)
+    obs_shape = env.observation_space(env_params).shape
+    qf = dqn.q_functions(cfg, dqn.make_network(cfg, env, env_params), env, obs_shape)
+    grad_steps = dqn.grad_steps_per_update(cfg)
+    tx = adam(cfg, max(cfg.total_updates * grad_steps, 1))
+    _, train_step = dqn.make_train_step(cfg, qf.learner, tx)
+    capacity, batch = split.per_device("replay buffer"), split.per_device("minibatch")
+
+    def init(key):
+        params = qf.init_params(key)
+        return LearnerState(params, params, tx.init(params), LossScale.init(cfg.precision), key,
+                            jnp.zeros((), jnp.int32))
+
+    def learn(state: LearnerState, ring: TransitionRing):
+        key, sample_key = jax.random.split(state.key)
+        sample_key = jax.random.fold_in(sample_key, device_index())  # each device its own share
+        carry = (state.params, state.target_params, state.opt_state, state.loss_scale, state.grad_steps)
+        carry, losses = dqn.sampled_steps(train_step, lambda k: ring_sample(ring, k, batch), carry,
+                                          jax.random.split(sample_key, grad_steps))
+        return LearnerState(*carry[:4], key, carry[4]), losses
+
+    def update(state: LearnerState, ring: TransitionRing):
+        """One learner iteration as the loop's chunk runs it (no episodes: those are counted
+        as they arrive in the store)."""
+        state, losses = learn(state, ring)
+        none = jnp.zeros((), jnp.float32)
+        return state, (losses, vec.EpisodeStats(none, none, none))
+
+    def init_replay(_):
+        return ring_init(capacity, obs_shape, dqn.stored_obs_dtype(cfg))
+
+    functions = LearnerFunctions(par.map(init), par.map(init_replay), par.map(ring_insert, donate=True),
+                                 par.map(learn, donate=True), obs_shape)
+    return Algorithm(init, update, STATE_LAYOUT, "update", 1, parts=functions)
 
 
-class Feed(StoreFeed):
-    """The learner's data (loop.Source): episodes from the store's shards (decoded in a reader
-    process), inserted into the on-device replay; how many iterations may run, by
-    --learning-starts and the samples per insert (rate.py); the log's data and rate counts; and
-    the checkpoints collectors follow."""
+def read_transitions(shard: Shard, n_step: int = 1, gamma: float = 1.0) -> Transitions:
+    """A shard's segments as --mode both's `n_step` transitions (replay.segment_transitions):
+    from every step but a segment's lookahead steps, its window of at most n_step steps, cut
+    where the segment ends. A collector with the learner's --n-step leaves n_step - 1 lookahead
+    steps on a segment that does not end its episode, so only an episode's end cuts a window,
+    as in --mode both; a learner with a larger --n-step than its collectors gets shorter windows
+    there, which still bootstrap correctly. With the defaults, one-step transitions with
+    discount 0 where the episode terminated, else 1. A function of the shard, so that a decoder
+    process can run it (workers.py)."""
+    s = read_segments(shard)
+    return segment_transitions(s.observation, s.action, s.reward, s.terminal, s.length, s.lookahead,
+                               s.final_observation, n_step, gamma)
+
+
+class ReplaySource(StoreSource):
+    """The learner's data source (loop.Source): episodes from the store's shards, decoded into
+    n-step transitions by the reader's processes, inserted into the on-device replay; how many
+    iterations may run, by --learning-starts and the samples per insert (rate.py); the log's
+    data and rate counts; the params collectors act with; and the checkpoints."""
 
     memory, counts = "replay", COUNTS
 
-    def __init__(self, cfg, par: Parallel, split: Split, learner: Learner, ckpts: Checkpoints, log,
+    def __init__(self, cfg, par: Parallel, split: Split, functions: LearnerFunctions, ckpts: Checkpoints, log,
                  resume_step: int | None, state):
-        self.lrn = learner
+        self.functions = functions
         # decoded into --mode both's n-step transitions (cfg.n_step, cfg.gamma) by the reader's processes
         self.decode = functools.partial(read_transitions, n_step=cfg.n_step, gamma=cfg.gamma)
-        self.replay = learner.init_replay(par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed))))
+        self.replay = functions.init_replay(par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed))))
         super().__init__(cfg, par, ckpts, STATE_LAYOUT, log, resume_step, state)
         self.ingest = Ingest(par.num_devices, self._to_devices, self._insert)
         self.inserted = 0
-        # What arrived since the last log point (beyond StoreFeed's window).
+        # What arrived since the last log point (beyond StoreSource's window).
         self.episodes_window = {"episodes": 0, "return_sum": 0.0, "length_sum": 0, "lag_sum": 0.0, "shards": 0,
                                 "inserted_lag_sum": 0.0, "inserted_n": 0}
         self.latency_window = {stage: [0.0, 0] for stage in STAGES}  # seconds summed, and over how many
@@ -323,15 +205,14 @@ class Feed(StoreFeed):
         self.grads = self.grads_logged = int(par.first(state.grad_steps))
         # the params collectors act with, fresh after every chunk (policy.py)
         self.update = resume_step or 0
-        self.policy = Publisher(cfg.run_dir, enabled=jax.process_index() == 0)
-        self.policy.offer(self.update, state.params, self.ledger.env_steps, force=True)
+        self.params_publisher = ParamsPublisher(cfg.run_dir, enabled=jax.process_index() == 0)
+        self.params_publisher.offer(self.update, state.params, self.ledger.env_steps, force=True)
         # (its ingest inserts whole blocks: less than one waits for more)
         self.limit(self.per_learn * cfg.replay_batch_size, max(cfg.learning_starts, cfg.replay_batch_size),
                    min_in_flight=BLOCK * par.num_devices)
         # Data enters the replay, and new params reach the collectors, only between chunks: a
         # chunk runs at most half of --max-data-lag's iterations, so that neither waits longer
-        # than the data may be old. (With --log-every's 50 the preset's chunks would run ~0.7 s
-        # on an H200; DQN learns much worse from stale acting params, rate.py.)
+        # than the data may be old (DQN learns much worse from stale acting params, rate.py).
         self.max_chunk = max(int(cfg.max_data_lag // 2), 1)
         self.waiting_for = (f"waiting for data from the collectors (--learning-starts {cfg.learning_starts} "
                             f"transitions, then {self.limiter.target:g} samples per insert)")
@@ -375,14 +256,13 @@ class Feed(StoreFeed):
 
     def _to_devices(self, block: Transitions) -> Transitions:
         """A block of transitions, [devices x rows, ...] on the host, as arrays split over the
-        devices (on the copier thread: these copies, ~3 MB a block for MinAtar, took 11% of the
-        learner's thread with three collectors flooding it, py-spy on an H200)."""
+        devices (on the copier thread, so that the copies do not take the learner's thread)."""
         per_device = len(block.reward) // self.par.num_devices
         shaped = Transitions(*(x.reshape((self.par.num_devices, per_device) + x.shape[1:]) for x in block))
         return self.par.shard(self.par.local_rows(shaped))
 
     def _insert(self, block: Transitions) -> None:
-        self.replay = self.lrn.insert(self.replay, block)
+        self.replay = self.functions.insert(self.replay, block)
 
     @property
     def samples(self) -> int:
@@ -406,7 +286,7 @@ class Feed(StoreFeed):
     def close(self) -> None:
         self.ingest.close()
         try:
-            self.policy.close()
+            self.params_publisher.close()
         except Exception as e:  # noqa: BLE001 - closing after another error
             self.log.print(f"  the last params publication failed: {type(e).__name__}: {e}")
         super().close()
@@ -414,7 +294,7 @@ class Feed(StoreFeed):
     def ran(self, updates: int, state, between: tuple[float, float] | None = None) -> None:
         super().ran(updates, state, between)
         self.grads += updates * self.per_learn
-        self.policy.offer(self.update + updates, state.params, self.ledger.env_steps)
+        self.params_publisher.offer(self.update + updates, state.params, self.ledger.env_steps)
 
     def log_row(self, row: dict, updates: int) -> dict:
         w, elapsed = self.episodes_window, time.perf_counter() - self.logged_at
@@ -439,30 +319,24 @@ class Feed(StoreFeed):
 
 # -- the collector -------------------------------------------------------------------------
 
-def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
-    """A collector's loop: follow the learner's newest params, roll out, append the rollout's
-    segments of episodes to the store, until the learner is done or a stop signal. Returns the
-    env steps collected."""
-    run_dir = Path(cfg.run_dir)
-    name = collector_name(cfg)
+def _rollout(cfg, par: Parallel, split: Split, seed: jax.Array):
+    """A collector's rollout over its devices, `rollout(envs, params, key, eps) -> envs,
+    trajectory [shard_steps, envs, ...]` (--mode both's epsilon-greedy step, the environments'
+    states donated), and its environments' first states, from `seed`."""
     env, env_params = envs_lib.make(cfg.env, cfg.env_args)
-    net = dqn.make_network(cfg, env, env_params)
     envs_per_device = split.per_device("environments")
+    qf = dqn.q_functions(cfg, dqn.make_network(cfg, env, env_params), env, env.observation_space(env_params).shape)
+    act = dqn.make_actor(env, env_params, qf, envs_per_device)
     obs_dtype = dqn.stored_obs_dtype(cfg)
 
     def reset(key):
         return vec.reset(env, env_params, key, global_indices(envs_per_device))
 
     def rollout(envs: vec.EnvBatch, params, key, eps):
-        ids = global_indices(envs_per_device)
+        memory = qf.init_memory(envs_per_device)  # none: a feedforward Q-network (check)
 
         def step(envs, t):
-            keys = jax.vmap(lambda k: jax.random.split(k, 3))(vec.env_keys(jax.random.fold_in(key, t), ids))
-            greedy = jnp.argmax(net.apply(params, envs.obs), -1)
-            explore = jax.vmap(jax.random.uniform)(keys[:, 0]) < eps
-            random = jax.vmap(lambda k: jax.random.randint(k, (), 0, env.num_actions))(keys[:, 1])
-            action = jnp.where(explore, random, greedy)
-            next_envs, out = vec.step(env, env_params, envs, action, keys[:, 2])
+            next_envs, _, action, out = act(params, envs, memory, jax.random.fold_in(key, t), eps)
             # as the learner's replay keeps them (bytes for MinAtar: a quarter of the copy to the
             # host, of the shard and of the learner's decoding; dqn.check saw that bytes hold them)
             return next_envs, (envs.obs.astype(obs_dtype), action, out.reward, out.terminated, out.truncated,
@@ -470,11 +344,19 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
 
         return jax.lax.scan(step, envs, jnp.arange(cfg.shard_steps))
 
-    rollout = par.map(rollout, donate=True)
+    return par.map(rollout, donate=True), par.map(reset)(par.replicate(np.asarray(seed)))
+
+
+def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
+    """A collector's loop: follow the learner's newest params, roll out, append the rollout's
+    segments of episodes to the store, until the learner is done or a stop signal. Returns the
+    env steps collected."""
+    run_dir = Path(cfg.run_dir)
+    name = collector_name(cfg)
     base = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), collector_seed(name))
-    envs = par.map(reset)(par.replicate(np.asarray(base)))
+    rollout, envs = _rollout(cfg, par, split, base)
     params, on_devices, on_devices_step, policy_step, eps, published = None, None, None, None, 1.0, None
-    follower = Follower(run_dir, params_template(cfg))
+    follower = ParamsFollower(run_dir, params_template(cfg))
     if cfg.collect_before_checkpoint == "wait":
         log.print(f"collector {name}: following the learner's params in {run_dir / POLICY} (waiting for the first"
                   + ("" if run_dir.is_dir() else f"; {run_dir} does not exist yet: a learner started with --mode learn "
@@ -486,7 +368,7 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     store = Store(run_dir)
     pacer = Pacer(run_dir, store, name, cfg.num_envs * cfg.shard_steps, cfg.learning_starts, log)
     # Shards are encoded by writer processes while this loop rolls out the next ones (TFDS
-    # encodes in Python: 20-40 ms a 4k-transition MinAtar shard).
+    # encodes in Python, which would hold up the rollouts).
     writers = Pool(write_job, cfg.store_workers or default_workers())
 
     def held_back(looked_from: float) -> bool:
@@ -507,26 +389,23 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
         window["return_sum"] += float(segments.episode_return.sum())
 
     try:
-        while not stop() and not (run_dir / DONE_MARKER).exists():
+        while not stop() and not learner_done(run_dir):
             looked_from = time.monotonic()  # a pass that ends paused counts whole as waiting
             # Paused before rolling out, never after: a rolled-out shard is written at once (its
             # data would age while it waited). Checked once a writer is free, its last shard in the
             # store where the other collectors see it: so each collector is at most one shard per
             # writer past the bound. Shards written are received at once: those in the writers
-            # count as on their way (the bound held four writers' 4k shards back for good).
+            # count as on their way, and finished ones left unreceived would count so for good,
+            # holding the collector back.
             while writers.full or writers.oldest_answered:
                 writers.receive()
             if held_back(looked_from):
                 continue
-            # The newest params last, just before the rollout: following them first, then waiting
-            # for a writer, acted with params that much older.
+            # The newest params last, just before the rollout: following them before waiting for
+            # a writer would act with params that much older.
             params, policy_step, eps, published = _follow(cfg, follower, params, policy_step, eps, published)
             if params is None:
-                if time.monotonic() - waited_from > WAITING_LOG_S and log.due("waiting", WAITING_LOG_S):
-                    log.print(f"collector {name}: still waiting for the learner's first params in "
-                              f"{run_dir / POLICY} ({time.monotonic() - waited_from:.0f}s); start one with --mode "
-                              f"learn --run-dir {run_dir}, or collect at random meanwhile with "
-                              f"--collect-before-checkpoint random")
+                _say_waiting(log, name, run_dir, waited_from)
                 continue
             if on_devices is None or on_devices_step != policy_step:
                 on_devices, on_devices_step = par.replicate(params), policy_step
@@ -538,11 +417,7 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
             if segments is None:
                 continue
             write(segments, policy_step, acted)
-            if window["episodes"] and log.due("shards", COLLECTOR_LOG_S):
-                log.print(f"collector {name}: {window['shards']} shard(s), {window['episodes']} episodes since the "
-                          f"last line, mean return {window['return_sum'] / window['episodes']:.1f}, policy step "
-                          f"{policy_step}, epsilon {eps:.3f}, {total:,} env steps in all")
-                window = dict.fromkeys(window, 0)
+            window = _say_progress(log, name, window, policy_step, eps, total)
         while writers.in_flight:  # every shard handed to a writer is in the store before we return
             writers.receive()
     finally:
@@ -550,7 +425,26 @@ def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
     return total
 
 
-def _follow(cfg, follower: Follower, params, policy_step, eps, published):
+def _say_waiting(log, name: str, run_dir: Path, since: float) -> None:
+    """Every WAITING_LOG_S, that the collector still waits for the learner's first params."""
+    if time.monotonic() - since > WAITING_LOG_S and log.due("waiting", WAITING_LOG_S):
+        log.print(f"collector {name}: still waiting for the learner's first params in {run_dir / POLICY} "
+                  f"({time.monotonic() - since:.0f}s); start one with --mode learn --run-dir {run_dir}, or collect "
+                  f"at random meanwhile with --collect-before-checkpoint random")
+
+
+def _say_progress(log, name: str, window: dict, policy_step: int, eps: float, total: int) -> dict:
+    """At most every COLLECTOR_LOG_S, once episodes ended, the collector's progress line from
+    `window` (what it wrote since the last line); returns the window to count on in."""
+    if not (window["episodes"] and log.due("shards", COLLECTOR_LOG_S)):
+        return window
+    log.print(f"collector {name}: {window['shards']} shard(s), {window['episodes']} episodes since the last line, "
+              f"mean return {window['return_sum'] / window['episodes']:.1f}, policy step {policy_step}, epsilon "
+              f"{eps:.3f}, {total:,} env steps in all")
+    return dict.fromkeys(window, 0)
+
+
+def _follow(cfg, follower: ParamsFollower, params, policy_step, eps, published):
     """The newest published params (or the ones held, if none is newer), the learner's iteration
     that produced them, the epsilon of the env steps it had received then, and when they were
     published (wall clock). Before the first publication: wait (params None), or act uniformly
@@ -595,7 +489,7 @@ def _segments(par: Parallel, traj, open_: dict[int, Open], lookahead: int) -> Se
     rollout left it, then the steps of its unfinished one, whose last `lookahead` steps (the
     learner's n-step windows need them: --n-step - 1) start its next segment again. Those, or
     all of an unfinished episode's steps if it has no more, carry over in `open_`. A few slices
-    per environment, not per episode: a MinAtar shard of random play holds ~6,000 episodes."""
+    per environment, not per episode: a shard of random play holds thousands of episodes."""
     obs, action, reward, terminated, truncated, final_obs, done_return, done_length = (
         np.concatenate(list(x), axis=1) for x in par.local(traj))  # [T, envs on this host, ...]
     done = terminated | truncated

@@ -4,12 +4,10 @@ PUBLISH_S), with the iteration that produced them and the env steps the learner 
 by then (a collector's epsilon follows that count). Checkpoints, every `--checkpoint-every`
 iterations, stay what a restarted learner and `evaluate` read.
 
-Why not the checkpoints: collectors that followed them acted with params half a checkpoint
-period old on average (10 iterations at the default 20), then restored them through Orbax, and
-the data came back to the learner 40-50 of its iterations after the params that collected it
-(MinAtar Breakout on an H200). DQN is that sensitive to acting with stale params: `--mode both`
-made to act with params refreshed only every 32 of its updates (so ~1,000 gradient steps stale
-on average) lost half its return, while every 8 cost nothing (experiments/RESULTS.md).
+Why not the checkpoints: DQN learns much worse from data acted with stale params, and
+collectors that followed the checkpoints would act with params half a checkpoint period old on
+average, plus an Orbax restore; a small file written after every chunk keeps the params a
+collector acts with a few learner iterations old.
 
 Only the main process of a (multi-host) learner publishes; the run directory is shared.
 """
@@ -28,12 +26,13 @@ from flax import serialization
 from jaxrl_mgpu import parallel
 
 POLICY = "policy.msgpack"
-PUBLISH_S = 0.02  # the learner publishes at most this often (each publication serialises the params;
-                  # a collector takes the newest before each rollout: at 0.05, the params it acted
-                  # with were ~75 ms old, 2-3 learner iterations, on 2 H200s)
+# The learner publishes at most this often (each publication serialises the params); a
+# collector takes the newest before each rollout, so short, to keep the params it acts with
+# within a learner iteration or two of the newest.
+PUBLISH_S = 0.02
 
 
-class Publisher:
+class ParamsPublisher:
     """The learner's side: `offer` the params after a chunk; one publication at a time, on a
     thread of its own (it waits for the chunk to finish and copies the params to the host), so
     the learner's thread only dispatches a copy on the devices."""
@@ -41,7 +40,7 @@ class Publisher:
     def __init__(self, run_dir, enabled: bool = True):
         self.path = Path(run_dir) / POLICY
         self.enabled = enabled
-        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="policy-publisher")
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="params-publisher")
         self._writing: concurrent.futures.Future | None = None
         self._offered_at = float("-inf")
 
@@ -57,10 +56,9 @@ class Publisher:
         self.wait()  # the one in flight (if forced); raises the last publication's error, if any
         self._offered_at = time.monotonic()
         # A copy of this process's first device's slice, on that device: the learner's next
-        # chunk takes (donates) the params. (One device's op, no collective: only the main
-        # process of a multi-host learner publishes.)
-        # (one program for every leaf: a copy per leaf was 8 dispatches, 0.86 ms against 0.24 of
-        # the learner's thread between chunks for the Breakout Q-network, on the dev CPU)
+        # chunk takes (donates) the params. One device's op, no collective (only the main
+        # process of a multi-host learner publishes), and one program for every leaf: one
+        # dispatch of the learner's thread between chunks, not one per leaf.
         local = parallel.copy_on_devices(jax.tree.map(lambda x: x.addressable_shards[0].data, params))
         self._writing = self._thread.submit(self._write, iteration, local, env_steps_received)
 
@@ -85,7 +83,7 @@ class Publisher:
             self._thread.shutdown(wait=True)
 
 
-class Follower:
+class ParamsFollower:
     """A collector's side: the newest published params, read only when the file has been
     replaced since the last read."""
 

@@ -2,46 +2,39 @@
 SampleToInsertRatio semantics: a target of `samples_per_insert` samples (transitions drawn from
 the replay for gradient steps; for AD, the steps of the windows of its batches) per transition
 inserted after the first `min_inserts` (`--learning-starts`), within an error buffer, enforced
-on both sides.
+on both sides. The rules:
 
-- The learner owes `samples_per_insert * (inserted - min_inserts) - samples`. It may start an
-  iteration while it owes more than `-buffer` (so a learner can always start one at the edge):
-  it waits for data when it is ahead.
-- Collectors are back-pressured when the learner is behind: while what it has inserted makes
-  it owe more than `buffer`, or while more data is on its way to the learner's memory
-  than `--max-data-lag` learner iterations' worth (written to the store and not yet read, being
-  read, or queued for the replay: the in-flight data), collectors pause before their next
-  shard. The learner publishes its counts in `<run-dir>/learner_progress.json` (atomically,
-  every PUBLISH_S) for them, and a paused collector looks again every PAUSE_S; so the store
-  never grows without bound, the learner never starves for long, and the data it inserts was
-  acted with params at most about `--max-data-lag` of its iterations old. DQN learns
-  much worse from stale acting params (experiments/RESULTS.md, issue 31: `--mode both` acting
-  with params refreshed every 16 updates lost a tenth of its return, every 32 half). With a
-  slack of four 8k-transition shards unread, collectors looking every 0.2 s and a
-  32k-transition ingest queue, the learner inserted data 35-45 iterations old; with this bound
-  (8) on 2 H200s, 11-13; with the faster path to the replay since (asynchronous/dqn.py: STAGES,
-  ~150-200 ms from the params to the replay), ~6, where the path's latency, not the bound, sets it.
-- The buffer is Acme's, `tolerance * samples_per_insert * min_inserts` samples
-  (`--samples-per-insert-tolerance` x the samples `--learning-starts` transitions pay for), and
-  at least the samples of the data collectors may have on its way (`--max-data-lag`
-  iterations'): a fixed band. Collectors that pause at the band's top resume only as the
-  learner reaches its bottom, and their data then takes the pipeline's latency to arrive; a
-  band narrower than what is on its way meanwhile starves the learner (Acme's 5k transitions
-  for the Breakout DQN preset, against ~16k on its way: the learner waited 9% of the time and
-  ran 0.70 of its ceiling on an H200; with the band at the bound, 0% and 0.76-0.81,
-  experiments/RESULTS.md). The long-run ratio is the target either way: the band bounds the
-  counts' difference, not their ratio. (A band relative to the whole run's counts, as before,
-  let the learner run at the top of it, 8.8 samples per insert for a target of 8 over a
-  3M-step run, and with no offset it drew the samples of all of --learning-starts' transitions
-  at once: ~1,700 DQN gradient steps on the random start, which `--mode both` never does.)
+- The learner owes `samples_per_insert * (inserted - min_inserts) - samples`: counted from
+  `--learning-starts` on, as `--mode both` counts, so the transitions learning starts with do
+  not pay for a burst of samples at once. It may start an iteration while it owes more than
+  `-buffer` (so a learner can always start one at the edge); ahead of that, it waits for data.
+- Collectors pause before their next shard while the learner is behind (what it has inserted
+  makes it owe more than `buffer`), or while more data is on its way to the learner's memory
+  than `--max-data-lag` learner iterations' worth (written to the store and not yet read,
+  being read, or queued for the replay: the in-flight data; at least MIN_IN_FLIGHT_SHARDS of
+  the largest shard, so that one is read while the next is written). So the store never grows
+  without bound, the learner never starves for long, and the data it inserts was acted with
+  params at most about `--max-data-lag` of its iterations old: DQN learns much worse from
+  data acted with stale params.
+- Before any learner has published its progress, collectors fill the store up to what it will
+  start learning with (`--learning-starts` transitions) plus START_SHARDS shards, and wait.
+- The buffer is a fixed band, the larger of Acme's `tolerance * samples_per_insert *
+  min_inserts` samples (`--samples-per-insert-tolerance` x the samples `--learning-starts`
+  transitions pay for) and the samples of the data that may be on its way (`--max-data-lag`
+  iterations'): collectors paused at the band's top resume only as the learner reaches its
+  bottom, and their data then takes the pipeline's latency to arrive, so a band narrower than
+  what is on its way meanwhile would starve the learner. The band bounds the counts'
+  difference, not their ratio: over a long run the ratio is the target.
+- The learner publishes its counts in `<run-dir>/learner_progress.json` (atomically, at most
+  every PUBLISH_S); a paused collector reads it again every PAUSE_S.
 
 The default target. DQN: the ratio of `--mode both` (each update steps every environment
 `num_steps` times, `num_envs * num_steps` transitions, then does `num_steps * updates_per_step`
 gradient steps of `replay_batch_size`, from `--learning-starts` transitions on):
 `updates_per_step * replay_batch_size / num_envs`. AD: `--mode both` learns from a fixed
 dataset, so it has no ratio of its own; the default is the one of the darkroom-ad preset's
-recipe, which matched the paper (20,000 updates of 256 windows of 160 steps over 2,048
-histories of 4,000 steps: 100 samples per history step).
+recipe (20,000 updates of 256 windows of 160 steps over 2,048 histories of 4,000 steps: 100
+samples per history step).
 """
 
 from __future__ import annotations
@@ -53,8 +46,8 @@ from pathlib import Path
 
 PROGRESS = "learner_progress.json"
 PUBLISH_S = 0.02       # the learner writes its progress at most this often (a small JSON file)
-PAUSE_S = 0.01         # a paused collector looks at it again this often: collectors that woke up
-                       # 0.2 s late let a shallow pipeline run dry (a learner at ~50 iterations/s)
+PAUSE_S = 0.01         # a paused collector looks at it again this often: well within a learner
+                       # iteration, or a shallow pipeline runs dry before the collectors resume
 START_SHARDS = 4       # before any learner, collectors fill the store to --learning-starts and this many shards
 MIN_IN_FLIGHT_SHARDS = 2  # in-flight data allowed at least: so that one shard is read while the next is written
 AD_SAMPLES_PER_INSERT = 100.0  # AD's default target (the module docstring)

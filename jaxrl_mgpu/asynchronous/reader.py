@@ -16,12 +16,12 @@ IDLE_S = 0.01  # with nothing new listed, the reader lists the store again this 
 
 class ShardReader:
     """Reads the store's shards in a background thread, oldest first, so the learner keeps
-    learning while it reads. Read on the learner's own thread, a 65k-step MinAtar shard took
-    ~2 s of host time; two collectors wrote faster than that, and the learner then did nothing
-    but read (seen on 4 H100s). `read(shard)` turns a shard into what the learner inserts (None
-    skips it); at most `max_ready` read shards wait, so a slow learner holds back the reader,
-    not its memory. After a restart (`refill`), the shards in `consumed` are read once more, to
-    refill the learner's on-device memory, and are flagged as not new (not counted again).
+    learning while it reads (a large shard takes longer to decode than many learning chunks
+    take to run, and collectors may write faster than one thread decodes). `read(shard)` turns
+    a shard into what the learner inserts (None skips it); at most `max_ready` read shards
+    wait, so a slow learner holds back the reader, not its memory. After a restart (`refill`),
+    the shards in `consumed` are read once more, to refill the learner's on-device memory, and
+    are flagged as not new (not counted again).
 
     With `decode` (a picklable function of a shard, used in place of `read`), shards are decoded
     by `workers` processes (workers.Pool), several at once, and delivered oldest first: TFDS
@@ -34,9 +34,9 @@ class ShardReader:
         self._store, self._read, self._refill = store, read, refill
         self._seen = set() if refill else set(consumed)
         # The newest shard taken up to be read (or decoded): what collectors count as unread is
-        # written after it. (Counting from the shards the learner has taken from this reader
-        # counted its own pipeline too, up to max_ready + workers shards: with 8k-step shards,
-        # more than the collectors' slack, so they paused while the learner waited for data.)
+        # written after it. Not the newest the learner has taken from this reader: then the
+        # reader's own pipeline (up to max_ready + workers shards) would count as unread too,
+        # more than the collectors' slack, and they would pause while the learner waits for data.
         self.newest_taken: str | None = None
         self.untaken_steps = 0  # transitions in the shards listed at the last pass, not taken up yet
         # Transitions taken up and not yet handed to the learner (`pipeline_steps`), as counts
@@ -79,8 +79,8 @@ class ShardReader:
                         time.sleep(IDLE_S)
                     continue
                 # Hand over the decoded shards, oldest first, waiting for the oldest at most
-                # IDLE_S, then list again: a reader that waited for the oldest decode before
-                # its next listing took up a written shard up to a decode late.
+                # IDLE_S, then list again: waiting for the oldest decode before listing again
+                # would take up a written shard up to a decode late.
                 wait = IDLE_S
                 while not self._stop.is_set() and self._decoders.oldest_answers_within(wait):
                     shard, wait = self._decoders.oldest, 0.0

@@ -11,8 +11,8 @@ observation, action, reward, discount, is_first, is_last, is_terminal), of one o
   `final_observation` (the observation after its last step, before any reset, which the
   learner bootstraps from) and its `lookahead` (the trailing steps that only complete the
   n-step windows of the steps before them, and start the environment's next segment again).
-  One record per segment cost the collectors' writers and the learner's decoders ~0.2 ms each,
-  ~300 a 4k-transition shard: 3x the decoding, and more latency than the learner could take.
+  One record per shard, not per segment: TFDS encodes and decodes every record in Python, and a
+  shard holds hundreds of segments. A learner reads them back with `read_segments`.
   The metadata records the `policy_step` that acted, the transitions the shard gives
   (`env_steps`) and the episodes it ends (`episodes`, `return_sum`, `episode_steps`: whole
   episodes' returns and lengths).
@@ -47,22 +47,13 @@ from jaxrl_mgpu.data import rlds
 from jaxrl_mgpu.data.rlds import DatasetError
 
 
-class Transitions(NamedTuple):
-    """Transitions (one-step or n-step: read_transitions), ready for a replay buffer."""
-    obs: np.ndarray        # [N, *obs_shape]
-    action: np.ndarray     # [N]
-    reward: np.ndarray     # [N] float32
-    discount: np.ndarray   # [N] float32: the bootstrap's discount (0 where the episode terminated)
-    next_obs: np.ndarray   # [N, *obs_shape] observation after the step, before any reset
-
-
 class Segments(NamedTuple):
     """Segments of episodes laid end to end: one array per field, not one per segment, so that
     a collector cuts them from a rollout with a few slices per environment and sends them to a
     writer process in one piece. A segment is a whole episode or a piece of one: collectors
     write every environment's steps as soon as a rollout ends, since an episode written only
-    once it ended reached the learner a whole episode late (its first steps acted by a policy
-    that much older, and longer episodes, the better the policy, later still)."""
+    once it ends reaches the learner a whole episode late (its first steps acted by a policy
+    that much older, and the better the policy, the longer the episodes)."""
     observation: np.ndarray        # [N, *obs_shape]
     action: np.ndarray             # [N]
     reward: np.ndarray             # [N] float32
@@ -173,7 +164,8 @@ class Store:
         shard's metadata is read once (TFDS keeps it in the shard's metadata.json), when this
         Store first lists it (`Shard.listed`). A listing where nothing changed costs the
         directory's names only: the learner's reader and paused collectors list every few ms,
-        and rebuilding every shard's entry each time held the GIL ~3 ms per 1,000 shards."""
+        and rebuilding every shard's entry each time would hold the GIL the learner's thread
+        needs."""
         return list(self._list()[2])
 
     def _list(self) -> tuple[dict, list[str], list[Shard]]:
@@ -208,9 +200,9 @@ class Store:
         """Episodes ended in the store's shards now."""
         return sum(s.meta["episodes"] for s in self.shards())
 
-    def read(self, shard: Shard) -> Transitions:
-        """The shard's one-step transitions (checksums verified first)."""
-        return read_transitions(shard)
+    def read(self, shard: Shard) -> SegmentSteps:
+        """The shard's segments (checksums verified first)."""
+        return read_segments(shard)
 
     def clean_staging(self, older_than_s: float = 600.0) -> None:
         """Deletes staging directories of writers that died mid-shard (nobody renames them)."""
@@ -255,18 +247,21 @@ def write_job(job: tuple) -> str:
     return str(Store(run_dir).write(*args))
 
 
-def read_transitions(shard: Shard, n_step: int = 1, gamma: float = 1.0) -> Transitions:
-    """A shard's segments as `n_step` transitions (checksums verified first), as --mode both's
-    replay samples them (dqn.n_step_return): from each step t but a segment's lookahead steps,
-    the steps t..t+k of its segment, k = n_step - 1 or fewer where the segment ends first;
-    reward = sum of gamma^i r_{t+i}; discount = gamma^(k+1), 0 where step t+k terminated the
-    episode; next_obs = the observation after step t+k (the segment's final one after its last
-    step). A collector with the learner's --n-step leaves n_step - 1 lookahead steps on a
-    segment that does not end its episode, so only an episode's end cuts a window, as in --mode
-    both; a learner with a larger --n-step than its collectors gets shorter windows there, which
-    still bootstrap correctly. With the defaults, one-step transitions with discount 0 where the
-    episode terminated, else 1. A function of the shard, so that a decoder process can run it
-    (workers.py)."""
+class SegmentSteps(NamedTuple):
+    """A shard's segments as a learner reads them back: their steps laid end to end, and where
+    each segment ends."""
+    observation: np.ndarray        # [N, *obs_shape]
+    action: np.ndarray             # [N]
+    reward: np.ndarray             # [N]
+    terminal: np.ndarray           # [N] bool: the step terminated its episode (a time limit does not)
+    length: np.ndarray             # [S] steps of each segment, in order (they add up to N)
+    lookahead: np.ndarray          # [S] its trailing steps that are not its transitions
+    final_observation: np.ndarray  # [S, *obs_shape] the observation after its last step, before any reset
+
+
+def read_segments(shard: Shard) -> SegmentSteps:
+    """A shard's segments of episodes (checksums verified first). A function of the shard, so
+    that a decoder process can run it (workers.py)."""
     records = rlds.records(shard.path)
     if not records or any("segments" not in r for r in records):
         raise DatasetError(f"shard {shard.path} is not a shard of episode segments (written by another version?)")
@@ -276,24 +271,5 @@ def read_transitions(shard: Shard, n_step: int = 1, gamma: float = 1.0) -> Trans
                           for k in ("length", "lookahead"))
     if lengths.sum() != len(steps["reward"]) or np.any(lengths < 1) or np.any(lookahead >= lengths):
         raise DatasetError(f"shard {shard.path}: its segments' lengths do not add up to its steps")
-    # The observation after each step: the next step's, or the segment's final one. Written
-    # into one array with a mask, not concatenated per segment.
-    next_obs = np.empty_like(steps["observation"])
-    next_obs[:-1] = steps["observation"][1:]
-    ends = np.cumsum(lengths) - 1
-    next_obs[ends] = np.concatenate([r["segments"]["final_observation"] for r in records])
-    # n-step windows on whole arrays: each step's last usable step is n_step - 1 ahead or its
-    # segment's last step, whichever comes first.
-    reward = steps["reward"].astype(np.float32)
-    step = np.arange(len(reward))
-    last = np.minimum(step + n_step - 1, np.repeat(ends, lengths))
-    total = np.zeros_like(reward)
-    for i in range(n_step):
-        total += np.where(step + i <= last, np.float32(gamma) ** i * reward[np.minimum(step + i, last)], 0).astype(
-            np.float32)
-    used = last - step + 1
-    discount = (np.float32(gamma) ** used * ~steps["is_terminal"][last]).astype(np.float32)
-    # A segment's transitions: its steps but the lookahead
-    keep = step <= np.repeat(ends - lookahead, lengths)
-    return Transitions(steps["observation"][keep], steps["action"][keep], total[keep], discount[keep],
-                       next_obs[last][keep])
+    return SegmentSteps(steps["observation"], steps["action"], steps["reward"], steps["is_terminal"], lengths,
+                        lookahead, np.concatenate([r["segments"]["final_observation"] for r in records]))

@@ -1,9 +1,9 @@
 """Child processes that run a function of one argument for an asynchronous learner or collector:
-the store's shards are encoded and decoded by TFDS in Python, work that holds the GIL (on the
-2-core development CPU: 10 ms to write and 4 ms to read a 4k-transition MinAtar shard). A collector hands
-its shards to writers (`Pool` of `store.write_job`), the learner's reader hands shards to
-decoders (`Pool` of the feed's `decode`), so that neither the rollout nor the learner's thread
-waits for TFDS, and several shards are encoded or decoded at once.
+the store's shards are encoded and decoded by TFDS in Python, work that holds the GIL. A
+collector hands its shards to writers (`Pool` of `store.write_job`), the learner's reader hands
+shards to decoders (`Pool` of its source's `decode`, which also computes the n-step targets),
+so that neither the rollout nor the learner's thread waits for TFDS, and several shards are
+encoded or decoded at once.
 
 A plain subprocess (`python -c "...; _serve()"`), not multiprocessing: spawn
 would re-import the caller's main script (a user's own script without a `__main__` guard would

@@ -1,0 +1,66 @@
+"""What every collector shares, DQN's and AD's: its name and the seed drawn from it, how often
+it reports, and its side of the rate limiter (`Pacer`)."""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from pathlib import Path
+
+from jaxrl_mgpu.asynchronous import rate
+from jaxrl_mgpu.asynchronous.store import Store
+
+COLLECTOR_LOG_S = 30.0        # a collector's progress line, at most this often
+PAUSE_LOG_S = 60.0            # a collector paused for the learner says so this often
+PAUSED_BECAUSE = {rate.START: "no learner yet; the store holds what it will start with",
+                  rate.READING: "it has not taken in the data on its way (--max-data-lag)",
+                  rate.SAMPLES: "behind its samples per insert"}
+
+
+def collector_name(cfg) -> str:
+    """`--collector-id`, else unique to this host and process."""
+    return cfg.collector_id or f"{os.uname().nodename}-{os.getpid()}"
+
+
+def collector_seed(name: str) -> int:
+    """The seed of a collector's random stream: collectors of other names explore, and draw
+    tasks, apart from one another."""
+    return zlib.crc32(name.encode())
+
+
+class Pacer:
+    """A collector's side of the rate limiter (rate.hold_back): before each shard, whether to
+    pause for the learner, from its published progress and the shards in the store its reader has
+    not taken up; the pauses since the last shard, by reason (a shard's metadata carries them to
+    the learner's `async/collector_wait_s`); and a line every PAUSE_LOG_S while paused."""
+
+    def __init__(self, run_dir: Path, store: Store, name: str, shard_steps: int, learning_starts: int, log):
+        self.run_dir, self.store, self.name, self.log = run_dir, store, name, log
+        self.shard_steps, self.learning_starts = shard_steps, learning_starts
+        self.waited = rate.no_waits()
+        self.paused_from: float | None = None  # since when the collector has been paused
+
+    def held_back(self, since: float, in_flight: int = 0) -> bool:
+        """Whether to wait before the next shard (of about `shard_steps` transitions). If so,
+        waits a moment (rate.PAUSE_S) and counts the time from `since` (when the collector began
+        this pass: a pass that ends paused counts whole) as waiting for its reason. `in_flight`:
+        this collector's shards still being written, which the learner has not read either."""
+        progress = rate.read_progress(self.run_dir)
+        unread = self.store.unread_steps(progress and progress.get("last_read")) + in_flight
+        why = rate.hold_back(progress, unread, self.shard_steps, self.learning_starts)
+        if why is None:
+            self.paused_from = None
+            return False
+        self.paused_from = self.paused_from or since
+        if self.log.due("paused", PAUSE_LOG_S):
+            self.log.print(f"collector {self.name}: paused {time.monotonic() - self.paused_from:.0f}s for the learner "
+                           f"({PAUSED_BECAUSE[why]}); {unread:,} transitions unread in the store")
+        time.sleep(rate.PAUSE_S)
+        self.waited[why] += time.monotonic() - since
+        return True
+
+    def take_waits(self) -> dict[str, float]:
+        """The pauses since the last call, by reason (for the shard about to be written)."""
+        waited, self.waited = self.waited, rate.no_waits()
+        return waited
