@@ -141,8 +141,8 @@ class Start(NamedTuple):
 def start(cfg, run_dir: Path, step: int | None, build: Callable, from_store: bool) -> Start | None:
     """The run's start from checkpoint `step` or, where that one does not read back whole,
     from the newest one that does (`step` None: a fresh start). `build(cfg) -> (trainer, state
-    or None)` makes the trainer (a learner from the store builds its initial state too). None where the run is
-    already complete (said in a line)."""
+    or None)` makes the trainer (a learner from the store builds its initial state too). None
+    where the run is already complete (said in a line)."""
     set_aside: list[str] = []
     while True:
         try:
