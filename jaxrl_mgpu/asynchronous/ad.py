@@ -63,6 +63,9 @@ from jaxrl_mgpu.cli import count
 
 COUNTS = ("env_steps", "episodes", "tasks")  # what the learner counts of each shard it receives
 INSERT_BUDGET = 8  # compiled inserts (one history per device each) per poll at most
+# The default --samples-per-insert: the darkroom-ad recipe's ratio, 20,000 updates of 256 x 160
+# window steps over 2,048 histories of 4,000 steps.
+SAMPLES_PER_INSERT = 100.0
 # Options a collector's histories must share with the run's learner to be usable by it.
 SHARED_WITH_LEARNER = ("algo", "env", "ad_history_steps")
 
@@ -192,7 +195,8 @@ class HistorySource(StoreSource):
         self.inserted = 0  # history i went to device i % devices
         self.dropped = 0   # histories overwritten before they reached a slot (more arrived than the buffer holds)
         self.update = 0
-        self.limit(ad.steps_per_update(cfg), self.devices * cfg.ad_history_steps)
+        self.limit(ad.steps_per_update(cfg), self.devices * cfg.ad_history_steps,
+                   default_target=SAMPLES_PER_INSERT)
         self.waiting_for = (f"waiting for learning histories in {self.store.root}: each of the {count(self.devices, 'device')} needs one "
                             f"(start a collector: --mode collect --algo ad --run-dir {cfg.run_dir})")
         # Said once, at the start or when the first poll finds none (the chunk compiles between).

@@ -83,9 +83,6 @@ STAGES = ("params", "rollout", "write", "read", "insert")
 
 
 def check(cfg, num_devices: int) -> Split:
-    if cfg.algo != "dqn":
-        raise ConfigError(f"--mode {cfg.mode} needs an off-policy learner: use --algo dqn, or --algo ad on a "
-                          f"Dark Room (not {cfg.algo})")
     if cfg.policy != "mlp":
         raise ConfigError(f"--mode {cfg.mode} trains a feedforward Q-network: use --policy mlp (the store holds "
                           f"episodes, not the windows a --policy {cfg.policy} learner would need)")

@@ -50,15 +50,16 @@ PAUSE_S = 0.01         # a paused collector looks at it again this often: well w
                        # iteration, or a shallow pipeline runs dry before the collectors resume
 START_SHARDS = 4       # before any learner, collectors fill the store to --learning-starts and this many shards
 MIN_IN_FLIGHT_SHARDS = 2  # in-flight data allowed at least: so that one shard is read while the next is written
-AD_SAMPLES_PER_INSERT = 100.0  # AD's default target (the module docstring)
 
 
-def samples_per_insert(cfg) -> float:
-    """The target: --samples-per-insert, else the default of the algorithm (module docstring)."""
+def samples_per_insert(cfg, default: float | None = None) -> float:
+    """The target: --samples-per-insert, else the learner's `default` (AD's: the module
+    docstring), else the ratio of DQN's --mode both (gradient steps x replay batch per
+    transition of all environments)."""
     if cfg.samples_per_insert is not None:
         return cfg.samples_per_insert
-    if cfg.algo == "ad":
-        return AD_SAMPLES_PER_INSERT
+    if default is not None:
+        return default
     return cfg.updates_per_step * cfg.replay_batch_size / cfg.num_envs
 
 
@@ -76,8 +77,9 @@ class Limiter:
     """The learner's side: `samples_per_iteration` samples each iteration (a compiled update),
     none before the learner's memory holds `min_inserts` transitions."""
 
-    def __init__(self, cfg, samples_per_iteration: int, min_inserts: int, min_in_flight: int = 0):
-        self.target = samples_per_insert(cfg)
+    def __init__(self, cfg, samples_per_iteration: int, min_inserts: int, min_in_flight: int = 0,
+                 default_target: float | None = None):
+        self.target = samples_per_insert(cfg, default_target)
         self.min_inserts = min_inserts
         self.per_iteration = samples_per_iteration
         # transitions on their way to the learner's memory that collectors keep below: at least

@@ -58,11 +58,12 @@ class StoreSource:
         self.per_collector_window: dict[str, int] = {}
         self.steps_logged, self.logged_at = self.ledger.env_steps, time.perf_counter()
 
-    def limit(self, samples_per_iteration: int, min_inserts: int, min_in_flight: int = 0) -> None:
+    def limit(self, samples_per_iteration: int, min_inserts: int, min_in_flight: int = 0,
+              default_target: float | None = None) -> None:
         """Starts the rate limiter: each iteration samples `samples_per_iteration`, none runs
         before the learner's memory holds `min_inserts` transitions; the source's ingest may hold
         back up to `min_in_flight` transitions until more arrive."""
-        self.limiter = rate.Limiter(self.cfg, samples_per_iteration, min_inserts, min_in_flight)
+        self.limiter = rate.Limiter(self.cfg, samples_per_iteration, min_inserts, min_in_flight, default_target)
         self.progress = rate.Progress(self.cfg.run_dir, self.limiter)
 
     def read(self, shard):
