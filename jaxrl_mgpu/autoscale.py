@@ -24,9 +24,8 @@ How (no out-of-memory trial ever runs):
    devices.
 2. Throughput (`--auto-scale` = `--auto-scale throughput`, the default mode): steps/s
    saturates long before memory is full, and a bigger batch then buys nothing but fewer
-   updates. Each compile costs seconds to tens of seconds on a GPU (on an H200 8-23 s for
-   the DQN chunk, 11-13 s for CartPole's, 18-42 s for Breakout PPO's conv net, over half of it
-   XLA's autotuning of GEMMs and convolutions at each size's shapes: experiments/RESULTS.md),
+   updates. Each compile costs seconds to tens of seconds on a GPU (much of it XLA's autotuning
+   of GEMMs and convolutions at each size's shapes; measurements: experiments/RESULTS.md),
    so the search climbs rather than compiling every size. Each size gets a short steady-state
    probe (DQN in its learning phase: `steady_state`): about PROBE_S, or one update where one
    takes longer, and no size is tried whose one update would take over PROBE_CAP_S (predicted
@@ -386,8 +385,8 @@ class Search:
         probe cap and the time budget), then larger ones (`next_size`, or half of it where that
         does not fit, split or probe, down to 2x) while each step up is more than WITHIN faster
         than every smaller size, or more than WITHIN / 2 per doubling (past that, returns
-        diminish: on an H200 CartPole's probes gained 7%, 4.6% and 1.5% per doubling from
-        16,384 to 262,144, and 131,072 is within 5% of the best, 65,536 is not); where the last
+        diminish: each doubling gains less than the one before as steps/s near their limit,
+        and a size two doublings up can still be more than WITHIN faster); where the last
         step was slower, the size between the fastest and it; then the sizes below the choice
         that `between` says might be within WITHIN of the fastest too. Returns the smallest size
         within WITHIN of the fastest, and why the climb stopped (for the table)."""
@@ -413,8 +412,8 @@ class Search:
                         f"{doubling_gain(rates):.1%} per doubling")
                 break
             n = next_size(rates)
-            # DQN's replay does not split over 262,144 environments on one device, where 131,072 ran
-            # 1.5x as fast as 65,536 on an H200: where a size does not fit or split, half of it is next.
+            # Where a size does not fit or split (DQN's replay does not split over 262,144
+            # environments on one device), half of it is next: it may still be well faster.
             while n > top and not self.stopped and not self.start(n):
                 n //= 2
             if self.stopped:
@@ -487,7 +486,7 @@ def per_env_model(rates: dict[int, float]) -> tuple[float, float] | None:
     """An update's time per env step at size n as `fixed + per_env * n` (launches, the host and
     the work that does not grow with the batch, plus the work per environment), so steps/s
     approach 1 / per_env from below. per_env is the smallest slope between sizes probed one after
-    another, the most optimistic (steps/s grew faster than one line at some sizes on an H200);
+    another, the most optimistic (steps/s can grow faster than one line between some sizes);
     None where time did not grow with the size (all fixed: far from saturation)."""
     sizes = sorted(rates)
     slopes = [(b / rates[b] - a / rates[a]) / (b - a) for a, b in zip(sizes, sizes[1:])]
@@ -510,9 +509,9 @@ def next_size(rates: dict[int, float]) -> int:
     """The size to probe after the largest so far: the power of 2 where `per_env_model` puts
     steps/s at 95% of their limit (fixed / per_env x 19), at least 4x and at most 16x the
     largest (16x where time did not grow with the size). Where the model says the largest is
-    already at 95%, 2x: the smallest step that can show it wrong (the model put CartPole's limit
-    3% low on an H200), and on a conv net the cheapest compile (PPO Breakout-MinAtar's chunk took
-    41.6 s to compile at 65,536 environments against 21.4 s at 16,384)."""
+    already at 95%, 2x: the smallest step that can show it wrong (the model's limit is an
+    estimate, and can be low), and the cheapest compile (a conv net's compile time grows with
+    the size)."""
     top, model = max(rates), per_env_model(rates)
     target = 16 * top if model is None else 19 * max(model[0], 0.0) / model[1]
     least = 2 * top if target <= top else 4 * top

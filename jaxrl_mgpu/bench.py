@@ -253,9 +253,9 @@ def main_transformer(args, base) -> int:
         # training does, before any compile.
         config_lib.check_kernels(dataclasses.replace(cfg, algo="ad", n_transit=cfg.context_len))
         config_lib.check_platform(cfg, jax.devices()[0].platform)
-    # The ceiling moves between measurements on one card (an H100: 680-770 TFLOP/s in one call)
-    # while a step's time moves under 1%: measured before the first row and after every row,
-    # every row's MFU is against the median of those, so no single reading moves a row.
+    # The ceiling moves between measurements on one card far more than a step's time does:
+    # measured before the first row and after every row, every row's MFU is against the
+    # median of those, so no single reading moves a row.
     ceilings = [matmul_ceiling(per_timing=args.steps_per_timing)]
     rows = []
     for cfg in cfgs:

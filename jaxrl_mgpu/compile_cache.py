@@ -84,8 +84,8 @@ def _use(directory: str | None) -> None:
     jax.config.update("jax_enable_compilation_cache", directory is not None)
     if directory is not None:
         jax.config.update("jax_compilation_cache_dir", directory)
-        # Cache every program: the chunk, and the small ones start-up compiles (each a few
-        # hundred ms on a GPU).
+        # Cache every program: the chunk, and the small ones start-up compiles (each a fraction
+        # of a second on a GPU, and there are many).
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
         jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)

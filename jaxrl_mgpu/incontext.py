@@ -105,7 +105,7 @@ def source_histories(cfg, run_dir: str) -> tuple[dict, rlds.Histories, str]:
         return meta, h, str(Path(run_dir) / "store")
     meta = ad.open_dataset(cfg)
     # The source's mean learning curve is well estimated from a few hundred tasks; reading all
-    # of a large dataset (2048 x 4000 steps: ~45 s) only for it made evaluation slow.
+    # of a large dataset only for it would make evaluation slow.
     tasks = range(min(meta["num_tasks"], SOURCE_CURVE_TASKS))
     return meta, rlds.read(cfg.dataset, env=cfg.env, tasks=tasks), str(cfg.dataset)
 

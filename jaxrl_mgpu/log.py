@@ -202,15 +202,14 @@ def run_name(identity: dict) -> str:
 
 # Events a TensorBoard writer queues for its thread. tensorboardX's default (10) blocks the
 # training loop on the writer's thread whenever more events than that come at once: with many
-# runs (one writer each) logging took 0.37 s per log point of 256 CartPole runs on an H200
-# host, longer than the chunk it logged.
+# runs (one writer each) a log point could take longer than the chunk it logged.
 MAX_QUEUED_EVENTS = 1024
 
 
 def _tensorboard_writer(run_dir: Path):
     # tensorboardX imports PyTorch, where it is installed, only to recognise its tensors: seconds
-    # of start-up (3 s on a GPU machine) for rows of plain floats. Unless PyTorch is loaded
-    # already, it is hidden while tensorboardX loads.
+    # of start-up for rows of plain floats. Unless PyTorch is loaded already, it is hidden while
+    # tensorboardX loads.
     hide_torch = "torch" not in sys.modules
     if hide_torch:
         sys.modules["torch"] = None  # `import torch` raises ImportError, which tensorboardX expects

@@ -146,9 +146,9 @@ def algorithm(cfg, module, env, env_params, split, par: Parallel, runs: Runs) ->
             # parameters it had and gets a NaN optimizer state, so every later update of it is
             # non-finite too (a mark a checkpoint keeps): it never learns again, and its last
             # finite policy goes on acting, its returns logged. The other runs go on. Only these
-            # two small parts are chosen per run: choosing the whole state copied DQN's replay
-            # every update (4 seeds of the Breakout-MinAtar preset 6% slower on an H200). The
-            # chunk reads the mark (`finite` below), so flagged and stopped are the same runs.
+            # two small parts are chosen per run: choosing the whole state would copy DQN's
+            # replay every update. The chunk reads the mark (`finite` below), so flagged and
+            # stopped are the same runs.
             ok = all_finite(losses, new.params, new.opt_state)
             params = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new.params, state.params)
             opt_state = jax.tree.map(lambda x: jnp.where(ok, x, jnp.nan) if jnp.issubdtype(x.dtype, jnp.floating)

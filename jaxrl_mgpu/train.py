@@ -84,7 +84,7 @@ def collect(cfg, par, split, asynchronous) -> int:
 if __name__ == "__main__":
     code = main()
     # Everything is written and closed by now (logs, checkpoints): skip the interpreter's
-    # teardown of JAX's runtime, which took 2 s on an H200.
+    # teardown of JAX's runtime, which takes seconds on a GPU.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -71,9 +71,8 @@ class ReturnStats(NamedTuple):
 
 # Rollout steps per iteration of the compiled loop, on GPUs: there every iteration of a loop
 # waits for the host to read its predicate, and each unrolled step is more code to compile.
-# On an H200 (experiments/RESULTS.md, "Start-up"): 1 / 4 / 8 steps gave 8.34 / 7.36 / 7.28 ms
-# per update at 2048 envs and 8.9 / 10.5 / 12.8 s of compile; 4 keeps the speed within 1.1%
-# of 8 and compiles 2.3 s faster. Elsewhere 1: on CPUs a loop costs no round trip.
+# 4 keeps nearly all of 8's speed and compiles faster (measurements: experiments/RESULTS.md).
+# Elsewhere 1: on CPUs a loop costs no round trip.
 GPU_ROLLOUT_UNROLL = 4
 
 STEP_UNIT = "env_steps"

@@ -47,8 +47,8 @@ from array_record.python import array_record_module
 
 import tensorflow_datasets as tfds
 # The numpy parser of TFDS's tf.Example records: it parses a whole episode into stacked arrays.
-# The public decode path (`as_data_source()[i]["steps"]`) decodes step by step in Python, about
-# 15x slower; tests check both agree.
+# The public decode path (`as_data_source()[i]["steps"]`) decodes step by step in Python, far
+# slower; tests check both agree.
 from tensorflow_datasets.core import example_parser
 from tensorflow_datasets.proto import tf_example_pb2, tf_feature_pb2
 
@@ -112,8 +112,8 @@ def _is_bytes(feature) -> bool:
 def steps_feature(observation: np.ndarray, action: np.ndarray) -> tfds.features.Dataset:
     """The RLDS `steps` feature for one observation and one action (item shapes and dtypes).
     Its encoder takes an episode's steps as whole arrays [n, ...] in one go: the stored bytes
-    are the same as TFDS's per-step encoding (which stacks each step's arrays), about 100x
-    faster, and the dataset's feature spec stays the standard `tfds.features.Dataset`.
+    are the same as TFDS's per-step encoding (which stacks each step's arrays), far faster,
+    and the dataset's feature spec stays the standard `tfds.features.Dataset`.
     Observations are stored as raw bytes (`bytes_tensor`)."""
     spec = {"observation": bytes_tensor(observation), "action": _tensor(action), "reward": np.float32,
             "discount": np.float32, "is_first": np.bool_, "is_last": np.bool_, "is_terminal": np.bool_}
@@ -203,9 +203,9 @@ def write(path: str | os.PathLike, histories: Histories) -> Path:
 def serializer(features: tfds.features.FeaturesDict) -> Callable[[dict], bytes]:
     """`features`' examples as TFDS stores them (a tf.Example), whole arrays at a time: the same
     tf.Example as TFDS's serializer, which converts a sequence feature's items one by one in
-    Python (30 ms a 4k-step shard of the store, against 3), serialized deterministically (its
-    features in key order). For features of one sequence level at most (all of ours: TFDS
-    stores deeper ones as ragged row lengths)."""
+    Python (an order of magnitude slower), serialized deterministically (its features in key
+    order). For features of one sequence level at most (all of ours: TFDS stores deeper ones
+    as ragged row lengths)."""
     specs = tfds.core.utils.flatten_nest_dict(features.get_serialized_info())
     nested = [k for k, info in specs.items() if info.sequence_rank > 1]
     if nested:
@@ -235,7 +235,7 @@ def build(path: Path, features: tfds.features.FeaturesDict, metadata: dict, exam
     """Writes the examples `examples()` yields ((key, example), in order) as a TFDS
     array_record dataset at `path`: the files a TFDS builder writes (one array_record file,
     dataset_info.json, features.json, metadata.json: `tfds.builder_from_directory` opens it),
-    written directly, since TFDS's builder machinery took ~20 ms of fixed work per dataset (its
+    written directly, since TFDS's builder machinery adds fixed work per dataset (its
     shuffler's 1,000 bucket paths among it) on top of the serializer (`serializer`). Built in a
     hidden sibling directory (same filesystem), then renamed onto `path` — the rename is
     atomic, so no reader ever sees a partial dataset — with each data file's size and SHA-256
@@ -346,7 +346,7 @@ def read(path: str | os.PathLike, env: str | None = None, tasks: Iterable[int] |
 
 def episode_parser(features: tfds.features.FeaturesDict) -> Callable[[bytes], dict]:
     """Parses one stored episode record into numpy arrays, whole episode at a time (TFDS's
-    numpy tf.Example parser; its public decode path goes step by step, ~15x slower), and
+    numpy tf.Example parser; its public decode path goes step by step, far slower), and
     turns BYTES-encoded tensors back into arrays."""
     parser = example_parser.ExampleParserNp(features.get_serialized_info())
     raw = lambda f: (np.dtype(f.np_dtype), tuple(f.shape))  # noqa: E731
@@ -375,8 +375,8 @@ def records(path: str | os.PathLike) -> list[dict]:
     """Every record of the dataset at `path` in order, parsed (`episode_parser`), its files'
     checksums verified first. Read with array_record directly, with the parser kept per feature
     spec (features.json): a process that reads many datasets of one layout (the store's shards)
-    skips TFDS's builder and data source, which took 4x the reading and parsing of a 4k-step
-    shard."""
+    skips TFDS's builder and data source, which cost several times the reading and parsing of
+    a shard."""
     path = Path(path).absolute()
     verify(path)
     try:

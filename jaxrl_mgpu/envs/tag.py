@@ -434,10 +434,9 @@ class TagContinuous(_Tag):
 
         K passes of argmin over the `[N, N]` distances, each taking the nearest agent after the
         last one found in (distance, index) order, so ties go to the lower index. Each pass is one
-        read of the distances. `lax.top_k` (a sort per row on GPUs) made the game's steps 1.5x
-        (110 agents) and 3.2x (1000 agents) slower on an H200 (experiments/RESULTS.md,
-        "Multi-agent Tag"); passes that rewrite the distances to hide each found agent ran as
-        fast as these."""
+        read of the distances. `lax.top_k` (a sort per row on GPUs) is slower, the more so the
+        more agents (measurements: experiments/RESULTS.md); passes that rewrite the distances to
+        hide each found agent are no faster than these."""
         n = self.num_agents
         d2 = jnp.sum((state.pos[:, None, :] - state.pos[None, :, :]) ** 2, axis=-1)     # [N, N]
         hidden = jnp.eye(n, dtype=bool) | jnp.logical_not(state.active)[None, :]

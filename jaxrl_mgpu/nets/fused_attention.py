@@ -43,7 +43,7 @@ j <= i, i - j < window, key j is valid, and both are in the same segment (episod
 itself.
 
 Pallas lowers this to Triton on NVIDIA GPUs; elsewhere (CPU tests) `interpret=True` runs the
-same kernel bodies through XLA. Timings: experiments/RESULTS.md ("Fused kernels").
+same kernel bodies through XLA. Measurements: experiments/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -60,19 +60,19 @@ from jaxrl_mgpu.nets.pallas_util import (dot, index, layer_norm, layer_norm_back
                                          partial_sum, ptx_approx, row_block, row_mask, standardize)
 
 MAX_LEN = 128  # longest sequence: its keys' gradients stay in registers across the query blocks
-               # (at 160 tokens they spilled, and the kernel was slower than cuDNN's)
+               # (longer, they spill to local memory and the kernel falls behind cuDNN's)
 MAX_D_MODEL = 128  # a program holds the sequence's normalised x [L, D] in registers
 MASKED = -0.7 * float(np.finfo(np.float32).max)
-WARPS = (4, 4, 4)  # warps per program of the forward, backward and input-gradient kernels (H100)
+WARPS = (4, 4, 4)  # warps per program of the forward, backward and input-gradient kernels
 INPUT_ROWS = 64  # rows per program of the input-gradient kernel
-INPUT_STAGES = 2  # its pipeline depth over q, k, v (unrolled: the step 1.7% slower, H100; 3: 3% slower)
+INPUT_STAGES = 2  # its pipeline depth over q, k, v (unrolled or 3 deep: slower)
 MAX_BLOCK = 64  # rows per query / key block
 LOG2E = float(np.log2(np.e))
 # Sequences per backward program, a loop that Triton software-pipelines: the next sequence's
-# loads are under way while this one's matmuls run. AD-size step on an H100: 0.9-1.1% faster
-# than one sequence a program; 4 sequences 0.5%; the forward pass looped the same way 0.5% slower.
+# loads are under way while this one's matmuls run. Two beat one and four; the forward pass
+# is not looped (the same loop there is slower).
 BACKWARD_SEQUENCES = 2
-BACKWARD_STAGES = 2  # that loop's pipeline depth (1: 1.7% slower than 2; 3: 7% slower)
+BACKWARD_STAGES = 2  # that loop's pipeline depth (1 and 3: slower)
 
 
 def supported(seq_len: int, head_dim: int, d_model: int) -> bool:
@@ -84,10 +84,10 @@ def _blocks(seq_len: int, max_block: int = MAX_BLOCK) -> tuple[tuple[int, int], 
     """Static (start, rows) blocks that cover tokens 0..seq_len-1. Triton wants power-of-2 tiles
     of at least 16 rows; cut into such blocks, largest first, rather than padded to one
     power-of-2 tile, an 80-token window computes 64^2 + 16 * 64 + 16^2 = 5,376 scores instead of
-    16,384 (causality drops every block pair above the diagonal). On an H100 that made the
-    attention alone no faster at 80 tokens but 15% faster at 128 (64 + 64 rows), and the
-    blocks of 64 rows suit the projection matmuls of the fused kernels. A tail is rounded up to
-    a power of 2 where that pads fewer than 16 rows."""
+    16,384 (causality drops every block pair above the diagonal). The attention alone gains
+    from it at 128 tokens (64 + 64 rows) rather than at 80, and the blocks of 64 rows suit the
+    projection matmuls of the fused kernels. A tail is rounded up to a power of 2 where that
+    pads fewer than 16 rows."""
     blocks, start = [], 0
     while start < seq_len:
         left = seq_len - start
@@ -157,9 +157,8 @@ def _exp2(x, fast, dtype):
     runs in base 2 (log2(e) folded into q with the score scale), so on GPUs (`fast`) a score
     costs one special-function op, ex2.approx.f32 (relative error ~2^-22), and with a 16-bit
     compute dtype half of one: ex2.approx.f16x2 takes two scores rounded to fp16. That error
-    (under 6e-4 absolute, experiments/results/s16/check_half2.txt) is under a third of the
-    rounding of P to bf16 for the P V matmul (up to 2e-3); it made the AD-size step 0.5-0.7%
-    faster on an H100 than ex2.approx.f32 (s16/half2_ab.txt, attn_probes_ab.txt)."""
+    (under 6e-4 absolute) is under a third of the rounding of P to bf16 for the P V matmul (up
+    to 2e-3), so halving the special-function work loses nothing that the P V matmul keeps."""
     if not fast:
         return jnp.exp2(x)
     return ptx_approx("ex2.approx.f16x2" if jnp.dtype(dtype).itemsize == 2 else "ex2.approx.f32", x)
@@ -362,10 +361,10 @@ def _call(kernel, spec, leading, cos, sin, seg, valid, trailing, out_shape, out_
           window, num_warps, num_stages, max_block, interpret):
     """Grid (head, block of spec.seqs sequences): the first grid axis varies fastest in launch
     order, so the programs of a sequence's heads run side by side and its x (or x normalised)
-    comes from L2 for all but the first (sequence-major, every head re-read it from HBM: 0.3 ms
-    a step on an H100). A program with several sequences runs the kernel body on each in turn, a
-    loop pipelined num_stages deep. leading / trailing: (array, BlockSpec) inputs before the
-    rotary tables and after the masks; spec: the _Specs they come from."""
+    comes from L2 for all but the first (sequence-major, every head would re-read it from
+    HBM). A program with several sequences runs the kernel body on each in turn, a loop
+    pipelined num_stages deep. leading / trailing: (array, BlockSpec) inputs before the rotary
+    tables and after the masks; spec: the _Specs they come from."""
     T = _tile(seq_len, max_block)
     half = cos.shape[-1]
     tables = [(t, pl.BlockSpec((T, half), lambda h, b: (0, 0))) for t in (cos, sin)]

@@ -15,7 +15,7 @@ dx without recomputing anything; HBM sees dy, dr and d attn ([N, D]) besides, an
 partial sums.
 
 What they give inside the transformer's training step, against XLA running the flax modules:
-experiments/RESULTS.md ("Fused kernels").
+experiments/RESULTS.md.
 
     finish_block(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, *, block_rows=64,
                  block_hidden=64, num_warps=4, num_stages=2, weights_block_rows=128,
@@ -52,7 +52,7 @@ runs the same bodies through XLA, which is how the CPU tests run them):
    is also dx; per-program partial sums of d ln_scale, d ln_bias, db2 and dbo = sum(dr), one
    [programs, 4, D] fp32 array.
    It reads dh from kernel 2 rather than recomputing h and da (three matmuls and the GELU per
-   chunk instead of one matmul): the AD-size training step is 0.10-0.13 ms faster on an H100.
+   chunk instead of one matmul): one H-wide read costs less than that recomputation.
    The projection's matmul gradients d attn = dr @ wo^T and dwo = attn^T @ dr are left to XLA.
 
 Triton needs every loaded or computed array to have a power-of-2 number of elements and dot
@@ -222,8 +222,8 @@ def _backward_rows_kernel(r_ref, scale_ref, w1_ref, dh_ref, dy_ref, dr_ref, sums
     dr = dy + layer_norm_backward(dxn, xhat, rstd, scale_ref[...][None, :])
     plgpu.store(dr_ref, dr.astype(dr_ref.dtype), mask=rows)
     # Partial sums [d ln_scale, d ln_bias, db2, dbo] in one output, so XLA adds them up in one
-    # pass; dbo here rather than in XLA, which would read dr once more for it: the AD-size step
-    # 0.5% faster on an H100 (a separate array per partial sum cost up to 0.2 ms).
+    # pass (one array for the partial sums, not one per sum: fewer buffers and launches); dbo
+    # here rather than in XLA, which would read dr once more for it.
     sums_ref[0, :] = jnp.sum(dxn * xhat, axis=0)
     sums_ref[1, :] = jnp.sum(dxn, axis=0)
     sums_ref[2, :] = jnp.sum(dy, axis=0)
@@ -337,7 +337,7 @@ def _finish_block_bwd(cfg, residuals, dy):
     dw1, db1, dw2, dh = _backward_weights(cfg, xn, w1_cd, b1_cd, w2_cd, dy)
     dr, (dscale, dbias, db2, dbo) = _backward_rows(cfg, r, ln_scale, w1_cd, dh, dy)
     # The projection's matmul gradients stay with XLA (cuBLAS): d attn = dr @ wo^T inside the
-    # rows kernel cost 0.14 ms a step (H100, AD size).
+    # rows kernel is slower than cuBLAS's matmul of it.
     dattn = jnp.dot(dr, wo_cd.T)
     dwo = dot(attn, dr, trans_a=True)
     # r = x + attn wo + bo: the residual stream's gradient dx is dr itself.
@@ -351,7 +351,7 @@ def _is_power_of_2(n):
     return n >= 1 and n & (n - 1) == 0
 
 
-MAX_D_MODEL = 128  # wider rows overflow shared memory (d_model 512 asked for 320 KB on an H100)
+MAX_D_MODEL = 128  # wider rows overflow a GPU's shared memory
 
 
 def supported(d_model: int, hidden: int) -> bool:
@@ -407,12 +407,12 @@ def finish_block(x, attn, wo, bo, ln_scale, ln_bias, w1, b1, w2, b2, *, block_ro
     (weights_block_rows, weights_num_warps) and row_groups, its programs along the rows (each
     loops over its share of the row blocks): row_groups x H / block_hidden programs, each
     writing fp32 partials. num_stages: Triton software-pipelining depth of every kernel's loop.
-    Defaults: the fastest seen on one H100 at D = 128, bf16. For the weight-gradient kernel that
-    is 128 rows a step on two warpgroups (8 warps) and 16 x H / block_hidden = 128 programs, one
-    an SM (its accumulators fill the registers; 12 groups leave SMs idle, 256 rows overflow
-    shared memory); 64 rows on 4 warps, two programs an SM, was 0.5-0.9% slower (sessions 13
-    and 14). The forward and rows kernels stay on 4 warps (8: the step 13% slower), and the
-    forward's 128-wide hidden chunks overflow an H100's shared memory."""
+    Defaults: tuned at D = 128, bf16, for a GPU of at least 128 SMs. For the weight-gradient
+    kernel that is 128 rows a step on two warpgroups (8 warps) and 16 x H / block_hidden = 128
+    programs, one an SM (its accumulators fill the registers; fewer groups leave SMs idle, 256
+    rows overflow shared memory; 64 rows on 4 warps, two programs an SM, is slower). The forward
+    and rows kernels stay on 4 warps (8 is slower), and the forward's 128-wide hidden chunks
+    overflow shared memory."""
     fast_gelu = not interpret and x.dtype == jnp.bfloat16
     cfg = _Config(int(block_rows), int(block_hidden), int(num_warps), int(num_stages),
                   int(weights_block_rows), int(weights_num_warps), int(row_groups),

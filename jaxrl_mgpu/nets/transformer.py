@@ -68,9 +68,9 @@ are the same sequence (`cache=None`), in addition to any mask (redundant for XLA
 tiles); with `context_across_episodes=True`, `cache=None` and `valid=None` no mask is passed at
 all, the fully fused case. With a prefix cache the keys are [ring buffer; new tokens], the ring
 is not in time order and XLA's causal mask is top-left aligned, so only `mask` is used.
-Seen on one H200 (jax 0.11.2, bf16, d_model 512, 6 layers, 8 heads, C 256, L 128):
-`attn_implementation="cudnn"` compiled to cuDNN fused attention, forward and backward, for every
-form above (cache None or a prefix, either episode mode) and for `step`, within 0.012 of XLA.
+`attn_implementation="cudnn"` compiles to cuDNN fused attention, forward and backward, for
+every form above (cache None or a prefix, either episode mode) and for `step`, and agrees with
+XLA up to low-precision rounding.
 
 Our own kernels (Pallas -> Triton; on other backends the Pallas interpreter runs them, for tests)
 -------------------------------------------------------------------------------------------
@@ -83,7 +83,7 @@ the output projection -> residual -> LayerNorm 2 -> MLP -> residual, the second 
 block, in fused kernels that keep the 4 x d_model activations on chip (the backward pass writes
 only their gradient, once; fused_mlp.py; d_model a power of 2 up to 128), and the final LayerNorm with the actor and critic heads in one kernel each
 way (fused_heads.py; up to 127 actions, else XLA), in every path. Both are for bf16/fp16 and
-change no parameter. Numbers: experiments/RESULTS.md ("Fused kernels").
+change no parameter. Measurements: experiments/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -260,7 +260,7 @@ class TransformerActorCritic(nn.Module):
             return self.embed(feats)  # creates its kernel and bias
         # The Dense's bias rides in its matmul, as one more row of the kernel against a column of
         # ones: XLA would otherwise add it, and sum its gradient, in passes of their own over
-        # [B, L, d_model] (AD-size training step: 0.9%, H100).
+        # [B, L, d_model].
         params = self.embed.variables["params"]
         w = jnp.concatenate([params["kernel"], params["bias"][None]], axis=0).astype(self.dtype)
         return jnp.dot(jnp.concatenate([feats, jnp.ones(feats.shape[:-1] + (1,), self.dtype)], axis=-1), w)
