@@ -16,7 +16,7 @@ for order in "before after" "after before"; do
   for s in $order; do
     PYTHONPATH=$(side $s) timeout 150 python3 -m jaxrl_mgpu.train $PPO --total-timesteps $((2048 * 128 * 80)) \
         --run-dir /tmp/runs/ppo-$s-$RANDOM > $OUT/train_ppo_$s.log 2>&1
-    PYTHONPATH=$(side $s) timeout 150 python3 -m jaxrl_mgpu.train $DQN --total-timesteps 3000000 \
+    PYTHONPATH=$(side $s) timeout 150 python3 -m jaxrl_mgpu.train $DQN --total-timesteps 1500000 \
         --run-dir /tmp/runs/dqn-$s-$RANDOM > $OUT/train_dqn_$s.log 2>&1
     python3 - "$s" "$OUT" <<'EOF'
 import json, statistics, sys, glob
