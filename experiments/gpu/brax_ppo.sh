@@ -47,6 +47,8 @@ out = sys.argv[1]
 for name in ("anchor.jsonl", "ours.jsonl"):
     path = os.path.join(out, name)
     for line in open(path) if os.path.exists(path) else []:
+        if not line.startswith("{"):  # mujoco prints what it failed to import to stdout
+            continue
         r = json.loads(line)
         print(f"{r['impl']:>10} {r.get('seed', r.get('flags', '')):>12}  steps {r['env_steps']:>11,}  "
               f"eval {r['final_eval_return']}  wall {r['wall_s']} s  before first step {r['before_first_step_s']} s  "
