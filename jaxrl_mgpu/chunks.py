@@ -10,14 +10,16 @@ chunk, so a log interval's row is the same however many chunks ran it.
 
 from __future__ import annotations
 
+import concurrent.futures
+import time
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_mgpu import compile_cache, multirun, parallel
 from jaxrl_mgpu import envs as envs_lib
-from jaxrl_mgpu import multirun, parallel
 from jaxrl_mgpu.algos import module_for
 from jaxrl_mgpu.algos.base import Algorithm, Split, all_finite
 from jaxrl_mgpu.episodes import make_episodes, summarize
@@ -159,6 +161,29 @@ class Trainer:
             mapped, args = self._mapped(state, self.data if data is None else data)
             self._compiled = self.par.compile(mapped, *args)
 
+    def prepare(self, log, state=None, data: tuple | None = None, aot: bool = True):
+        """The chunk compiled for the state's shapes (`aot`: ahead of time), with the time and
+        where it came from (the compilation cache) in `log`; the initial state (`state` None)
+        is built meanwhile on a thread of its own where compiling ahead of time lets the two
+        overlap. Returns the state."""
+        t0 = time.perf_counter()
+        compile_cache.settle()  # before two threads compile at once
+        if state is None and aot:
+            initial = _background(self.init_state)
+            with log.waiting("compiling the training chunk"), compile_cache.CacheUse() as cache:
+                self.compile(self.abstract_state(), data)
+            state = initial.result()
+        else:
+            state = self.init_state() if state is None else state
+            with log.waiting("compiling the training chunk"), compile_cache.CacheUse() as cache:
+                self.compile(state, data)
+        log.timeline["compile_s"] = time.perf_counter() - t0
+        if aot:
+            how = ("loaded from the compilation cache" if cache.all_loaded else
+                   "compiled; kept in the compilation cache for the next run" if cache.requests else "compiled")
+            log.print(f"  training chunk {how} in {time.perf_counter() - t0:.1f}s")
+        return state
+
     def _length(self, n: int):
         """A chunk's length on the devices, put there once per length (a learner's chunks take a
         few lengths, and a transfer per chunk is a needless step on its way)."""
@@ -272,3 +297,12 @@ def chunk_row(losses, episodes) -> dict:
                "episodes": int(count)}
     row.update({k: float(v) for k, v in losses.items()})
     return row
+
+
+def _background(fn: Callable, *args) -> concurrent.futures.Future:
+    """`fn(*args)` on a thread of its own, to overlap with what the caller does next (JAX
+    releases the GIL while it compiles, runs or waits on a device)."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(fn, *args)
+    pool.shutdown(wait=False)
+    return future

@@ -23,7 +23,7 @@ from typing import Any, Callable, NamedTuple, Protocol
 
 import jax
 
-from jaxrl_mgpu import compile_cache, parallel
+from jaxrl_mgpu import parallel
 from jaxrl_mgpu.chunks import Chunk, Trainer, check_finite, read_chunk
 from jaxrl_mgpu.stop import StopSignal
 
@@ -126,28 +126,6 @@ class Loop:
         self.clock = {"start": time.perf_counter(), "prev": time.perf_counter()}
         self.dispatcher = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="chunk-dispatch")
 
-    # -- start --------------------------------------------------------------------------
-    def compile(self, state=None):
-        """The chunk compiled for the state's shapes; the initial state (`state` None) built
-        meanwhile, on a thread of its own, where compiling ahead of time lets the two overlap."""
-        trainer, log, t0 = self.trainer, self.log, time.perf_counter()
-        compile_cache.settle()  # before two threads compile at once
-        if state is None and self.aot:
-            initial = _background(trainer.init_state)
-            with log.waiting("compiling the training chunk"), compile_cache.CacheUse() as cache:
-                trainer.compile(trainer.abstract_state(), self.source.data)
-            state = initial.result()
-        else:
-            state = trainer.init_state() if state is None else state
-            with log.waiting("compiling the training chunk"), compile_cache.CacheUse() as cache:
-                trainer.compile(state, self.source.data)
-        log.timeline["compile_s"] = time.perf_counter() - t0
-        if self.aot:
-            how = ("loaded from the compilation cache" if cache.all_loaded else
-                   "compiled; kept in the compilation cache for the next run" if cache.requests else "compiled")
-            log.print(f"  training chunk {how} in {time.perf_counter() - t0:.1f}s")
-        return state
-
     def doing(self) -> str:
         """What a stop request waits for (the stop signal's acknowledgement)."""
         eta = "" if self.sizer.update_s is None else f", about {self.sizer.update_s * (self.dispatched_to - self.update):.0f}s"
@@ -206,7 +184,7 @@ class Loop:
         """Runs chunks; returns the final state, the last log row and the updates done."""
         if self.cb.stop is not None:
             self.cb.stop.activity = lambda: "before the first update, once the training chunk is compiled"
-        state = self.compile(state)
+        state = self.trainer.prepare(self.log, state, self.source.data, self.aot)
         self.log.start(self.cfg.steps_at(self.start, self.trainer.steps_per_update))
         self.clock = {"start": time.perf_counter(), "prev": time.perf_counter()}
         if self.cb.stop is not None:
@@ -305,12 +283,3 @@ class Loop:
             self.pending = None
         if stopping and self.cb.checkpoint is not None and self.saved < self.update:
             self.cb.checkpoint(self.update, state)
-
-
-def _background(fn: Callable, *args) -> concurrent.futures.Future:
-    """`fn(*args)` on a thread of its own, to overlap with what the caller does next (JAX
-    releases the GIL while it compiles, runs or waits on a device)."""
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(fn, *args)
-    pool.shutdown(wait=False)
-    return future
