@@ -146,9 +146,9 @@ def result(cfg, impl: str, devices: int, updates: int, times: list[float], compi
 
 def matmul_ceiling(n: int | None = None, repeats: int = 10, per_timing: int = 1) -> float:
     """Achieved bf16 TFLOP/s of an n x n x n matmul on device 0: the MFU denominator (timed like
-    the steps it is the ceiling of). n: 8192 on accelerators, 2048 on a CPU (where 8192 made the
-    bench test take a minute; a CPU's MFU is only ever a smoke test)."""
-    n = n or (2048 if jax.default_backend() == "cpu" else 8192)
+    the steps it is the ceiling of). n: 8192 on accelerators, 512 on a CPU, whose bf16 matmuls
+    are emulated and slow (a CPU's MFU is only ever a smoke test)."""
+    n = n or (512 if jax.default_backend() == "cpu" else 8192)
     a = jax.random.normal(jax.random.PRNGKey(0), (n, n), jax.numpy.bfloat16)
     b = jax.random.normal(jax.random.PRNGKey(1), (n, n), jax.numpy.bfloat16)
     mm = jax.jit(lambda x, y: x @ y)

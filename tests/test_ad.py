@@ -54,6 +54,7 @@ def one_step(cfg, devices, batch):
     return par.first(state.params), par.first(params), par.first(stats)
 
 
+@pytest.mark.slow
 def test_one_update_on_8_devices_equals_one_device(dataset):
     cfg = dataclasses.replace(config_lib.Config(), dataset=str(dataset), **TINY)
     data = jax.tree.map(jnp.asarray, ad.prepare(rlds.read(dataset)))
@@ -66,6 +67,7 @@ def test_one_update_on_8_devices_equals_one_device(dataset):
     assert not np.allclose(init["params"]["embed"]["kernel"], on1["params"]["embed"]["kernel"])
 
 
+@pytest.mark.slow
 def test_devices_train_on_own_tasks_and_stay_in_sync(dataset):
     trainer = make_trainer(8, dataset=str(dataset), **TINY)
     (data,) = trainer.data
@@ -81,6 +83,7 @@ def test_devices_train_on_own_tasks_and_stay_in_sync(dataset):
     assert np.isfinite(losses["loss/cross_entropy"]) and 0 <= losses["loss/accuracy"] <= 1
 
 
+@pytest.mark.slow
 def test_train_then_evaluate_in_context(dataset, tmp_path, capsys):
     run_dir = tmp_path / "run"
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]

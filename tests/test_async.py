@@ -55,6 +55,7 @@ def consumed_by_collector(run_dir) -> tuple[dict, dict]:
     return taken, unread
 
 
+@pytest.mark.slow
 def test_learner_with_two_collectors_one_killed(tmp_path):
     run_dir = tmp_path / "run"
     store = Store(run_dir)
@@ -126,6 +127,7 @@ def test_learner_with_two_collectors_one_killed(tmp_path):
     ckpts.close()
 
 
+@pytest.mark.slow
 def test_restarted_learner_resumes_and_refills_from_the_store(tmp_path):
     run_dir = tmp_path / "run"
     learner = spawn("--mode", "learn", "--run-dir", str(run_dir), "--collect-before-checkpoint", "random")
@@ -156,6 +158,7 @@ def test_restarted_learner_resumes_and_refills_from_the_store(tmp_path):
     assert taken["c1"] + unread.get("c1", 0) == written
 
 
+@pytest.mark.slow
 def test_learner_resume_from_another_versions_state_is_one_line(tmp_path, capsys):
     """A learner checkpoint this version cannot read (written with the optimizer laid out per
     leaf, as before it was flattened): --mode learn --resume stops with one line, exit 2, and
@@ -268,6 +271,7 @@ def test_shard_reader_order_refill_skips_and_errors(tmp_path):
     failing.close()
 
 
+@pytest.mark.slow
 def test_learner_replay_stores_minatar_observations_as_bytes():
     """--mode learn with --replay-obs-dtype uint8: the learner's replay holds bytes, filled from
     the store's float32 transitions unchanged, and learns from them."""
@@ -293,6 +297,7 @@ def test_learner_replay_stores_minatar_observations_as_bytes():
 
 
 
+@pytest.mark.slow
 def test_a_collector_without_a_learner_says_what_it_waits_for(tmp_path, capsys, monkeypatch):
     """No learner has published its params: the collector says so every WAITING_LOG_S (here
     shortened), instead of waiting in silence."""
@@ -421,6 +426,7 @@ def test_ingest_uses_its_whole_budget_each_step_keeps_order_and_bounds_its_queue
     np.testing.assert_array_equal(np.concatenate(inserted), np.arange(added + block))  # all of it, in order
 
 
+@pytest.mark.slow
 def test_ten_collectors_started_before_the_learner_do_not_flood_it(tmp_path):
     """Ten collectors (acting at random until the first checkpoint) against one learner: the
     store they fill before it starts stays bounded, the learner keeps its samples per insert,
@@ -528,6 +534,7 @@ def test_eviction_deletes_only_consumed_shards_oldest_first(tmp_path, monkeypatc
     assert [s.path for s in store.evict(shards, max_episodes=1)] == pieces[2:]
 
 
+@pytest.mark.slow
 def test_shards_decoded_by_worker_processes_equal_the_thread_read_in_order_and_errors_come_back(tmp_path):
     """The DQN learner decodes shards in child processes (workers.Pool): the same transitions as
     a read on the thread, delivered oldest first by several workers at once; a damaged shard's
@@ -585,6 +592,7 @@ def test_shards_decoded_by_worker_processes_equal_the_thread_read_in_order_and_e
         pool.close()
 
 
+@pytest.mark.slow
 def test_collector_segments_give_each_step_once_with_mode_boths_n_step_targets(tmp_path):
     """A collector writes every environment's steps once a rollout ends (episodes in segments),
     not once their episode ends. Decoded with the learner's --n-step, the shards give every step
@@ -658,6 +666,7 @@ def test_collector_segments_give_each_step_once_with_mode_boths_n_step_targets(t
     assert sum(m["env_steps"] for m in metas) == complete.sum()
 
 
+@pytest.mark.slow
 def test_learner_transitions_are_the_n_step_transitions_of_mode_both(tmp_path):
     """--mode learn trains on what --mode both's replay samples: a shard's episodes decoded with
     --n-step and --gamma give, from every step, replay.n_step_return's reward, bootstrap discount
@@ -703,6 +712,7 @@ def test_learner_transitions_are_the_n_step_transitions_of_mode_both(tmp_path):
     np.testing.assert_array_equal(one.next_obs, next_obs)
 
 
+@pytest.mark.slow
 def test_collector_and_learner_stop_cleanly_when_their_process_group_is_signalled(tmp_path):
     """Ctrl-C, `timeout` and schedulers signal the whole process group, shard workers included:
     the collector still finishes the shards it handed to its writers and exits 0, and the

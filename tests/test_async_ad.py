@@ -55,6 +55,7 @@ def rows(run_dir):
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+@pytest.mark.slow
 def test_ad_learner_with_history_collectors_one_killed_and_a_restart(tmp_path):
     run_dir = tmp_path / "run"
     store = Store(run_dir)

@@ -58,6 +58,7 @@ def assert_said_as_it_went(out: str, rows: dict) -> None:
             assert f"probed {n:,} in " in progress and f"{r.steps_per_s:,.0f} steps/s" in progress, n
 
 
+@pytest.mark.slow
 def test_memory_mode_takes_the_largest_size_that_fits_and_predicts_its_bytes(capsys):
     limit, _ = autoscale.memory_limit(parallel.this_device().devices[0])
     budget = 5 * 2**20   # a few thousand environments' worth
@@ -79,6 +80,7 @@ def test_memory_mode_takes_the_largest_size_that_fits_and_predicts_its_bytes(cap
                   auto_scale_seconds=3600)[0].num_envs == cfg.num_envs
 
 
+@pytest.mark.slow
 def test_throughput_mode_takes_the_smallest_size_within_5_percent_of_the_best(capsys):
     limit, _ = autoscale.memory_limit(parallel.this_device().devices[0])
     # The memory ceiling keeps the probes to the small sizes a CPU runs in seconds.
@@ -197,6 +199,7 @@ def test_the_fastest_size_is_given_up_for_the_minimum_of_updates():
     assert "1,024 per device" in table and "8,192 over 8 devices, 100 updates" in table
 
 
+@pytest.mark.slow
 def test_a_small_total_is_kept_and_sizes_the_run_for_its_minimum_of_updates(capsys, monkeypatch):
     # 200,000 steps of 8 devices x 8 steps: 16 per device leaves 195 updates, 32 leaves 97 (the
     # old search took 1,024 or more per device, 3 updates, and raised the total to one batch).
@@ -214,6 +217,7 @@ def test_a_small_total_is_kept_and_sizes_the_run_for_its_minimum_of_updates(caps
     assert "even 1 per device leaves the run 100 updates" in out
 
 
+@pytest.mark.slow
 def test_the_time_budget_ends_the_search(capsys, monkeypatch):
     # 256 and 512 per device (the ceiling: 100 updates) are compiled; 256 is probed, as one size
     # always is, and then the 1 s are spent (the probe takes 1 s more, so a quick compile from
@@ -230,6 +234,7 @@ def test_the_time_budget_ends_the_search(capsys, monkeypatch):
     assert "the climb stopped: the search's budget of 1 s (--auto-scale-seconds) was spent" in out
 
 
+@pytest.mark.slow
 def test_the_choice_is_written_and_a_resume_reuses_it(tmp_path, capsys):
     run_dir = tmp_path / "run"
     before = time.monotonic()
@@ -255,6 +260,7 @@ def test_the_choice_is_written_and_a_resume_reuses_it(tmp_path, capsys):
     assert json.loads((run_dir / "config.json").read_text())["num_envs"] == saved["num_envs"]
 
 
+@pytest.mark.slow
 def test_two_processes_take_process_0s_choice(tmp_path):
     run_dir = tmp_path / "run"
     out = subprocess.run([sys.executable, "-m", "jaxrl_mgpu.launch", "--num-processes", "2", "--devices-per-process",
@@ -270,6 +276,7 @@ def test_two_processes_take_process_0s_choice(tmp_path):
     assert f"chose {chosen // 4:,} per device" in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, message", [
     (["--auto-scale", "--num-envs", "64"], "--auto-scale chooses --num-envs itself"),
     (["--auto-scale", "--auto-scale-memory", "0"], "--auto-scale-memory must be in (0, 1]"),

@@ -12,6 +12,7 @@ def json_lines(out: str) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow
 def test_throughput_rows_baseline_and_profile(tmp_path, capsys):
     out_file = tmp_path / "rows.jsonl"
     assert bench.main(["--envs-per-device", "4", "--devices", "1", "2", "--num-steps", "4", "--updates", "1",
@@ -34,6 +35,7 @@ def test_the_issue_and_readme_form_with_env_and_num_envs(capsys):
     assert (row["env"], row["num_envs"], row["devices"]) == ("CartPole-v1", 8, 2)
 
 
+@pytest.mark.slow
 def test_transformer_step_reports_mfu(capsys):
     assert bench.main(["--transformer-step", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
                        "--context-len", "8", "--batch", "2", "--precisions", "fp32", "--repeats", "1",
@@ -49,6 +51,7 @@ def test_transformer_step_reports_mfu(capsys):
     assert "median of 2 measurements" in out
 
 
+@pytest.mark.slow
 def test_transformer_step_times_fp32_with_xla_kernels(capsys):
     """fp32 is the speed-up's reference: one row with XLA's attention and MLP, even when only
     fused kernels (bf16/fp16) are asked for."""

@@ -36,6 +36,7 @@ def saved_params(run_dir, step=None):
     return evaluate.load_params(str(run_dir), step)
 
 
+@pytest.mark.slow
 def test_stop_and_resume_equals_an_uninterrupted_run(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert run(*TINY, "--run-dir", str(straight)) == 0
@@ -52,6 +53,7 @@ def test_stop_and_resume_equals_an_uninterrupted_run(tmp_path):
     assert [without_timing(r) for r in a] == [without_timing(r) for r in b]
 
 
+@pytest.mark.slow
 def test_checkpoints_move_between_device_counts(tmp_path, capsys):
     on8, on1 = tmp_path / "on8", tmp_path / "on1"
     assert run(*TINY, "--run-dir", str(on8), "--stop-at-update", "4") == 0
@@ -75,6 +77,7 @@ def test_checkpoints_move_between_device_counts(tmp_path, capsys):
     assert "re-created envs" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_evaluate_best_and_errors(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert run(*TINY, "--run-dir", str(run_dir), "--eval-every", "4", "--eval-episodes", "8") == 0
@@ -110,6 +113,7 @@ def test_incompatible_resume_names_the_keys(tmp_path, capsys):
     assert run(*TINY, "--resume") == 2  # no --run-dir
 
 
+@pytest.mark.slow
 def test_resume_from_another_versions_state_is_one_line(tmp_path, capsys, monkeypatch):
     """A checkpoint whose optimizer state is laid out per leaf (as before the optimizer was
     flattened) does not restore into this version's state: one line, exit 2, nothing written."""
@@ -129,6 +133,7 @@ def test_resume_from_another_versions_state_is_one_line(tmp_path, capsys, monkey
     assert {name: (run_dir / name).read_text() for name in files} == files
 
 
+@pytest.mark.slow
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert run(*TINY, "--run-dir", str(run_dir), "--stop-at-update", "4") == 0
@@ -173,6 +178,7 @@ def six_updates(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.slow
 def test_a_damaged_latest_checkpoint_is_set_aside_and_the_run_resumes_from_the_one_before(six_updates, tmp_path,
                                                                                           capsys):
     import shutil
@@ -208,6 +214,7 @@ def test_a_damaged_latest_checkpoint_is_set_aside_and_the_run_resumes_from_the_o
         assert [without_timing(r) for r in rows(run_dir)] == expected_rows, how
 
 
+@pytest.mark.slow
 def test_with_no_whole_checkpoint_left_resume_and_evaluate_are_one_line(six_updates, tmp_path, capsys):
     import shutil
     run_dir = tmp_path / "run"
@@ -276,6 +283,7 @@ def test_old_steps_are_dropped_whole_by_a_rename(tmp_path):
     assert not (checkpoints / DELETED).exists() or not any((checkpoints / DELETED).iterdir())
 
 
+@pytest.mark.slow
 def test_sigkill_never_leaves_a_broken_checkpoint(tmp_path):
     run_dir = tmp_path / "run"
     rng = random.Random(0)
@@ -303,6 +311,7 @@ def test_sigkill_never_leaves_a_broken_checkpoint(tmp_path):
     assert saved_params(run_dir)[0] == last + 3
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_chunk_saves_and_exits_0(tmp_path):
     run_dir = tmp_path / "run"
     proc = spawn(run_dir)
@@ -350,6 +359,7 @@ def spawn_slow(run_dir, *extra):
     return proc, Lines(proc)
 
 
+@pytest.mark.slow
 def test_sigterm_in_a_long_log_interval_saves_within_the_bound_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
     proc, out = spawn_slow(run_dir)
@@ -372,6 +382,7 @@ def test_sigterm_in_a_long_log_interval_saves_within_the_bound_and_resumes(tmp_p
     assert saved_params(run_dir)[0] == step + 2
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_exits_at_once_keeping_the_complete_checkpoints(tmp_path):
     run_dir = tmp_path / "run"
     # Updates of seconds each: the first Ctrl-C waits for the one in flight, the second does not.

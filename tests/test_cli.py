@@ -109,6 +109,7 @@ def test_a_resume_may_change_num_envs_unless_it_shapes_the_algorithms_state():
     assert "num_envs" in config_lib.state_keys("dqn") and "num_envs" not in config_lib.state_keys("ppo")
 
 
+@pytest.mark.slow
 def test_a_short_run_on_8_devices_learns_cartpole(tmp_path, capsys):
     run_dir = tmp_path / "run"
     code = train.main(["--config", "cartpole", "--total-timesteps", "300000", "--run-dir", str(run_dir)])

@@ -35,6 +35,7 @@ class RecordingPendulum(Pendulum):
         return obs, new_state.replace(last_u=given), given, done, info
 
 
+@pytest.mark.slow
 def test_gaussian_log_prob_and_entropy_match_a_hand_computation():
     rng = np.random.default_rng(0)
     n, d = 64, 3
@@ -58,6 +59,7 @@ def test_gaussian_log_prob_and_entropy_match_a_hand_computation():
     np.testing.assert_allclose(-dist.log_prob(one, samples).mean(), dist.entropy(pi)[0], rtol=0.02)
 
 
+@pytest.mark.slow
 def test_the_env_gets_clipped_actions_and_the_log_prob_is_of_the_raw_sample():
     cfg = small_config(num_envs=32)
     env, env_params = RecordingPendulum(), Pendulum().default_params
@@ -87,6 +89,7 @@ def test_the_env_gets_clipped_actions_and_the_log_prob_is_of_the_raw_sample():
     assert np.abs(np.asarray(traj.log_prob) - np.asarray(clipped)).max() > 0.1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("normalize_reward", [False, True])
 def test_one_pendulum_update_on_8_devices_equals_1_device(normalize_reward):
     one = make_trainer(1, num_minibatches=1, normalize_reward=normalize_reward, **SMALL)
@@ -144,6 +147,7 @@ def test_reward_normalisation_matches_a_numpy_reference_over_devices():
     np.testing.assert_allclose(np.concatenate(list(np.asarray(returns))), g, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_resumed_run_with_reward_normalisation_equals_an_uninterrupted_one(tmp_path):
     from jaxrl_mgpu import evaluate, train
 
@@ -170,6 +174,7 @@ def test_a_resumed_run_with_reward_normalisation_equals_an_uninterrupted_one(tmp
     assert_trees_close(params_a, params_c, rtol=1e-4, atol=1e-6)      # 2 devices sum in another order
 
 
+@pytest.mark.slow
 def test_the_policy_has_one_gaussian_per_action_dimension_and_nonzero_entropy():
     trainer = make_trainer(1, **{**SMALL, "env": "Reacher-misc"})  # 2 action dimensions
     state = trainer.init_state()
@@ -226,6 +231,7 @@ def test_discrete_action_envs_still_get_a_categorical():
 
 # -- continuous control at Brax's scale (issue 50, point 4) ------------------------------------
 
+@pytest.mark.slow
 def test_tanh_normal_log_prob_and_entropy_match_a_direct_computation():
     from scipy.stats import norm
 
@@ -272,6 +278,7 @@ def test_tanh_normal_log_prob_and_entropy_match_a_direct_computation():
     np.testing.assert_allclose(float(-dist.log_prob(one, samples).mean()), exact, rtol=0.02)
 
 
+@pytest.mark.slow
 def test_tanh_normal_acts_within_the_bounds_and_keeps_the_sample_before_squashing():
     """The env gets tanh(u) mapped onto Pendulum's [-2, 2]; the rollout keeps u and its log-prob;
     greedy evaluation acts with tanh(loc)."""
@@ -323,6 +330,7 @@ def test_tanh_normal_refuses_discrete_and_unbounded_actions_in_one_line():
     assert isinstance(actor_critic.distribution(Unbounded(), Pendulum().default_params), actor_critic.DiagGaussian)
 
 
+@pytest.mark.slow
 def test_actor_and_critic_take_their_own_widths():
     trainer = make_trainer(1, **{**SMALL, "actor_hidden": "32,32,32,32", "critic_hidden": "256,256,256,256,256",
                                  "action_dist": "tanh_normal", "activation": "swish"})
@@ -356,6 +364,7 @@ def test_bad_new_options_on_the_command_line_are_one_line_exit_2_and_nothing_wri
         assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_reward_scale_scales_the_value_targets():
     rng = np.random.default_rng(2)
     steps, n = 16, 8
@@ -409,6 +418,7 @@ def test_observation_statistics_all_reduce_matches_numpy_over_the_whole_batch():
     np.testing.assert_array_equal(obs_norm.normalize(fresh, obs[0, 0]), obs[0, 0])
 
 
+@pytest.mark.slow
 def test_observation_statistics_count_each_rollout_after_the_learner_used_it():
     """After one update the statistics are the moments of that update's rollout; the rollout
     acted, and the learner learned, with the statistics before it (here the identity)."""
@@ -429,6 +439,7 @@ def test_observation_statistics_count_each_rollout_after_the_learner_used_it():
     np.testing.assert_allclose(stats.m2 / stats.count, observed.var(0), rtol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("action_dist", ["clipped_normal", "tanh_normal"])
 def test_two_updates_with_observation_normalisation_on_8_devices_equal_1_device(action_dist):
     opts = dict(SMALL, normalize_obs=True, num_minibatches=1, action_dist=action_dist, reward_scale=0.1,
@@ -464,6 +475,7 @@ def normalized_runs(tmp_path_factory):
     return straight, same, fewer
 
 
+@pytest.mark.slow
 def test_a_resumed_run_with_observation_normalisation_equals_an_uninterrupted_one(normalized_runs):
     from jaxrl_mgpu import evaluate
 
@@ -477,6 +489,7 @@ def test_a_resumed_run_with_observation_normalisation_equals_an_uninterrupted_on
     assert_trees_close(params_a, params_c, rtol=1e-4, atol=1e-6)      # 2 devices sum in another order
 
 
+@pytest.mark.slow
 def test_evaluate_normalises_observations_with_the_runs_statistics(normalized_runs, capsys):
     """`evaluate` returns exactly what the run's params (statistics included) score on the same
     episodes, and not what the same weights score without the statistics."""
@@ -503,6 +516,7 @@ def test_evaluate_normalises_observations_with_the_runs_statistics(normalized_ru
     assert abs(mean_return(identity) - printed["mean_return"]) > 1.0
 
 
+@pytest.mark.slow
 def test_many_runs_keep_their_own_observation_statistics():
     """--num-seeds 2 --sweep reward_scale=1,10 with --normalize-obs and the tanh-squashed
     normal: run i equals the single run of its seed and reward scale, statistics included."""
@@ -519,6 +533,7 @@ def test_many_runs_keep_their_own_observation_statistics():
     assert np.abs(params[obs_norm.OBS_STATS].mean[0] - params[obs_norm.OBS_STATS].mean[1]).max() > 1e-3  # seeds differ
 
 
+@pytest.mark.slow
 def test_pendulum_learns_with_observation_normalisation_and_the_tanh_squashed_normal(tmp_path):
     """200k steps on one device (about 10 s after a 20 s compile on 2 cores): from random play's
     about -1200 to better than -500 (seeds 0-2 reach -260 to -280)."""

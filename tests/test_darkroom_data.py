@@ -303,6 +303,7 @@ def test_histories_cli_learns_and_writes(tmp_path, capsys):
     assert returns[-5:].mean() > returns[:5].mean() + 3 and returns[-5:].mean() > baseline + 3, (returns, baseline)
 
 
+@pytest.mark.slow
 def test_histories_do_not_depend_on_device_count():
     goals = darkroom.goals("DarkRoomHard", "test", 0)[:3]  # 3 tasks: padded on 8 devices
     cfg = histories.LearnerConfig(algo="q")

@@ -23,6 +23,7 @@ def global_rollout(trainer, state):
     return jax.tree.map(lambda x: np.concatenate(list(x), axis=1), local)
 
 
+@pytest.mark.slow
 def test_one_update_on_8_devices_equals_1_device_with_the_same_global_batch():
     # A single minibatch: the update sees the whole global batch either way, so advantage
     # normalisation and the averaged gradient must agree.
@@ -37,6 +38,7 @@ def test_one_update_on_8_devices_equals_1_device_with_the_same_global_batch():
     assert max(jax.tree.leaves(moved)) > 1e-4
 
 
+@pytest.mark.slow
 def test_params_start_and_stay_identical_on_all_devices():
     trainer = make_trainer(8, num_minibatches=4, **SMALL)
     state = trainer.init_state()
@@ -47,6 +49,7 @@ def test_params_start_and_stay_identical_on_all_devices():
                 np.testing.assert_array_equal(leaf[0], leaf[d])
 
 
+@pytest.mark.slow
 def test_pmap_and_shard_map_agree():
     pm = make_trainer(8, "pmap", num_minibatches=2, **SMALL)
     sm = make_trainer(8, "shard_map", num_minibatches=2, **SMALL)
@@ -55,6 +58,7 @@ def test_pmap_and_shard_map_agree():
     assert_trees_close(pm.par.first(chunk_p), sm.par.first(chunk_s), rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("devices", [2, 8])
 def test_rollouts_do_not_depend_on_the_device_count(devices):
     one, many = make_trainer(1, **SMALL), make_trainer(devices, **SMALL)
@@ -89,6 +93,7 @@ def test_fused_collectives_equal_per_leaf_ones(backend):
             np.testing.assert_allclose(np.asarray(f), np.asarray(r), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_gae_equals_the_backward_recursion():
     """The loop-free GAE (an associative scan) gives the textbook backward recursion: no
     bootstrap through a termination, the pre-reset value's bootstrap at a truncation."""

@@ -35,6 +35,7 @@ def random_replay(rng, envs: int, rows: int, obs_dim: int) -> Replay:
                   next_obs=rng.normal(size=(envs, rows, obs_dim)).astype(np.float32))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grad_accum", [1, 2])
 def test_one_gradient_step_on_8_devices_equals_1_device_with_the_same_global_batch(grad_accum):
     """The same global replay contents and the same global sample (env, row) indices: 8 devices,
@@ -72,6 +73,7 @@ def test_one_gradient_step_on_8_devices_equals_1_device_with_the_same_global_bat
     assert max(jax.tree.leaves(moved)) > 1e-4
 
 
+@pytest.mark.slow
 def test_params_start_and_stay_identical_on_all_devices():
     trainer = make_trainer(8, **SMALL)
     state, _ = run_updates(trainer, 4)
@@ -85,6 +87,7 @@ def test_params_start_and_stay_identical_on_all_devices():
     assert max(jax.tree.leaves(moved)) > 1e-4
 
 
+@pytest.mark.slow
 def test_acting_and_replay_do_not_depend_on_the_device_count():
     """Before learning starts, the replay buffers of 8 devices, stacked, are 1 device's buffer."""
     cfg = dict(SMALL, learning_starts=10_000, total_timesteps=20_000)
@@ -97,6 +100,7 @@ def test_acting_and_replay_do_not_depend_on_the_device_count():
     assert replay1.terminated[0, :, :24].any(), "the rollout should cross episode boundaries"
 
 
+@pytest.mark.slow
 def test_n_step_targets_stop_at_terminations_and_bootstrap_through_time_limits():
     rows = 8
     reward = np.arange(1, rows + 1, dtype=np.float32)[None]
@@ -128,6 +132,7 @@ def test_n_step_targets_stop_at_terminations_and_bootstrap_through_time_limits()
             assert float(batch.next_obs[i, 0]) == boot + 100
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("written", [5, 8, 13])
 def test_replay_samples_only_stored_transitions_with_a_complete_window(written):
     rows, n_step = 8, 3
@@ -141,6 +146,7 @@ def test_replay_samples_only_stored_transitions_with_a_complete_window(written):
     assert set(np.asarray(batch.obs[:, 0]).astype(int).tolist()) == valid
 
 
+@pytest.mark.slow
 def test_a_short_run_on_8_devices_learns_cartpole():
     # The cartpole-dqn preset, shortened: 64k env steps (~20 s here).
     cfg = dict(algo="dqn", num_envs=64, num_steps=1, updates_per_step=8, replay_batch_size=256, buffer_size=64_000,
@@ -160,6 +166,7 @@ def test_a_short_run_on_8_devices_learns_cartpole():
     assert max(returns[-2:]) > 150, returns
 
 
+@pytest.mark.slow
 def test_stop_and_resume_equals_an_uninterrupted_run_and_the_replay_moves_between_device_counts(tmp_path, capsys):
     """The replay buffer is part of the checkpointed state: a resumed run is bitwise the run that
     never stopped, and the buffer (laid out per environment) restores on another device count."""
@@ -222,6 +229,7 @@ def test_bad_input_on_the_command_line_is_one_line_exit_2(tmp_path, capsys):
     assert not run_dir.exists()
 
 
+@pytest.mark.slow
 def test_presets_validate():
     for name in ("cartpole-dqn", "breakout-minatar-dqn", "spaceinvaders-minatar-dqn"):
         cfg = config_lib.from_args(["--config", name])
@@ -230,6 +238,7 @@ def test_presets_validate():
         assert layout["minibatch"] == (cfg.replay_batch_size, cfg.replay_batch_size)
 
 
+@pytest.mark.slow
 def test_byte_replay_trains_exactly_as_float32_on_minatar():
     """--replay-obs-dtype uint8: a quarter of the replay's memory, and MinAtar's 0/1 observations
     come back unchanged, so the same updates give the same parameters, bit for bit."""
@@ -259,6 +268,7 @@ def test_a_saved_config_without_a_newer_option_reads_as_its_default():
 
 # -- --policy transformer: Q-values from the recent history --------------------------------
 
+@pytest.mark.slow
 def test_replay_windows_follow_the_ring_and_episode_starts():
     rows, written = 8, 10  # the ring holds absolute steps 2..9
     steps = np.arange(written)
@@ -281,6 +291,7 @@ def test_replay_windows_follow_the_ring_and_episode_starts():
 TRANSFORMER = dict(SMALL, policy="transformer", d_model=16, n_layers=1, n_heads=2, context_len=4, buffer_size=16 * 16)
 
 
+@pytest.mark.slow
 def test_transformer_q_network_keeps_devices_in_sync_and_learns_something():
     trainer = make_trainer(8, **TRANSFORMER)
     state, chunk = run_updates(trainer, 8)
@@ -291,6 +302,7 @@ def test_transformer_q_network_keeps_devices_in_sync_and_learns_something():
     assert jax.tree.leaves(state.memory.cache)[0].shape[:2] == (8, 2)  # a cache per device and env
 
 
+@pytest.mark.slow
 def test_transformer_dqn_resumes_exactly(tmp_path):
     flags = ["--algo", "dqn", "--policy", "transformer", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
              "--context-len", "4", "--num-envs", "16", "--num-steps", "4", "--buffer-size", "256",

@@ -93,6 +93,7 @@ def test_the_tables_declare_exactly_what_the_factories_take_and_the_defaults_fit
         assert envs.parse_args(name, f"{arg}={value}") == {arg: value}, arg
 
 
+@pytest.mark.slow
 def test_valid_values_at_the_edges_build_games_that_run():
     grid, grid_params = envs.make(GRID, "num_taggers=1,grid_length=1,episode_length=1,random_start=true,"
                                         "wall_hit_penalty=-1")

@@ -99,6 +99,7 @@ def pendulum():
     return Rollouts("brax:inverted_pendulum", "fresh_reset=true")
 
 
+@pytest.mark.slow
 @needs_brax
 def test_brax_steps_as_brax_and_terminates_where_it_says_done(pendulum):
     env, key = pendulum.env, jax.random.PRNGKey(3)
@@ -122,6 +123,7 @@ def test_brax_steps_as_brax_and_terminates_where_it_says_done(pendulum):
     assert not terminated[end + 1]
 
 
+@pytest.mark.slow
 @needs_brax
 def test_brax_truncates_exactly_at_the_time_limit(pendulum):
     key = jax.random.PRNGKey(4)
@@ -135,6 +137,7 @@ def test_brax_truncates_exactly_at_the_time_limit(pendulum):
     check_next_start(pendulum, key, ours, 4)
 
 
+@pytest.mark.slow
 @needs_dmc
 def test_dmc_steps_as_playground_and_truncates():
     cartpole = Rollouts("dmc:CartpoleBalance")
@@ -189,6 +192,7 @@ def test_a_dict_observation_gives_its_state_entry():
         brax_state.BraxStateEnv(pixels, "brax:fast", 10, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, words", [
     (["--env", "brax:antt"], "--env brax:antt: no such task; brax offers ant, fast, halfcheetah, hopper, humanoid,"),
     (["--env", "brax:swimmer"], "--env brax:swimmer is not supported: brax 0.14.2's swimmer"),
@@ -246,6 +250,7 @@ TINY = ["--env", "brax:inverted_pendulum", "--num-envs", "16", "--num-steps", "1
         "--hidden-size", "16", "--total-timesteps", str(16 * 16 * 6), "--log-every", "2", "--checkpoint-every", "2"]
 
 
+@pytest.mark.slow
 @needs_brax
 def test_ppo_on_an_mjx_task_trains_evaluates_and_resumes_exactly(tmp_path, capsys):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"

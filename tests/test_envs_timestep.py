@@ -110,6 +110,7 @@ def random_actions(n: int, steps: int, seed: int = 3) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, n, steps)
 
 
+@pytest.mark.slow
 def test_jumanji_snake_matches_the_suite_and_ends_terminated():
     env, params = envs.make("jumanji:Snake-v1")
     suite = jumanji.make("Snake-v1")
@@ -137,6 +138,7 @@ def test_jumanji_ends_its_time_limit_with_discount_0_so_it_is_terminated():
     assert r["terminated"][[4, 9]].all() and not r["truncated"].any()
 
 
+@pytest.mark.slow
 def test_the_adapters_own_step_limit_truncates():
     """Game2048 has no limit of its own; the adapter cuts episodes at params.max_steps_in_episode."""
     env, params = envs.make("jumanji:Game2048-v1")
@@ -155,6 +157,7 @@ def navix_reference(suite) -> Reference:
     return Reference(lambda k: (lambda ts: (ts, ts.observation))(suite.reset(k)), ref_step)
 
 
+@pytest.mark.slow
 def test_navix_matches_the_suite_truncates_at_its_limit_and_terminates_at_the_goal():
     env, params = envs.make("navix:Navix-Empty-5x5-v0")
     suite = navix.make("Navix-Empty-5x5-v0")
@@ -168,6 +171,7 @@ def test_navix_matches_the_suite_truncates_at_its_limit_and_terminates_at_the_go
     assert r["truncated"][limit - 1] and r["terminated"][limit + 4] and r["reward"][limit + 4] > 0
 
 
+@pytest.mark.slow
 def test_xminigrid_matches_the_suite_and_truncates_at_its_limit():
     env, params = envs.make("xminigrid:MiniGrid-Empty-5x5")
     suite, suite_params = xminigrid.make("MiniGrid-Empty-5x5")
@@ -204,6 +208,7 @@ def craftax_steps(env, params, state, actions, key):
     return np.array(ends)
 
 
+@pytest.mark.slow
 def test_craftax_matches_the_suite_truncates_at_its_limit_and_a_death_is_terminated():
     env, params = envs.make("craftax:Craftax-Classic-Symbolic-v1")
     assert params.max_steps_in_episode == 10_000 and env.action_space(params).n == 17
@@ -227,6 +232,7 @@ def test_craftax_matches_the_suite_truncates_at_its_limit_and_a_death_is_termina
 
 # -- the registry ------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_the_jumanji_tasks_offered_are_those_of_one_discrete_choice():
     """The table of refused tasks against the suite: every registered task is offered or refused,
     every offered one takes one discrete choice, and a few refused ones (quick to make; the
@@ -285,6 +291,7 @@ def rows(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["craftax:Craftax-Classic-Symbolic-v1", "jumanji:Snake-v1",
                                   "xminigrid:MiniGrid-EmptyRandom-8x8"])
 def test_a_few_ppo_updates_on_each_suite(task, tmp_path):
@@ -294,6 +301,7 @@ def test_a_few_ppo_updates_on_each_suite(task, tmp_path):
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "complete"
 
 
+@pytest.mark.slow
 def test_navix_stop_and_resume_equals_an_uninterrupted_run_and_evaluates(tmp_path, capsys):
     task = ["--env", "navix:Navix-Empty-5x5-v0", "--total-timesteps", str(16 * 8 * 4)]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"

@@ -83,6 +83,7 @@ value_and_grad = jax.jit(lambda model, params, xs, valid: jax.value_and_grad(
     loss_fn, argnums=1, has_aux=True)(model, params, xs, valid), static_argnums=0)
 
 
+@pytest.mark.slow
 def test_fused_model_init_matches_xla_model():
     """Params created through the fused model: same tree, shapes, dtypes and (same key) values
     as the XLA model's, so either model can load the other's checkpoints."""
@@ -95,6 +96,7 @@ def test_fused_model_init_matches_xla_model():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_valid", [False, True], ids=["valid=None", "valid=random"])
 @pytest.mark.parametrize("across", [False, True], ids=["per-episode", "across-episodes"])
 def test_fused_model_equals_xla_model(across, with_valid):
@@ -157,6 +159,7 @@ def attention_params(d, seed=0):
     return f32(d, c=1.0, sd=0.2), f32(d, sd=0.2), f32(d, 3 * d, sd=1 / np.sqrt(d)), f32(3 * d, sd=0.3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n, window, masks", [
     (40, 7, "seg+valid"),   # not a power of 2: blocks of 32 + 16 rows, 8 rows out of range
     (40, 100, "valid"),     # window longer than the sequence: causal only
@@ -179,8 +182,9 @@ def test_attention_kernel(n, window, masks):
 
     fused = lambda x, *p: fused_attention.attend(x, *p, cos, sin, seg, valid, window, H, interpret=True)
     ref = lambda x, *p: (attention_reference(fused_attention.reference(x, *p, H), seg, valid, window), x)
-    (out, x_out), vjp = jax.vjp(fused, x, *params)
-    (ref_out, _), ref_vjp = jax.vjp(ref, x, *params)
+    # (jitted: the interpreter's many small ops run as one program, not one dispatch each)
+    (out, x_out), vjp = jax.vjp(jax.jit(fused), x, *params)
+    (ref_out, _), ref_vjp = jax.vjp(jax.jit(ref), x, *params)
     assert out.shape == (2, n, H, DH) and out.dtype == jnp.float32
     assert_near(out, ref_out, what="o")
     assert (x_out == x).all()  # the residual stream passes through
@@ -192,6 +196,7 @@ def test_attention_kernel(n, window, masks):
         assert_near(got, want, what=name)
 
 
+@pytest.mark.slow
 def test_attention_kernel_under_jit_and_grad():
     """Through jit and jax.grad (not only jax.vjp), with non-default warps and block size."""
     n, window, d = 24, 9, H * DH
@@ -204,7 +209,7 @@ def test_attention_kernel_under_jit_and_grad():
     loss = lambda x, p: jnp.sum(w * fused_attention.attend(x, *p, cos, sin, seg, None, window, H, (2, 8, 2), True, 16)[0])
     ref_loss = lambda x, p: jnp.sum(w * attention_reference(fused_attention.reference(x, *p, H), seg, None, window))
     assert_trees_near(jax.jit(jax.grad(loss, argnums=(0, 1)))(x, params),
-                      jax.grad(ref_loss, argnums=(0, 1))(x, params))
+                      jax.jit(jax.grad(ref_loss, argnums=(0, 1)))(x, params))
 
 
 def test_attention_blocks():
@@ -243,6 +248,7 @@ def mlp_inputs(shape, dtype=jnp.float32, seed=1):
     return x, attn, dy
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape, kwargs", [
     # N = 200 rows: the last of 4 row blocks is partly out of range; 2 hidden chunks.
     ((200, 32), {"block_rows": 64}),
@@ -254,8 +260,8 @@ def mlp_inputs(shape, dtype=jnp.float32, seed=1):
 def test_mlp_kernel(shape, kwargs):
     x, attn, dy = mlp_inputs(shape)
     params = mlp_params(shape[-1])
-    y, vjp = jax.vjp(lambda *a: fused_mlp.finish_block(*a, interpret=True, **kwargs), x, attn, *params)
-    ref_y, ref_vjp = jax.vjp(fused_mlp.reference, x, attn, *params)
+    y, vjp = jax.vjp(jax.jit(lambda *a: fused_mlp.finish_block(*a, interpret=True, **kwargs)), x, attn, *params)
+    ref_y, ref_vjp = jax.vjp(jax.jit(fused_mlp.reference), x, attn, *params)
     assert y.shape == x.shape and y.dtype == x.dtype
     assert_near(y, ref_y, what="y")
     grads, ref_grads = vjp(dy), ref_vjp(dy)
@@ -283,6 +289,7 @@ def _flax_params(wo, bo, ln_scale, ln_bias, w1, b1, w2, b2):
                        "Dense_1": {"kernel": w1, "bias": b1}, "Dense_2": {"kernel": w2, "bias": b2}}}
 
 
+@pytest.mark.slow
 def test_mlp_reference_is_the_flax_modules():
     x, attn, _ = mlp_inputs((2, 7, 32), seed=2)
     params = mlp_params(32, seed=3)
@@ -292,12 +299,14 @@ def test_mlp_reference_is_the_flax_modules():
                  what="kernel vs flax")
 
 
+@pytest.mark.slow
 def test_mlp_kernel_bf16():
     """bf16 activations, fp32 params: y, dx and d attn bf16, parameter gradients fp32, all within
     bf16 rounding (relative 2e-2) of the fp32 computation on the same (bf16-valued) inputs."""
     x, attn, dy = mlp_inputs((100, 64), jnp.bfloat16, seed=4)
     params = mlp_params(64, seed=5)
-    y, vjp = jax.vjp(lambda *a: fused_mlp.finish_block(*a, block_rows=32, interpret=True), x, attn, *params)
+    y, vjp = jax.vjp(jax.jit(lambda *a: fused_mlp.finish_block(*a, block_rows=32, interpret=True)), x, attn,
+                     *params)
     assert y.dtype == jnp.bfloat16
     f32 = lambda a: a.astype(jnp.float32)
     ref_y, ref_vjp = jax.vjp(fused_mlp.reference, f32(x), f32(attn), *params)
@@ -320,6 +329,7 @@ def heads_inputs(shape, outputs, dtype, seed=6):
     return x, params, dout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, rtol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)], ids=["fp32", "bf16"])
 def test_heads_kernel(dtype, rtol):
     """LN -> float32 heads: 2 x 45 = 90 rows in blocks of 32 (the last partly out of range), 5
@@ -327,7 +337,7 @@ def test_heads_kernel(dtype, rtol):
     bf16 the reference is the same function (the LayerNorm's output rounded to bf16 both ways);
     dx differs by the rounding of the cotangent, which flax's cast rounds to bf16 first."""
     x, params, dout = heads_inputs((2, 45, 32), 5, dtype)
-    out, vjp = jax.vjp(lambda *a: fused_heads.heads(*a, block_rows=32, interpret=True), x, *params)
+    out, vjp = jax.vjp(jax.jit(lambda *a: fused_heads.heads(*a, block_rows=32, interpret=True)), x, *params)
     ref_out, ref_vjp = jax.vjp(fused_heads.reference, x, *params)
     assert out.shape == (2, 45, 5) and out.dtype == jnp.float32
     assert_near(out, ref_out, rtol=1e-5, what="out")
@@ -337,6 +347,7 @@ def test_heads_kernel(dtype, rtol):
         assert_near(g.astype(jnp.float32), r.astype(jnp.float32), rtol=rtol if name != "w" else 1e-5, what=name)
 
 
+@pytest.mark.slow
 def test_heads_reference_is_the_flax_modules():
     x, (ln_scale, ln_bias, w, b), _ = heads_inputs((3, 7, 32), 4, jnp.bfloat16)
     ln = nn.LayerNorm(dtype=jnp.bfloat16, param_dtype=jnp.float32)
@@ -362,6 +373,7 @@ def test_heads_rejects_unsupported_shapes():
 # 4. Unsupported shapes fail loudly.
 
 
+@pytest.mark.slow
 def test_attention_rejects_unsupported_shapes():
     def call(n, d, heads):
         x = jnp.zeros((1, n, d), jnp.float32)
@@ -428,6 +440,7 @@ def test_mlp_rejects_unsupported_shapes():
 # docstring: "with a prefix cache and in `step` attention stays with XLA".
 
 
+@pytest.mark.slow
 def test_fused_model_step_and_cache_paths_equal_xla():
     xs = make_inputs()
     split = 8

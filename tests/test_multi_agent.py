@@ -27,6 +27,7 @@ def run_updates(trainer, n: int):
     return trainer.chunk_fn(n, state)(state)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("game", [CONTINUOUS, GRID], ids=["continuous", "gridworld"])
 def test_one_update_on_8_devices_equals_1_device(game):
     # One minibatch: each team's advantage moments, its count of agents in the game and the
@@ -43,6 +44,7 @@ def test_one_update_on_8_devices_equals_1_device(game):
         assert max(jax.tree.leaves(moved)) > 1e-4
 
 
+@pytest.mark.slow
 def test_a_tagged_runner_ends_its_episode_and_leaves_the_loss():
     trainer = make_trainer(2, num_minibatches=2, **CONTINUOUS, **SMALL)
     state = trainer.init_state()
@@ -63,6 +65,7 @@ def test_a_tagged_runner_ends_its_episode_and_leaves_the_loss():
     assert ((terminated + truncated) <= 1).all()
 
 
+@pytest.mark.slow
 def test_train_resume_and_evaluate_against_random_teams(tmp_path, capsys):
     args = ["--env", CONTINUOUS["env"], "--env-args", CONTINUOUS["env_args"], "--num-envs", "16", "--num-steps", "12",
             "--num-minibatches", "2", "--hidden-size", "16", "--total-timesteps", str(16 * 12 * 6),
@@ -91,6 +94,7 @@ def test_train_resume_and_evaluate_against_random_teams(tmp_path, capsys):
         assert 0 <= r["tags_per_episode"] <= 3
 
 
+@pytest.mark.slow
 def test_match_random_teams_act_uniformly():
     # Random against random: the networks' outputs must not matter. Params of two very
     # different inits give the same games.
@@ -123,6 +127,7 @@ def test_bad_multi_agent_input_is_one_line(extra, message, tmp_path, capsys):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_factored_actions_sample_each_choice_from_its_own_head():
     dist = mappo.Factored((3, 4))   # flat action = first * 4 + second
     p1, p2 = np.array([0.2, 0.3, 0.5]), np.array([0.1, 0.2, 0.3, 0.4])

@@ -12,6 +12,8 @@ import pytest
 
 from jaxrl_mgpu import evaluate, train
 
+pytestmark = pytest.mark.slow  # every test here is slow: none is in the fast tier
+
 # A single minibatch: 2 processes x 4 devices must then equal 1 process x 8 devices exactly.
 SMALL = ["--num-envs", "16", "--num-steps", "16", "--num-minibatches", "1", "--hidden-size", "16",
          "--total-timesteps", str(16 * 16 * 4), "--log-every", "2", "--checkpoint-every", "2"]

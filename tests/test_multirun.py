@@ -34,6 +34,7 @@ def two_seeds_on_two_devices():
     return trainer, per_run(trainer, state.params), per_run(trainer, chunk.losses)
 
 
+@pytest.mark.slow
 def test_run_i_equals_the_single_run_with_seed_plus_i(two_seeds_on_two_devices):
     trainer, params, losses = two_seeds_on_two_devices
     for i in range(2):
@@ -45,6 +46,7 @@ def test_run_i_equals_the_single_run_with_seed_plus_i(two_seeds_on_two_devices):
     assert max(jax.tree.leaves(jax.tree.map(lambda x: float(np.abs(x[0] - x[1]).max()), params))) > 1e-2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend,devices,layout", [
     ("pmap", 1, (1, 1, 2)),       # both runs on the one device
     ("pmap", 4, (1, 4, 2)),       # pmap, 2 runs < 4 devices: every run on every device
@@ -62,6 +64,7 @@ def test_a_multi_run_program_does_not_depend_on_the_device_count(two_seeds_on_tw
 SWEEP = "lr=1e-3,3e-4 gamma=0.9,0.99"
 
 
+@pytest.mark.slow
 def test_sweep_values_are_applied_per_run():
     """--sweep lr=a,b gamma=c,d: 4 configurations x 1 seed; run i equals the single run with
     configuration i's values (configuration major: lr varies slowest, as written)."""
@@ -133,6 +136,7 @@ def trained(tmp_path_factory):
     return full
 
 
+@pytest.mark.slow
 def test_per_run_rows_summary_and_an_exact_resume(trained, tmp_path):
     """The command line: one metrics.jsonl row per run and log point with the run's identity,
     a TensorBoard run each, the across-seed summary; a run stopped at update 2 and resumed
@@ -184,6 +188,7 @@ def evaluate(capsys, *argv) -> list[dict]:
     return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
 
 
+@pytest.mark.slow
 def test_evaluate_every_run_or_one(trained, tmp_path, capsys):
     """`evaluate` gives a line per run, with its identity; `--run i` evaluates run i, which
     equals evaluating the single run it stands for (seed 1, ent_coef 0.1: run 3)."""
@@ -216,6 +221,7 @@ DQN = dict(algo="dqn", num_envs=4, num_steps=4, hidden_size=16, buffer_size=64, 
            learning_starts=16, total_timesteps=4 * 4 * 6, log_every=2, target_update_every=4)
 
 
+@pytest.mark.slow
 def test_dqn_runs_equal_their_single_runs():
     """DQN, 2 seeds x a sweep of --eps-end, on a 2-device mesh (2 runs per device): runs with
     either value of each equal their single runs (replay, exploration and gradient steps)."""
@@ -230,6 +236,7 @@ def test_dqn_runs_equal_their_single_runs():
     assert losses["epsilon"][1] != losses["epsilon"][2]  # the swept value reached the runs
 
 
+@pytest.mark.slow
 def test_a_run_that_diverges_stops_alone():
     """--sweep lr=1e-3,1e30: the second run's first update is non-finite. It keeps its initial
     parameters (where its single run stops with an error), for good: its optimizer state is
@@ -249,6 +256,7 @@ def test_a_run_that_diverges_stops_alone():
     assert_trees_close(single.par.first(state1.params), jax.tree.map(lambda x: x[0], params), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_the_command_line_reports_a_diverged_run_and_the_others_finish(tmp_path, capsys):
     run_dir = tmp_path / "run"
     argv = ["--num-seeds", "2", "--sweep", "lr=0.05,1e30", *CLI[4:], "--run-dir", str(run_dir)]

@@ -14,6 +14,7 @@ TRANSFORMER = dict(policy="transformer", d_model=32, n_layers=2, n_heads=4, cont
                    num_steps=40, num_minibatches=2, total_timesteps=8 * 40 * 4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("across", [False, True])
 def test_learner_recomputes_what_the_actor_saw(across):
     """Log-probs and values recorded while acting equal the learner's recomputation over the
@@ -40,6 +41,7 @@ def test_learner_recomputes_what_the_actor_saw(across):
     assert err_logp < 1e-5 and err_value < 1e-5, (err_logp, err_value)
 
 
+@pytest.mark.slow
 def test_transformer_ppo_keeps_devices_in_sync():
     trainer = make_trainer(8, **{**TRANSFORMER, "num_envs": 16})
     state = trainer.init_state()
@@ -50,6 +52,7 @@ def test_transformer_ppo_keeps_devices_in_sync():
     assert np.isfinite(trainer.par.first(chunk.losses["loss/total"]))
 
 
+@pytest.mark.slow
 def test_bf16_training_still_learns_cartpole():
     trainer = make_trainer(1, precision="bf16", total_timesteps=300_000)
     state = trainer.init_state()
@@ -79,6 +82,7 @@ def _run_step(devices, batch, grad_accum, precision="fp32", scale=None):
     return jax.tree.map(lambda x: x[0], fn(split))
 
 
+@pytest.mark.slow
 def test_grad_accumulation_equals_one_big_batch():
     key1, key2 = jax.random.split(jax.random.PRNGKey(0))
     batch = {"x": jax.random.normal(key1, (32, 3)), "y": jax.random.normal(key2, (32,))}

@@ -30,6 +30,7 @@ def one_error_line(capsys) -> str:
     return err[0]
 
 
+@pytest.mark.slow
 def test_resume_keeps_the_runs_own_settings(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert run(*TINY, "--total-timesteps", str(256 * 8), "--lr", "1e-3", "--run-dir", str(run_dir),
@@ -44,6 +45,7 @@ def test_resume_keeps_the_runs_own_settings(tmp_path, capsys):
     assert rows(run_dir)[-1]["update"] == 8 and rows(run_dir)[-1]["env_steps"] == 256 * 8
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_changed_setting_and_logs_an_allowed_one(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert run(*TINY, "--total-timesteps", str(256 * 8), "--run-dir", str(run_dir), "--stop-at-update", "4") == 0
@@ -59,6 +61,7 @@ def test_resume_refuses_a_changed_setting_and_logs_an_allowed_one(tmp_path, caps
     assert rows(run_dir)[-1]["update"] == 6
 
 
+@pytest.mark.slow
 def test_resume_with_other_num_envs_counts_the_env_steps_done(tmp_path, capsys):
     run_dir = tmp_path / "run"
     total = 256 * 10
@@ -83,6 +86,7 @@ def test_stop_at_update_inside_a_chunk_is_exact(tmp_path):
     assert summary["updates"] == 5 and summary["status"].startswith("stopped at update 5")
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert run(*TINY, "--total-timesteps", str(256 * 2), "--run-dir", str(run_dir)) == 0
@@ -93,6 +97,7 @@ def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
     assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
 
 
+@pytest.mark.slow
 def test_a_run_ends_with_a_summary_and_the_losses_on_the_console(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert run(*TINY, "--total-timesteps", str(256 * 4), "--run-dir", str(run_dir)) == 0
@@ -116,6 +121,7 @@ def test_a_slow_wait_says_it_is_still_working(capsys, monkeypatch):
     assert len(lines) >= 2 and lines[0].endswith("s so far")
 
 
+@pytest.mark.slow
 def test_a_non_finite_loss_without_a_checkpoint_says_there_is_none(tmp_path, capsys):
     code = run(*TINY, "--total-timesteps", str(256 * 4), "--run-dir", str(tmp_path / "run"), "--lr", "1e30",
                "--max-grad-norm", "1e30", "--checkpoint-every", "0")
@@ -194,6 +200,7 @@ def test_help_lists_choices_presets_and_each_default_once():
     assert text.count("(default: 3000000)") == 1 and "(default: None)" not in text
 
 
+@pytest.mark.slow
 def test_a_built_wheel_carries_the_presets(tmp_path):
     """`pip install .` (not only -e) must keep `--config NAME` working."""
     root = Path(__file__).resolve().parents[1]
@@ -205,6 +212,7 @@ def test_a_built_wheel_carries_the_presets(tmp_path):
     assert presets == set(config_lib.preset_names()) and "cartpole" in presets
 
 
+@pytest.mark.slow
 def test_profile_traces_the_two_log_intervals_after_the_first(tmp_path, capsys):
     trace = tmp_path / "trace"
     assert run(*TINY, "--total-timesteps", str(256 * 8), "--run-dir", str(tmp_path / "run"),
@@ -224,7 +232,8 @@ def test_profile_traces_the_two_log_intervals_after_the_first(tmp_path, capsys):
     (tmp_path / "afile").write_text("x")
     assert run(*TINY, "--run-dir", str(tmp_path / "refused"), "--profile", str(tmp_path / "afile" / "t")) == 2
     assert "--profile" in one_error_line(capsys) and not (tmp_path / "refused").exists()
-    assert run(*TINY, "--mode", "collect", "--profile", str(trace)) == 2
+    assert run("--algo", "dqn", "--mode", "collect", "--run-dir", str(tmp_path / "collect"), "--profile",
+               str(trace)) == 2
     assert "--profile is only for training" in one_error_line(capsys)
     assert run(*TINY, "--profile-from", "4") == 2
     assert "--profile-from is only for --profile" in one_error_line(capsys)
@@ -234,6 +243,7 @@ def test_profile_traces_the_two_log_intervals_after_the_first(tmp_path, capsys):
     assert "profile of updates 5-6 written under" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_log_every_alone_moves_the_default_intervals_onto_its_grid(tmp_path, capsys):
     """--log-every 7 by itself is not refused over a --checkpoint-every the user never set."""
     run_dir = tmp_path / "run"

@@ -5,8 +5,11 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from helpers import make_trainer
+
+pytestmark = pytest.mark.slow  # every test here is slow: none is in the fast tier
 
 SMALL = ["--num-envs", "8", "--num-steps", "8", "--num-minibatches", "1", "--hidden-size", "8", "--log-every", "4",
          "--checkpoint-every", "0"]

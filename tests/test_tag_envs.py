@@ -24,9 +24,16 @@ NOOP = jnp.zeros(4, jnp.int32)   # both continuous games have 4 agents; action 0
 
 
 @functools.partial(jax.jit, static_argnums=0)
+@functools.partial(jax.jit, static_argnums=0)
 def step_env(env, state, action, params):
     """One transition without gymnax's auto-reset (to look at the state it ends in)."""
     return env.step_env(KEY, state, action, params)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def step(env, key, state, action, params):
+    """gymnax's auto-resetting step, compiled (run eagerly, its many small ops dispatch one by one)."""
+    return env.step(key, state, action, params)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -180,13 +187,14 @@ def test_gridworld_observations():
                                rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_gridworld_start_and_step_limit():
     params = tag.GridParams(grid_length=10, max_steps_in_episode=7)
     obs, state = GRID.reset(KEY, params)
     np.testing.assert_array_equal(state.pos, [[5, 5]] * 4 + [[0, 0]])
     for t in range(1, 8):
         key = jax.random.fold_in(KEY, t)
-        obs, state, reward, terminated, truncated, info = GRID.step(key, state, NOOP_GRID, params)
+        obs, state, reward, terminated, truncated, info = step(GRID, key, state, NOOP_GRID, params)
         assert bool(terminated) == (t == 7) and not bool(truncated)
     assert int(state.time) == 0, "the game was reset after its last step"
     assert float(obs[0, -1]) == 0.0 and "final_observation" not in info
@@ -270,12 +278,13 @@ def test_continuous_runners_can_stay_in_the_game():
         np.testing.assert_allclose(reward, [1.0, -1.0, 0.0, 0.0])
 
 
+@pytest.mark.slow
 def test_continuous_game_ends_when_all_runners_are_tagged_and_resets():
     params = CONT_NEAR.default_params.replace(tagging_distance=0.1)
     # runners 1 and 2 are already out (runner 1 stands within reach, but no longer counts);
     # runner 3 is tagged now
     state = cont_state([[5.0, 5.0], [5.5, 5.0], [1.0, 1.0], [5.0, 5.5]], active=[True, False, False, True], time=3)
-    obs, new, reward, terminated, truncated, info = CONT_NEAR.step(KEY, state, NOOP, params)
+    obs, new, reward, terminated, truncated, info = step(CONT_NEAR, KEY, state, NOOP, params)
     assert bool(terminated) and not bool(truncated) and int(info["tags"]) == 1
     np.testing.assert_allclose(reward, [1.0, 0.0, 0.0, -1.0])
     assert int(new.time) == 0 and bool(new.active.all()), "auto-reset to a fresh game"
@@ -291,7 +300,7 @@ def test_continuous_end_of_game_reward_skips_runners_tagged_at_the_end():
     params = CONT_NEAR.default_params.replace(tagging_distance=0.1, max_steps_in_episode=6,
                                               end_of_game_reward_for_runner=0.5)
     state = cont_state([[5.0, 5.0], [5.5, 5.0], [1.0, 1.0], [9.0, 9.0]], active=[True, True, True, False], time=5)
-    _, _, reward, terminated, truncated, info = CONT_NEAR.step(KEY, state, NOOP, params)
+    _, _, reward, terminated, truncated, info = step(CONT_NEAR, KEY, state, NOOP, params)
     assert bool(terminated) and not bool(truncated) and int(info["tags"]) == 1
     np.testing.assert_allclose(reward, [1.0, -1.0, 0.5, 0.0])
 
@@ -379,6 +388,7 @@ def test_continuous_full_observation():
 # Both: jit + vmap against one game at a time
 # ---------------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["grid", "continuous"])
 def test_vmap_matches_one_game_at_a_time(which):
     if which == "grid":
@@ -389,6 +399,7 @@ def test_vmap_matches_one_game_at_a_time(which):
     keys = jax.random.split(jax.random.PRNGKey(7), num_envs)
     obs_b, state_b = jax.jit(jax.vmap(env.reset, (0, None)))(keys, params)
     step_b = jax.jit(jax.vmap(env.step, (0, 0, 0, None)))
+    step_one = jax.jit(env.step)
     singles = [env.reset(k, params) for k in keys]
     for e in range(num_envs):
         np.testing.assert_allclose(obs_b[e], singles[e][0], rtol=1e-6)
@@ -400,7 +411,7 @@ def test_vmap_matches_one_game_at_a_time(which):
         assert obs_b.shape == (num_envs, env.num_agents, env.obs_dim) and obs_b.dtype == jnp.float32
         assert rew_b.shape == (num_envs, env.num_agents) and term_b.shape == trunc_b.shape == (num_envs,)
         for e in range(num_envs):
-            obs, state, rew, term, trunc, info = env.step(step_keys[e], singles[e][1], action[e], params)
+            obs, state, rew, term, trunc, info = step_one(step_keys[e], singles[e][1], action[e], params)
             singles[e] = (obs, state)
             np.testing.assert_allclose(obs_b[e], obs, rtol=1e-5, atol=1e-6)
             np.testing.assert_allclose(rew_b[e], rew, rtol=1e-5, atol=1e-6)

@@ -7,6 +7,8 @@ import pytest
 
 from helpers import run
 
+pytestmark = pytest.mark.slow  # every test here is slow: none is in the fast tier
+
 
 def test_the_brax_inverted_pendulum_preset_learns_in_a_fraction_of_its_run(tmp_path):
     pytest.importorskip("brax")

@@ -69,6 +69,7 @@ def take(tree, t0, t1=None):
     return jax.tree.map(lambda x: x[:, t0:t1], tree)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("across", [False, True])
 def test_acting_equals_learner(across):
     model = make(context_across_episodes=across)
@@ -101,6 +102,7 @@ def test_acting_equals_learner(across):
         close(lp[:, hist:], logp[:, t0:t0 + length]), close(v[:, hist:], values[:, t0:t0 + length])
 
 
+@pytest.mark.slow
 def test_cache_vmaps_over_a_leading_axis():
     """Caches of several devices/groups stacked on a leading axis: vmap(step) == step per group."""
     model = make()
@@ -134,6 +136,7 @@ def changed(a, b):
     return np.abs(a - b).max(-1) > 1e-4  # [T] bool
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("across", [False, True])
 def test_episode_boundary(across):
     model = make(context_across_episodes=across)
@@ -174,6 +177,7 @@ def test_window(n_layers, across):
     assert not diff[t + reach + 1:].any()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 def test_reduced_precision(dtype):
     if dtype == jnp.float16 and jax.default_backend() == "cpu":
@@ -194,6 +198,7 @@ def test_reduced_precision(dtype):
     close(lp, lp32, atol=0.2), close(v, v32, atol=0.2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_tokens_are_the_embedding_dense(dtype):
     """The token embedding folds its bias into the matmul (a ones column): the same tokens as
@@ -207,6 +212,7 @@ def test_tokens_are_the_embedding_dense(dtype):
     close(tokens.astype(jnp.float32), dense.astype(jnp.float32), atol=1e-5 if dtype == jnp.float32 else 0.05)
 
 
+@pytest.mark.slow
 def test_benchmark_size_builds_and_jits():
     """The MFU benchmark's shape (bf16) compiles and runs on both paths. Params come from
     eval_shape (the real init of 19M params is the same code as above, and slow on CPU)."""
@@ -227,6 +233,7 @@ def test_benchmark_size_builds_and_jits():
     assert bool(jnp.isfinite(logits).all() & jnp.isfinite(logits1).all())
 
 
+@pytest.mark.slow
 def test_peek_equals_step_without_touching_the_cache():
     model = TransformerActorCritic(num_actions=3, obs_ndim=1, d_model=32, n_layers=2, n_heads=4, context_len=5)
     B = 4
@@ -235,10 +242,12 @@ def test_peek_equals_step_without_touching_the_cache():
                         jnp.zeros((B, 1)), jnp.ones((B, 1), bool))
     params = jax.tree.map(lambda p: p + 0.3 * jax.random.normal(jax.random.PRNGKey(2), p.shape), params)
     cache = model.init_cache(B)
+    peek = jax.jit(lambda cache, *args: model.apply(params, cache, *args, method=model.peek))
+    step = jax.jit(lambda cache, *args: model.apply(params, cache, *args, method=model.step))
     for t in range(12):  # past the window, with an episode start in env 1 at t = 7
         first = jnp.array([t == 0, t in (0, 7), t == 0, False])
         args = (obs[t], jnp.full((B,), t % 3), jnp.full((B,), 0.5 * t), first)
-        peek_logits, peek_value = model.apply(params, cache, *args, method=model.peek)
-        logits, value, cache = model.apply(params, cache, *args, method=model.step)
+        peek_logits, peek_value = peek(cache, *args)
+        logits, value, cache = step(cache, *args)
         np.testing.assert_allclose(peek_logits, logits, atol=1e-5)
         np.testing.assert_allclose(peek_value, value, atol=1e-5)

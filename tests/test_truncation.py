@@ -8,6 +8,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import struct
 from gymnax.environments import environment, spaces
 
@@ -88,6 +89,7 @@ def small_config(**overrides):
                                                    activation="tanh", **overrides))
 
 
+@pytest.mark.slow
 def test_ppo_value_targets_bootstrap_from_the_observation_a_time_limit_cut_at():
     cfg = small_config(gae_lambda=LAMBDA, total_timesteps=NUM_ENVS * NUM_STEPS)
     env, env_params = envs.make(NAME)

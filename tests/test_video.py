@@ -56,6 +56,7 @@ def evaluated_first_episode(capsys, run_dir, *argv) -> dict:
     return json.loads(capsys.readouterr().out.splitlines()[0])
 
 
+@pytest.mark.slow
 def test_cartpole_gif_shows_the_evaluated_episode(runs, tmp_path, capsys):
     path = tmp_path / "cartpole.gif"
     line = record(capsys, runs["cartpole"], path)
@@ -75,6 +76,7 @@ def test_cartpole_gif_shows_the_evaluated_episode(runs, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cartpole.gif", "strided.gif"]   # no temporary left
 
 
+@pytest.mark.slow
 def test_darkroom_gif_of_a_many_run_directory(runs, tmp_path, capsys):
     first = record(capsys, runs["darkroom"], tmp_path / "run0.gif")
     second = record(capsys, runs["darkroom"], tmp_path / "run1.gif", "--run", 1)
@@ -93,6 +95,7 @@ def test_darkroom_mp4(runs, tmp_path, capsys):
     assert decoded(tmp_path / "room.mp4").shape[0] == line["frames"] == 21
 
 
+@pytest.mark.slow
 def test_tag_gridworld_gif_shows_the_evaluated_game(runs, tmp_path, capsys):
     path = tmp_path / "tag.gif"
     line = record(capsys, runs["grid"], path)
@@ -140,6 +143,7 @@ def one_error_line(capsys, argv) -> str:
     return err[0]
 
 
+@pytest.mark.slow
 def test_bad_video_requests_are_one_line_and_write_nothing(runs, tmp_path, capsys, monkeypatch):
     cartpole = ["--run-dir", str(runs["cartpole"])]
     existing = tmp_path / "existing.gif"
