@@ -12,7 +12,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # One persistent compilation cache for this test session, fresh each time (so a CI run never
 # reads a stale one): the many small training runs the suite starts in processes of their own,
 # and the programs recompiled after each module's `jax.clear_caches()`, load from it instead of
-# compiling again. A cache directory given in the environment is used instead.
+# compiling again. The pytest-xdist workers inherit it from the controller, which makes it
+# before it starts them, so the two share it. A cache directory given in the environment is used
+# instead.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     _cache = tempfile.mkdtemp(prefix="jaxrl_mgpu-test-cache-")
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
