@@ -18,6 +18,8 @@ from jaxrl_mgpu import autoscale, evaluate, parallel
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu.algos import module_for
 
+pytestmark = pytest.mark.slow  # every test here is slow: none is in the fast tier
+
 ROOT = Path(__file__).resolve().parents[1]
 # One task of each contract: a TimeStep suite (discrete actions) and the Brax State contract
 # (continuous actions, with the continuous-control options).

@@ -88,6 +88,7 @@ def test_darkroom_gif_of_a_many_run_directory(runs, tmp_path, capsys):
         assert len({f.tobytes() for f in frames}) == 21   # every step its own frame (the step number)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not video._installed("imageio_ffmpeg"), reason="an .mp4 needs imageio-ffmpeg")
 @pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning")   # imageio-ffmpeg reads through a subprocess
 def test_darkroom_mp4(runs, tmp_path, capsys):
