@@ -250,6 +250,10 @@ class Config:
                                   applies=FOR_PPO)
     update_epochs: int = option(4, "passes over each rollout", PPO, common=True, check=POSITIVE, applies=FOR_PPO)
     gae_lambda: float = option(0.95, "GAE lambda", PPO, common=True, check=UNIT, applies=FOR_PPO, sweep=("ppo",))
+    unroll_length: int = option(0, "compute GAE over unrolls of this many steps, in every minibatch with the "
+                                   "critic as it is then, minibatches of whole unrolls (Brax's PPO); 0: once "
+                                   "per update, over each environment's --num-steps steps", PPO,
+                                check=NON_NEGATIVE, applies=FOR_PPO_MLP, metavar="STEPS")
     clip_eps: float = option(0.2, "PPO ratio (and value) clipping", PPO, common=True, check=POSITIVE,
                              applies=FOR_PPO, sweep=("ppo",))
     ent_coef: float = option(0.01, "entropy bonus coefficient", PPO, common=True, check=NON_NEGATIVE,

@@ -384,6 +384,60 @@ def obs_stats(trainer, state):
     return trainer.par.first(state.params)[obs_norm.OBS_STATS]
 
 
+def test_unrolls_take_gae_within_each_unroll_with_the_critic_they_are_given():
+    """--unroll-length 4 on a rollout of 12 steps x 3 environments: each unroll is 4 steps of one
+    environment, followed by the observation its next unroll starts with (the one after the
+    rollout, for the last); its advantages are GAE within the unroll, bootstrapped from the value
+    given for that observation (the rollout's value of the final observation where a time limit
+    cut an episode, nothing where it terminated), normalised over the minibatch; the targets are
+    advantage + value before normalising. Checked against a backward loop in numpy."""
+    T, E, N = 12, 3, 4
+    cfg = small_config(num_envs=E, num_steps=T, unroll_length=N, gamma=0.9, gae_lambda=0.8, total_timesteps=T * E)
+    rng = np.random.default_rng(0)
+    ended = rng.random((T, E)) < 0.25
+    terminated = (ended & (rng.random((T, E)) < 0.5)).astype(np.float32)
+    truncated = (ended & (terminated == 0)).astype(np.float32)
+    obs = (np.arange(T)[:, None] * 10 + np.arange(E)[None, :]).astype(np.float32)[..., None]  # t * 10 + e
+    traj = ppo.Rollout(obs, rng.normal(size=(T, E, 1)).astype(np.float32), rng.normal(size=(T, E)).astype(np.float32),
+                       rng.normal(size=(T, E)).astype(np.float32), rng.normal(size=(T, E)).astype(np.float32),
+                       terminated, truncated, np.where(truncated > 0, rng.normal(size=(T, E)), 0).astype(np.float32))
+    after = np.full((E, 1), -1.0, np.float32)
+    batch = ppo.unrolls(cfg, traj, after)
+    assert batch.inputs.shape == (T // N * E, N, 1) and batch.unroll.next_inputs.shape == (T // N * E, 1)
+    critic = rng.normal(size=(T // N * E, N)).astype(np.float32)  # the values "the critic" gives now
+    next_value = rng.normal(size=T // N * E).astype(np.float32)
+    par = parallel.setup("pmap", 1)
+    adv, target = par.first(par.map(lambda b, v, nv: ppo.unroll_targets(cfg, b, v, nv))(
+        *par.replicate((batch, critic, next_value))))
+
+    expected_adv, expected_target = np.zeros_like(critic), np.zeros_like(critic)
+    for u in range(T // N * E):
+        k, e = divmod(u, E)  # unroll k of environment e
+        steps = range(k * N, (k + 1) * N)
+        np.testing.assert_array_equal(batch.inputs[u, :, 0], [t * 10 + e for t in steps])
+        np.testing.assert_array_equal(batch.unroll.next_inputs[u, 0], -1.0 if k == T // N - 1 else (k + 1) * N * 10 + e)
+        later = 0.0
+        for i in reversed(range(N)):
+            t = k * N + i
+            following = next_value[u] if i == N - 1 else critic[u, i + 1]
+            following = traj.bootstrap[t, e] if truncated[t, e] else following * (1 - terminated[t, e])
+            delta = traj.reward[t, e] + cfg.gamma * following - critic[u, i]
+            later = delta + (0.0 if ended[t, e] else cfg.gamma * cfg.gae_lambda * later)
+            expected_adv[u, i] = later
+        expected_target[u] = expected_adv[u] + critic[u]
+    np.testing.assert_allclose(target, expected_target, rtol=1e-5, atol=1e-5)
+    normalised = (expected_adv - expected_adv.mean()) / (expected_adv.std() + 1e-8)
+    np.testing.assert_allclose(adv, normalised, rtol=1e-4, atol=1e-4)
+
+
+def test_unroll_length_must_fit_the_batch_in_one_line():
+    for overrides, words in (({"num_steps": 16, "unroll_length": 5}, "does not divide --num-steps 16"),
+                             ({"num_envs": 16, "unroll_length": 16, "num_minibatches": 32}, "unrolls per device"),
+                             ({"unroll_length": 4, "grad_accum": 2}, "--grad-accum 1")):
+        with pytest.raises(ConfigError, match=words):
+            ppo.check(small_config(**overrides), 1)
+
+
 def test_observation_statistics_all_reduce_matches_numpy_over_the_whole_batch():
     """Chan's combination of the running (count, mean, M2) with a batch spread over 4 devices
     equals the moments of the prior data and the whole batch together (float64 numpy), on every
@@ -440,10 +494,10 @@ def test_observation_statistics_count_each_rollout_after_the_learner_used_it():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("action_dist", ["clipped_normal", "tanh_normal"])
-def test_two_updates_with_observation_normalisation_on_8_devices_equal_1_device(action_dist):
+@pytest.mark.parametrize("action_dist, unroll_length", [("clipped_normal", 0), ("tanh_normal", 0), ("tanh_normal", 4)])
+def test_two_updates_with_observation_normalisation_on_8_devices_equal_1_device(action_dist, unroll_length):
     opts = dict(SMALL, normalize_obs=True, num_minibatches=1, action_dist=action_dist, reward_scale=0.1,
-                clip_value=False)
+                clip_value=False, unroll_length=unroll_length)
     one, eight = make_trainer(1, **opts), make_trainer(8, **opts)
     (state1, _), (state8, _) = (t.chunk_fn(2, s)(s) for t, s in ((one, one.init_state()), (eight, eight.init_state())))
     stats1, stats8 = obs_stats(one, state1), obs_stats(eight, state8)

@@ -114,14 +114,25 @@ class Rollout(NamedTuple):
 
 
 class Batch(NamedTuple):
-    """What the loss needs: transitions [B] (mlp) or environment sequences [E, T] (transformer)."""
+    """What the loss needs: transitions [B] (mlp), environment sequences [E, T] (transformer),
+    or with --unroll-length N unrolls [U, N] whose advantages the loss computes (`unroll`)."""
     memory: Any
     inputs: Any
     action: jax.Array
     log_prob: jax.Array
     value: jax.Array
-    advantage: jax.Array
-    target: jax.Array
+    advantage: Any        # [B] or [E, T]; () with --unroll-length
+    target: Any           # the value targets, likewise
+    unroll: Any = ()      # --unroll-length: Unroll; else ()
+
+
+class Unroll(NamedTuple):
+    """What GAE over one unroll of N steps needs besides the values the loss computes."""
+    reward: jax.Array       # [U, N] as the learner sees them (scaled, normalised)
+    terminated: jax.Array   # [U, N]
+    truncated: jax.Array    # [U, N]
+    bootstrap: jax.Array    # [U, N] the rollout's V(final observation) where truncated, else 0
+    next_inputs: Any        # [U, ...] the observation after the unroll's last step
 
 
 class Algo(NamedTuple):
@@ -153,6 +164,17 @@ def check(cfg, num_devices: int) -> Split:
         raise ConfigError(
             f"--num-minibatches {cfg.num_minibatches} does not divide the per-device batch of {per_device_batch} "
             f"transitions (--num-envs {cfg.num_envs} / {count(num_devices, 'device')} x --num-steps {cfg.num_steps})")
+    if cfg.unroll_length:
+        unrolls_per_device = envs_per_device * (cfg.num_steps // cfg.unroll_length)
+        if cfg.num_steps % cfg.unroll_length:
+            raise ConfigError(f"--unroll-length {cfg.unroll_length} does not divide --num-steps {cfg.num_steps}")
+        if unrolls_per_device % cfg.num_minibatches:
+            raise ConfigError(f"--num-minibatches {cfg.num_minibatches} does not divide the {unrolls_per_device} "
+                              f"unrolls per device (--num-envs {cfg.num_envs} / {count(num_devices, 'device')} x "
+                              f"--num-steps {cfg.num_steps} / --unroll-length {cfg.unroll_length})")
+        if cfg.grad_accum > 1:
+            raise ConfigError("--unroll-length normalises the advantages of each minibatch as its loss computes "
+                              "them; --grad-accum would split that minibatch: use --grad-accum 1")
     minibatch = per_device_batch // cfg.num_minibatches
     if minibatch % cfg.grad_accum or (factory.is_sequence_policy(cfg) and
                                       (envs_per_device // cfg.num_minibatches) % cfg.grad_accum):
@@ -163,14 +185,39 @@ def check(cfg, num_devices: int) -> Split:
 
 
 def learning_targets(cfg, traj: Rollout, last_value: jax.Array, return_stats, returns):
-    """What the learner fits, from a rollout: its rewards times --reward-scale, then (with
-    --normalize-reward) divided by the return's running standard deviation, then GAE. Returns
-    the advantages, the value targets, and the return statistics and running returns to carry."""
+    """What the learner fits, from a rollout: GAE of its `learner_rewards`. Returns the
+    advantages, the value targets, and the return statistics and running returns to carry."""
+    traj, return_stats, returns = learner_rewards(cfg, traj, return_stats, returns)
+    advantages, targets = gae(cfg, traj, last_value)
+    return advantages, targets, return_stats, returns
+
+
+def learner_rewards(cfg, traj: Rollout, return_stats, returns):
+    """The rollout with the rewards the learner sees: times --reward-scale, then (with
+    --normalize-reward) divided by the return's running standard deviation; and the return
+    statistics and running returns to carry."""
     traj = traj._replace(reward=traj.reward * cfg.reward_scale)
     if cfg.normalize_reward:
         traj, return_stats, returns = normalize_rewards(cfg, traj, return_stats, returns)
-    advantages, targets = gae(cfg, traj, last_value)
-    return advantages, targets, return_stats, returns
+    return traj, return_stats, returns
+
+
+def unrolls(cfg, traj: Rollout, next_inputs) -> Batch:
+    """--unroll-length N: the rollout [T, E] cut into T / N x E unrolls [U, N] of N steps of one
+    environment each (Brax's PPO batch); `next_inputs` [E, ...] is what the policy sees after the
+    rollout's last step. The advantages are left to the loss (`unroll_targets`)."""
+    n = cfg.unroll_length
+
+    def cut(x):  # [T, E, ...] -> [T/N, N, E, ...] -> [T/N, E, N, ...] -> [U, N, ...]
+        x = jnp.moveaxis(x.reshape((x.shape[0] // n, n) + x.shape[1:]), 1, 2)
+        return x.reshape((-1, n) + x.shape[3:])
+
+    # The observation after unroll k is the first of unroll k + 1 (after the last: next_inputs).
+    after = jax.tree.map(lambda x, last: jnp.concatenate([x[n::n], last[None]]).reshape((-1,) + last.shape[1:]),
+                         traj.inputs, next_inputs)
+    unroll = Unroll(cut(traj.reward), cut(traj.terminated), cut(traj.truncated), cut(traj.bootstrap), after)
+    return Batch((), jax.tree.map(cut, traj.inputs), cut(traj.action), cut(traj.log_prob), cut(traj.value), (), (),
+                 unroll)
 
 
 def gae(cfg, traj: Rollout, last_value: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -223,6 +270,19 @@ def normalize_rewards(cfg, traj: Rollout, stats: ReturnStats, returns: jax.Array
     stats = ReturnStats(stats.mean + delta * n / total, m2 / total, total)
     traj = traj._replace(reward=traj.reward / jnp.sqrt(stats.var + 1e-8))
     return traj, stats, g[-1] * (1.0 - ends[-1])
+
+
+def unroll_targets(cfg, batch: Batch, value: jax.Array, next_value: jax.Array):
+    """--unroll-length: the advantages (normalised over the minibatch of all devices) and value
+    targets of a minibatch of unrolls [U, N], by GAE with the critic's current `value` [U, N]
+    and `next_value` [U] of the observation after each unroll, as Brax's PPO computes them in
+    its loss. A step its time limit ended bootstraps from the rollout's value of its final
+    observation (Brax drops such steps from the loss instead)."""
+    u = batch.unroll
+    steps = Rollout((), (), (), *(jax.lax.stop_gradient(x).T for x in (value, u.reward, u.terminated, u.truncated,
+                                                                         u.bootstrap)))
+    adv, target = gae(cfg, steps, jax.lax.stop_gradient(next_value))
+    return normalize_per_minibatch(adv.T[None, None])[0, 0], target.T
 
 
 def normalize_per_minibatch(adv: jax.Array) -> jax.Array:
@@ -293,7 +353,11 @@ def make(cfg, env, env_params, split: Split) -> Algo:
 
     def loss_fn(params, batch: Batch):
         pi, value = policy.evaluate(params, batch.memory, batch.inputs)
-        advantages, targets = batch.advantage, batch.target
+        if cfg.unroll_length:
+            advantages, targets = unroll_targets(cfg, batch, value,
+                                                 policy.evaluate(params, (), batch.unroll.next_inputs)[1])
+        else:
+            advantages, targets = batch.advantage, batch.target
         ratio = jnp.exp(dist.log_prob(pi, batch.action) - batch.log_prob)
         policy_loss = -jnp.minimum(ratio * advantages,
                                    jnp.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * advantages).mean()
@@ -323,7 +387,9 @@ def make(cfg, env, env_params, split: Split) -> Algo:
         # which is much slower on GPUs at large n.
         perms = jnp.stack([jax.random.permutation(jax.random.fold_in(k, device_index()), n)
                            for k in jax.random.split(key, cfg.update_epochs)])
-        advantages = normalize_per_minibatch(jax.vmap(lambda perm: split(data.advantage, perm))(perms))
+        # --unroll-length: the loss computes each minibatch's advantages itself.
+        advantages = (jnp.zeros(cfg.update_epochs) if cfg.unroll_length else
+                      normalize_per_minibatch(jax.vmap(lambda perm: split(data.advantage, perm))(perms)))
 
         def loss_of_weights(weights, batch: Batch):
             return loss_fn({**params, "params": weights}, batch)
@@ -331,7 +397,8 @@ def make(cfg, env, env_params, split: Split) -> Algo:
         def epoch(carry, xs):
             perm, epoch_advantages = xs  # the advantages come already shuffled and normalized
             minibatches = jax.tree.map(lambda x: split(x, perm), data._replace(advantage=()))
-            minibatches = minibatches._replace(advantage=epoch_advantages)
+            if not cfg.unroll_length:
+                minibatches = minibatches._replace(advantage=epoch_advantages)
             return learner.steps(loss_of_weights, tx, carry, minibatches, cfg.grad_accum, cfg.precision)
 
         (weights, opt_state, loss_scale), stats = jax.lax.scan(
@@ -341,14 +408,18 @@ def make(cfg, env, env_params, split: Split) -> Algo:
     def update(state: PPOState):
         key, rollout_key, learn_key = jax.random.split(state.key, 3)
         envs, memory, traj, last_value, episodes = rollout(state.params, state.envs, state.memory, rollout_key)
-        advantages, targets, return_stats, returns = learning_targets(cfg, traj, last_value, state.return_stats,
-                                                                      state.returns)
-        data = Batch(state.memory, traj.inputs, traj.action, traj.log_prob, traj.value, advantages, targets)
-        if policy.sequences:  # [T, E, ...] -> [E, T, ...]: minibatches of whole environments
-            data = data._replace(**{f: jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), getattr(data, f))
-                                    for f in Batch._fields if f != "memory"})
-        else:  # [T, E, ...] -> [T * E, ...]: minibatches of shuffled transitions
-            data = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), data)
+        if cfg.unroll_length:  # unrolls [U, N]; the loss computes their advantages with its critic
+            traj, return_stats, returns = learner_rewards(cfg, traj, state.return_stats, state.returns)
+            data = unrolls(cfg, traj, policy.inputs(memory, envs.obs))
+        else:
+            advantages, targets, return_stats, returns = learning_targets(cfg, traj, last_value,
+                                                                          state.return_stats, state.returns)
+            data = Batch(state.memory, traj.inputs, traj.action, traj.log_prob, traj.value, advantages, targets)
+            if policy.sequences:  # [T, E, ...] -> [E, T, ...]: minibatches of whole environments
+                data = data._replace(**{f: jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), getattr(data, f))
+                                        for f in Batch._fields if f not in ("memory", "unroll")})
+            else:  # [T, E, ...] -> [T * E, ...]: minibatches of shuffled transitions
+                data = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), data)
         params, opt_state, loss_scale, losses = learn(state.params, state.opt_state, state.loss_scale, data,
                                                       learn_key)
         if cfg.normalize_obs:  # this rollout's observations count from the next rollout on
