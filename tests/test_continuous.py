@@ -473,10 +473,13 @@ def test_observation_statistics_all_reduce_matches_numpy_over_the_whole_batch():
 
 
 @pytest.mark.slow
-def test_observation_statistics_count_each_rollout_after_the_learner_used_it():
+def test_observation_statistics_count_each_rollout_before_the_learner_uses_it():
     """After one update the statistics are the moments of that update's rollout; the rollout
-    acted, and the learner learned, with the statistics before it (here the identity)."""
-    trainer = make_trainer(1, normalize_obs=True, num_minibatches=1, **SMALL)
+    acted with the statistics before it (here the identity), and the learner learned with the
+    new ones: its first minibatch already sees the policy move (ratio != 1)."""
+    # One epoch of one minibatch: had the learner used the statistics the rollout acted with,
+    # its only minibatch would see the rollout's own policy (ratio exactly 1, KL exactly 0).
+    trainer = make_trainer(1, normalize_obs=True, num_minibatches=1, **{**SMALL, "update_epochs": 1})
     state = trainer.init_state()
     algo, par = trainer.algo, trainer.par
 
@@ -486,11 +489,12 @@ def test_observation_statistics_count_each_rollout_after_the_learner_used_it():
 
     observed = np.asarray(par.first(par.map(first_rollout)(state))).reshape(-1, 3)
     assert float(obs_stats(trainer, state).count) == 0
-    after, _ = trainer.chunk_fn(1, state)(state)  # (donates `state`)
+    after, metrics = trainer.chunk_fn(1, state)(state)  # (donates `state`)
     stats = obs_stats(trainer, after)
     assert float(stats.count) == len(observed) == SMALL["num_envs"] * SMALL["num_steps"]
     np.testing.assert_allclose(stats.mean, observed.mean(0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(stats.m2 / stats.count, observed.var(0), rtol=1e-4)
+    assert np.asarray(metrics.losses["loss/approx_kl"]).ravel()[0] > 1e-6
 
 
 @pytest.mark.slow

@@ -20,11 +20,12 @@ and the loss know about them.
 
 Continuous control at Brax's scale: `--reward-scale` multiplies the rewards the learner sees;
 `--normalize-obs` keeps running observation statistics (nets/obs_norm.py) inside the params,
-which the optimizer never sees: it updates `params["params"]` alone. The statistics are
-updated with each rollout's observations (all devices, one all-reduce) AFTER the learner has
-used that rollout, so the learner sees every observation normalised exactly as the rollout's
-policy saw it, and the ratio of the first minibatch is exactly 1 (Brax updates them before its
-SGD steps; the new statistics then act from the next rollout on either way).
+which the optimizer never sees: it updates `params["params"]` alone. As in Brax's PPO, each
+rollout's observations (all devices, one all-reduce) update the statistics BEFORE the learner
+uses that rollout: the learner then fits the policy as it acts under the new statistics, within
+PPO's clip of the policy that collected the rollout. (Updated after the learner, the shift of
+the statistics would move the policy outside any clip; on Brax's Ant that cost about a third of
+the return, experiments/RESULTS.md.)
 """
 
 from __future__ import annotations
@@ -420,10 +421,11 @@ def make(cfg, env, env_params, split: Split) -> Algo:
                                         for f in Batch._fields if f not in ("memory", "unroll")})
             else:  # [T, E, ...] -> [T * E, ...]: minibatches of shuffled transitions
                 data = jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), data)
-        params, opt_state, loss_scale, losses = learn(state.params, state.opt_state, state.loss_scale, data,
-                                                      learn_key)
-        if cfg.normalize_obs:  # this rollout's observations count from the next rollout on
+        params = state.params
+        if cfg.normalize_obs:  # the statistics first, then the learner (the module's docstring says why)
             params = {**params, obs_norm.OBS_STATS: obs_norm.update(state.params[obs_norm.OBS_STATS], traj.inputs)}
+        params, opt_state, loss_scale, losses = learn(params, state.opt_state, state.loss_scale, data,
+                                                      learn_key)
         new = PPOState(params, opt_state, loss_scale, envs, memory, key, state.update + 1, return_stats, returns)
         return new, (losses, episodes)
 
