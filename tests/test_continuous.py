@@ -620,7 +620,8 @@ def test_brax_scale_presets_have_brax_batches(preset, envs, batch, minibatches, 
     minibatches of batch_size unrolls, passed over num_updates_per_batch times; on 1 and 8
     devices. (Their environments come with the brax and dmc extras; Pendulum-v1 stands in.)"""
     cfg = config_lib.Config(**config_lib.load_preset(preset))
-    assert (cfg.num_envs, cfg.num_minibatches, cfg.update_epochs) == (envs, minibatches, epochs)
+    assert (cfg.num_envs, cfg.num_minibatches, cfg.update_epochs, cfg.unroll_length) == (envs, minibatches, epochs,
+                                                                                          unroll)
     assert cfg.batch_size == batch * minibatches * unroll and cfg.total_updates == updates
     assert (cfg.normalize_obs, cfg.action_dist, cfg.clip_value) == (True, "tanh_normal", False)
     stand_in = config_lib.validate(dataclasses.replace(cfg, env="Pendulum-v1"))
@@ -631,8 +632,8 @@ def test_brax_scale_presets_have_brax_batches(preset, envs, batch, minibatches, 
 
 def test_the_tiny_preset_has_brax_settings_at_a_cpu_batch():
     cfg = config_lib.Config(**config_lib.load_preset("brax-inverted-pendulum"))
-    assert (cfg.env, cfg.batch_size, cfg.total_updates, cfg.reward_scale, cfg.gamma) == (
-        "brax:inverted_pendulum", 256 * 40, 60, 10.0, 0.97)
+    assert (cfg.env, cfg.batch_size, cfg.total_updates, cfg.reward_scale, cfg.gamma, cfg.unroll_length) == (
+        "brax:inverted_pendulum", 256 * 40, 60, 10.0, 0.97, 5)
     stand_in = config_lib.validate(dataclasses.replace(cfg, env="Pendulum-v1"))
     assert ppo.check(stand_in, 8)["minibatch"][0] == 1280
 
