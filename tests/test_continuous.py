@@ -356,7 +356,12 @@ def test_bad_new_options_on_the_command_line_are_one_line_exit_2_and_nothing_wri
                        (["--algo", "dqn", "--env", "CartPole-v1", "--normalize-obs"], "--normalize-obs is only for"),
                        (["--policy", "transformer", "--env", "CartPole-v1", "--actor-hidden", "8"],
                         "--actor-hidden is only for"),
-                       (["--env", "TagGridworld-v0", "--normalize-obs"], "multi-agent game")):
+                       (["--env", "TagGridworld-v0", "--normalize-obs"], "multi-agent game"),
+                       (["--env", "TagGridworld-v0", "--unroll-length", "4"], "does not take --unroll-length 4"),
+                       (["--policy", "transformer", "--env", "CartPole-v1", "--unroll-length", "4"],
+                        "--unroll-length is only for"),
+                       (["--num-steps", "16", "--unroll-length", "5"], "--unroll-length 5 does not divide"),
+                       (["--unroll-length", "-1"], "--unroll-length must be >= 0")):
         argv = ["--env", "Pendulum-v1", *argv] if "--env" not in argv else argv
         assert run(*argv, "--run-dir", str(tmp_path / "run")) == 2
         err = capsys.readouterr().err.strip()

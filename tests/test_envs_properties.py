@@ -48,8 +48,10 @@ def test_one_update_on_8_devices_equals_1_device_and_pmap_equals_shard_map(task)
     pmapped = make_trainer(8, "pmap", **options)
     (state1, _), (state8, chunk8), (state_p, chunk_p) = one_update(one), one_update(eight), one_update(pmapped)
     # (MJX's physics batched 16 wide or 2 wide rounds differently: observations near 0 differ by
-    # about 1e-5, which the observation statistics in the params show)
-    assert_trees_close(one.par.first(state1.params), eight.par.first(state8.params), rtol=1e-4, atol=1e-4)
+    # about 1e-5, which the observation statistics in the params show, and which the learner,
+    # normalising by those statistics, carries into the first layer's weights: up to 3e-4)
+    atol = 1e-3 if task.startswith("dmc:") else 1e-4
+    assert_trees_close(one.par.first(state1.params), eight.par.first(state8.params), rtol=1e-4, atol=atol)
     assert_trees_close(eight.par.local(state8.params), pmapped.par.local(state_p.params), rtol=1e-6)
     assert_trees_close(eight.par.first(chunk8.losses), pmapped.par.first(chunk_p.losses), rtol=1e-5)
     init = one.par.first(one.init_state().params)

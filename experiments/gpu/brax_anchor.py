@@ -1,14 +1,18 @@
 """The anchor of issue 50: Brax's own PPO trainer (`brax.training.agents.ppo.train`, release
-0.14.2) on a Brax task with its published configuration, timed, one JSON line per seed.
+0.14.2) on a Brax task with its published configuration, or on a MuJoCo Playground DM Control
+task (`dmc:CheetahRun`, `dmc:HumanoidWalk`; MJX's JAX implementation) with Playground's own PPO
+parameters and training wrapper, as its notebooks train them; timed, one JSON line per seed.
 
 Brax 0.14.2 calls `jax.device_put_replicated`, which jax 0.10 removed; the replacement below
 puts the stacked tree onto a NamedSharding over the devices (what Brax's unreleased HEAD does).
 It is part of this script only, not of jaxrl_mgpu.
 
     python experiments/gpu/brax_anchor.py ant --seeds 0 1 2
+    python experiments/gpu/brax_anchor.py dmc:CheetahRun --seeds 0
 """
 
 import argparse
+import functools
 import json
 import time
 
@@ -40,18 +44,41 @@ CONFIGS = {
 }
 
 
+def playground(task: str) -> tuple:
+    """A DM Control task of Playground 0.2.0 with its `dm_control_suite_params.brax_ppo_config`,
+    as `ppo.train`'s keyword arguments (its network sizes where the config names them)."""
+    from brax.training.agents.ppo import networks as ppo_networks
+    from mujoco_playground import dm_control_suite, wrapper
+    from mujoco_playground.config import dm_control_suite_params
+
+    env = dm_control_suite.load(task, config_overrides={"impl": "jax"})
+    params = dm_control_suite_params.brax_ppo_config(task).to_dict()
+    sizes = params.pop("network_factory", None)
+    if sizes:
+        params["network_factory"] = functools.partial(ppo_networks.make_ppo_networks, **sizes)
+    return env, dict(params, wrap_env_fn=wrapper.wrap_for_brax_training,
+                     eval_env=dm_control_suite.load(task, config_overrides={"impl": "jax"}))
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("task", choices=sorted(CONFIGS))
+    p.add_argument("task", help=f"{' or '.join(sorted(CONFIGS))} (Brax), or dmc:TASK (Playground's DM Control)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--backend", default="mjx")
     p.add_argument("--timesteps", type=int, default=None, help="override num_timesteps (a shorter check)")
+    p.add_argument("--num-envs", type=int, default=None, help="override num_envs and batch_size (a CPU check)")
     args = p.parse_args()
-    config = dict(CONFIGS[args.task])
-    if args.timesteps:
-        config["num_timesteps"] = args.timesteps
+    if args.task not in CONFIGS and not args.task.startswith("dmc:"):
+        p.error(f"task {args.task!r}: one of {', '.join(sorted(CONFIGS))}, or dmc:TASK")
     for seed in args.seeds:
-        env = envs.get_environment(args.task, backend=args.backend)
+        if args.task.startswith("dmc:"):
+            env, config = playground(args.task.split(":", 1)[1])
+        else:
+            env, config = envs.get_environment(args.task, backend=args.backend), dict(CONFIGS[args.task])
+        if args.timesteps:
+            config["num_timesteps"] = args.timesteps
+        if args.num_envs:
+            config.update(num_envs=args.num_envs, batch_size=args.num_envs // 2, num_eval_envs=args.num_envs)
         evals, started = [], time.perf_counter()
 
         def progress(steps, metrics):

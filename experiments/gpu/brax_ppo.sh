@@ -5,14 +5,16 @@
 #   TASK=ant SEEDS="0" bash experiments/gpu/brax_ppo.sh
 #   TASK=ant STEPS=5000000 bash experiments/gpu/brax_ppo.sh        # a shorter run: throughput
 #   TASK=ant SEEDS_IN_ONE=3 ANCHOR=0 bash experiments/gpu/brax_ppo.sh
+#   TASK=dmc:CheetahRun PRESET=dmc-cheetah-run T=590 bash experiments/gpu/brax_ppo.sh   # Playground's trainer
 # Prints one JSON line per run (ours.jsonl, anchor.jsonl under $OUT) and a table.
 source experiments/gpu/setup.sh
-TASK=${TASK:-ant}; SEEDS=${SEEDS:-0}; T=${T:-290}; ANCHOR=${ANCHOR:-1}
+TASK=${TASK:-ant}; PRESET=${PRESET:-brax-$TASK}; SEEDS=${SEEDS:-0}; T=${T:-290}; ANCHOR=${ANCHOR:-1}
+NAME=${TASK#*:}
 steps_flag=${STEPS:+--total-timesteps $STEPS}
 ours() {  # ours NAME FLAGS...: one run of this project, timed from the process's start
   local name=$1; shift
   local start=$(date +%s.%N)
-  timeout $T python3 -m jaxrl_mgpu.train --config brax-$TASK --run-dir /tmp/runs/$name --eval-every 50 \
+  timeout $T python3 -m jaxrl_mgpu.train --config $PRESET --run-dir /tmp/runs/$name --eval-every 50 \
       --eval-episodes 128 --checkpoint-every 0 $steps_flag "$@" > $OUT/$name.log 2>&1
   local code=$?
   python3 - /tmp/runs/$name "$start" "$(date +%s.%N)" "$code" "$*" >> $OUT/ours.jsonl <<'EOF'
@@ -34,11 +36,11 @@ for seed in $SEEDS; do
     timeout $T python3 experiments/gpu/brax_anchor.py $TASK --seeds $seed ${STEPS:+--timesteps $STEPS} \
         >> $OUT/anchor.jsonl 2>> $OUT/anchor.err || echo "anchor seed $seed: exit $?" >> $OUT/anchor.err
   fi
-  ours ours-$TASK-$seed --seed $seed
+  ours ours-$NAME-$seed --seed $seed
 done
 if [ -n "${SEEDS_IN_ONE:-}" ]; then  # many runs take no --eval-every: evaluated after, every run
-  ours ours-$TASK-seeds$SEEDS_IN_ONE --num-seeds $SEEDS_IN_ONE --eval-every 0
-  timeout 120 python3 -m jaxrl_mgpu.evaluate --run-dir /tmp/runs/ours-$TASK-seeds$SEEDS_IN_ONE --episodes 128 \
+  ours ours-$NAME-seeds$SEEDS_IN_ONE --num-seeds $SEEDS_IN_ONE --eval-every 0
+  timeout 120 python3 -m jaxrl_mgpu.evaluate --run-dir /tmp/runs/ours-$NAME-seeds$SEEDS_IN_ONE --episodes 128 \
       > $OUT/seeds_eval.jsonl 2>> $OUT/anchor.err
 fi
 python3 - $OUT <<'EOF'

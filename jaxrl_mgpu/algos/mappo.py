@@ -85,6 +85,7 @@ def check(cfg, num_devices: int) -> Split:
     unsupported = [flag for flag, given in (("--normalize-obs", cfg.normalize_obs),
                                             ("--reward-scale", cfg.reward_scale != 1.0),
                                             ("--no-clip-value", not cfg.clip_value),
+                                            (f"--unroll-length {cfg.unroll_length}", cfg.unroll_length > 0),
                                             (f"--action-dist {cfg.action_dist}", cfg.action_dist != "clipped_normal"))
                    if given]
     if unsupported:
