@@ -24,8 +24,7 @@ which the optimizer never sees: it updates `params["params"]` alone. As in Brax'
 rollout's observations (all devices, one all-reduce) update the statistics BEFORE the learner
 uses that rollout: the learner then fits the policy as it acts under the new statistics, within
 PPO's clip of the policy that collected the rollout. (Updated after the learner, the shift of
-the statistics would move the policy outside any clip; on Brax's Ant that cost about a third of
-the return, experiments/RESULTS.md.)
+the statistics would move the policy outside any clip.)
 """
 
 from __future__ import annotations
@@ -388,9 +387,9 @@ def make(cfg, env, env_params, split: Split) -> Algo:
         # which is much slower on GPUs at large n.
         perms = jnp.stack([jax.random.permutation(jax.random.fold_in(k, device_index()), n)
                            for k in jax.random.split(key, cfg.update_epochs)])
-        # --unroll-length: the loss computes each minibatch's advantages itself.
-        advantages = (jnp.zeros(cfg.update_epochs) if cfg.unroll_length else
-                      normalize_per_minibatch(jax.vmap(lambda perm: split(data.advantage, perm))(perms)))
+        # --unroll-length: none here (the loss computes each minibatch's advantages itself).
+        advantages = () if cfg.unroll_length else normalize_per_minibatch(
+            jax.vmap(lambda perm: split(data.advantage, perm))(perms))
 
         def loss_of_weights(weights, batch: Batch):
             return loss_fn({**params, "params": weights}, batch)
@@ -398,8 +397,7 @@ def make(cfg, env, env_params, split: Split) -> Algo:
         def epoch(carry, xs):
             perm, epoch_advantages = xs  # the advantages come already shuffled and normalized
             minibatches = jax.tree.map(lambda x: split(x, perm), data._replace(advantage=()))
-            if not cfg.unroll_length:
-                minibatches = minibatches._replace(advantage=epoch_advantages)
+            minibatches = minibatches._replace(advantage=epoch_advantages)
             return learner.steps(loss_of_weights, tx, carry, minibatches, cfg.grad_accum, cfg.precision)
 
         (weights, opt_state, loss_scale), stats = jax.lax.scan(
