@@ -6,6 +6,7 @@ module (the fixtures) and every test of it reuses them with other actions and ti
 
 import importlib.util
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -192,6 +193,25 @@ def test_a_dict_observation_gives_its_state_entry():
         brax_state.BraxStateEnv(pixels, "brax:fast", 10, 1)
 
 
+@needs_dmc
+def test_the_physics_runs_in_float32_unless_told():
+    """MJX's matmuls are traced at "highest" precision (float32; TF32 on a GPU otherwise), the
+    suite's reset and step only; `physics_precision=default` leaves them at the backend's."""
+    def precisions(args):
+        env, params = envs.make("dmc:CartpoleBalance", args)
+        _, state = env.reset(jax.random.PRNGKey(0), params)
+        jaxprs = (jax.make_jaxpr(env.reset)(jax.random.PRNGKey(0), params),
+                  jax.make_jaxpr(env.step)(jax.random.PRNGKey(0), state, jnp.zeros(env.action_size), params))
+        # every dot_general's parameters, nested ones (in scans, conds, pjits) too, as the
+        # printed jaxpr shows them (a precision of None is not printed)
+        found = [p for j in jaxprs for p in re.findall(r"dot_general\[(.*?)\n\s*\]", str(j), re.S)]
+        assert len(found) > 10  # MJX's physics multiplies matrices
+        return {m.group(1) if (m := re.search(r"precision=(\(.*?\))", p)) else None for p in found}
+
+    assert precisions(None) == {"(Precision.HIGHEST, Precision.HIGHEST)"}
+    assert precisions("physics_precision=default") == {None}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("argv, words", [
     (["--env", "brax:antt"], "--env brax:antt: no such task; brax offers ant, fast, halfcheetah, hopper, humanoid,"),
@@ -203,6 +223,8 @@ def test_a_dict_observation_gives_its_state_entry():
     (["--env", "brax:ant", "--env-args", "impl=jax"],
      "--env-args impl=jax: brax:ant takes episode_length, action_repeat, fresh_reset, backend"),
     (["--env", "brax:ant", "--env-args", "fresh_reset=1"], "brax:ant's fresh_reset must be true or false"),
+    (["--env", "brax:ant", "--env-args", "physics_precision=tf32"],
+     "brax:ant's physics_precision must be one of highest, default"),
     (["--env", "brax:inverted_pendulum", "--algo", "dqn"],
      "--algo dqn takes discrete actions (one Q-value each); --env brax:inverted_pendulum has continuous (Box) actions"),
     (["--env", "brax:ant", "--policy", "transformer"], "--env brax:ant has continuous (Box) actions: use --policy mlp"),

@@ -27,6 +27,11 @@ episode terminated. `BraxStateEnv` adds what the project's environment API needs
   from the step's key at every episode's end instead. That computes a reset in every step of
   every environment (under vmap both sides of the choice are computed), which costs little
   for most tasks but 200 physics steps for dmc:CheetahRun, whose reset lets the model settle;
+- the physics in full float32: the suite's reset and step are traced under
+  `jax.default_matmul_precision("highest")`. On Ampere and later GPUs XLA otherwise runs
+  float32 matmuls in TF32, which MuJoCo Playground names as a cause of unstable training and
+  its own trainer overrides globally; here only the physics pays for it, the networks keep the
+  fast default. `--env-args physics_precision=default` leaves the physics at jax's own setting;
 - observations float32 `[obs_size]`; where a task's observation is a dict, its `"state"`
   entry (what the policy sees; Playground's asymmetric tasks give the critic a
   `"privileged_state"`, which this project's shared-input actor-critic does not use).
@@ -37,6 +42,7 @@ shard_map.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import warnings
@@ -57,10 +63,15 @@ BRAX_BACKENDS = ("mjx", "generalized", "positional", "spring")
 # What Brax's trainer uses unless told otherwise: 1,000 steps an episode, each action once.
 BRAX_EPISODE_LENGTH, BRAX_ACTION_REPEAT = 1000, 1
 
+# float32 matmuls in the physics ("highest"), or jax's own setting ("default": on an Ampere or
+# later GPU, TF32 unless JAX_DEFAULT_MATMUL_PRECISION says otherwise).
+PHYSICS_PRECISIONS = ("highest", "default")
+PRECISION_ARG = Arg(str, choices=PHYSICS_PRECISIONS)
 BRAX_ARGS = {"episode_length": COUNT, "action_repeat": COUNT, "fresh_reset": FLAG,
-             "backend": Arg(str, choices=BRAX_BACKENDS)}
+             "backend": Arg(str, choices=BRAX_BACKENDS), "physics_precision": PRECISION_ARG}
 # Defaults: the task's own config (every DM Control task: 1,000 steps, action_repeat 1).
-DMC_ARGS = {"episode_length": COUNT, "action_repeat": COUNT, "fresh_reset": FLAG}
+DMC_ARGS = {"episode_length": COUNT, "action_repeat": COUNT, "fresh_reset": FLAG,
+            "physics_precision": PRECISION_ARG}
 
 
 @struct.dataclass
@@ -78,12 +89,14 @@ class BraxStateEnv(environment.Environment):
     """A gymnax environment around `suite_env` (Brax `State` contract): see the module's
     docstring. `name` is what `--env` called it."""
 
-    def __init__(self, suite_env, name: str, episode_length: int, action_repeat: int, fresh_reset: bool = False):
+    def __init__(self, suite_env, name: str, episode_length: int, action_repeat: int, fresh_reset: bool = False,
+                 physics_precision: str = "highest"):
         self.suite_env = suite_env
         self._name = name
         self.episode_length = episode_length
         self.action_repeat = action_repeat
         self.fresh_reset = fresh_reset
+        self.physics_precision = physics_precision
         # The shapes and types of a reset State, without running anything (tracing compiles nothing).
         self._first = jax.eval_shape(suite_env.reset, jax.random.PRNGKey(0))
         obs = self._first.obs
@@ -117,7 +130,8 @@ class BraxStateEnv(environment.Environment):
         return (obs["state"] if isinstance(obs, Mapping) else obs).astype(jnp.float32)
 
     def reset_env(self, key: jax.Array, params: EnvParams) -> tuple[jax.Array, EnvState]:
-        suite_state = self._held(self.suite_env.reset(key))
+        with self._physics():
+            suite_state = self._held(self.suite_env.reset(key))
         start = None if self.fresh_reset else suite_state
         return self.observation(suite_state), EnvState(time=jnp.int32(0), suite_state=suite_state, start=start)
 
@@ -147,7 +161,8 @@ class BraxStateEnv(environment.Environment):
         """The suite's step applied `action_repeat` times, rewards summed. Once one of them ends
         the episode the state holds still (the episode is over; the rest would step past it)."""
         def once(before):
-            return self._held(self.suite_env.step(self._whole(before), action))
+            with self._physics():
+                return self._held(self.suite_env.step(self._whole(before), action))
 
         if self.action_repeat == 1:
             return once(held)
@@ -161,6 +176,13 @@ class BraxStateEnv(environment.Environment):
 
         (last, total), _ = lax.scan(repeat, (held, jnp.zeros_like(held.reward)), None, length=self.action_repeat)
         return last.replace(reward=total)
+
+    def _physics(self):
+        """Where the suite's physics is traced: at float32 precision, or (`default`) at whatever
+        jax's own setting is (`JAX_DEFAULT_MATMUL_PRECISION`)."""
+        if self.physics_precision == "default":
+            return contextlib.nullcontext()
+        return jax.default_matmul_precision(self.physics_precision)
 
     def _held(self, suite_state):
         """What EnvState keeps of a suite's State: every leaf an array of the type it has after a
@@ -200,8 +222,9 @@ def _refuse_brax(task: str) -> str | None:
 
 
 def _make_brax(task: str, episode_length: int = BRAX_EPISODE_LENGTH, action_repeat: int = BRAX_ACTION_REPEAT,
-               fresh_reset: bool = False, backend: str = "mjx") -> tuple[BraxStateEnv, EnvParams]:
-    return _built("brax", task, episode_length, action_repeat, fresh_reset, backend)
+               fresh_reset: bool = False, backend: str = "mjx",
+               physics_precision: str = "highest") -> tuple[BraxStateEnv, EnvParams]:
+    return _built("brax", task, episode_length, action_repeat, fresh_reset, physics_precision, backend)
 
 
 def _dmc_tasks() -> list[str]:
@@ -210,11 +233,11 @@ def _dmc_tasks() -> list[str]:
 
 
 def _make_dmc(task: str, episode_length: int | None = None, action_repeat: int | None = None,
-              fresh_reset: bool = False) -> tuple[BraxStateEnv, EnvParams]:
+              fresh_reset: bool = False, physics_precision: str = "highest") -> tuple[BraxStateEnv, EnvParams]:
     from mujoco_playground import dm_control_suite
     config = dm_control_suite.get_default_config(task)
     return _built("dmc", task, config.episode_length if episode_length is None else episode_length,
-                  config.action_repeat if action_repeat is None else action_repeat, fresh_reset)
+                  config.action_repeat if action_repeat is None else action_repeat, fresh_reset, physics_precision)
 
 
 def _refuse_dmc(task: str) -> str | None:
@@ -229,7 +252,7 @@ def _refuse_dmc(task: str) -> str | None:
 
 @functools.lru_cache(maxsize=None)
 def _built(suite: str, task: str, episode_length: int, action_repeat: int, fresh_reset: bool,
-           backend: str | None = None) -> tuple[BraxStateEnv, EnvParams]:
+           physics_precision: str, backend: str | None = None) -> tuple[BraxStateEnv, EnvParams]:
     """One adapter per task and arguments: a run's start-up asks for its environment several
     times (checks, then the run itself), and building one reads and compiles a MuJoCo model."""
     if suite == "brax":
@@ -244,7 +267,7 @@ def _built(suite: str, task: str, episode_length: int, action_repeat: int, fresh
     else:
         from mujoco_playground import dm_control_suite
         suite_env = dm_control_suite.load(task, config_overrides={"impl": "jax"})
-    env = BraxStateEnv(suite_env, f"{suite}:{task}", episode_length, action_repeat, fresh_reset)
+    env = BraxStateEnv(suite_env, f"{suite}:{task}", episode_length, action_repeat, fresh_reset, physics_precision)
     return env, env.default_params
 
 
