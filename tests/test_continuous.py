@@ -239,7 +239,8 @@ def test_tanh_normal_log_prob_and_entropy_match_a_direct_computation():
     n, d = 64, 3
     loc, raw = rng.normal(size=(n, d)), rng.normal(size=(n, d))
     scale = np.log1p(np.exp(raw)) + 0.001  # softplus + Brax's minimum std
-    u = loc + scale * rng.normal(size=(n, d))
+    e = rng.normal(size=(n, d))
+    u = loc + scale * e
     dist = actor_critic.TanhNormal(low=(-1.0,) * d, high=(1.0,) * d)
     pi = jnp.asarray(np.concatenate([loc, raw], -1), jnp.float32)
     assert dist.num_outputs == 2 * d
@@ -254,27 +255,31 @@ def test_tanh_normal_log_prob_and_entropy_match_a_direct_computation():
     np.testing.assert_allclose(by_change, by_cdf, rtol=1e-4)
     np.testing.assert_allclose(dist.log_prob(pi, jnp.asarray(u, jnp.float32)), by_change, rtol=1e-4, atol=1e-4)
 
-    # The entropy estimate at a sample: H(Normal) + log(1 - tanh(u)^2), as Brax's one-sample estimate ...
+    # The entropy estimate at the sample drawn with noise e: H(Normal) + log(1 - tanh(u)^2), as
+    # Brax's one-sample estimate ...
     direct = (np.log(scale) + HALF_LOG_2_PI_E + np.log(1 - a ** 2)).sum(-1)
-    np.testing.assert_allclose(dist.entropy(pi, jnp.asarray(u, jnp.float32)), direct, rtol=1e-4, atol=1e-4)
-    # ... its gradient that of the reparameterised sample u = loc + scale * e, e held fixed ...
-    e = (u - loc) / scale
+    np.testing.assert_allclose(dist.entropy(pi, jnp.asarray(e, jnp.float32)), direct, rtol=1e-4, atol=1e-4)
+    # ... its gradient that of the reparameterised sample u = loc + scale * e, e held fixed, also
+    # at params the sample was not drawn from (a later epoch's) ...
+    moved = pi.at[:, :d].add(1.5).at[:, d:].add(-1.0)
 
     def reparameterised(p):
         loc_, raw_ = jnp.split(p, 2, -1)
         scale_ = jax.nn.softplus(raw_) + 0.001
         return (jnp.log(scale_) + HALF_LOG_2_PI_E + jnp.log1p(-jnp.tanh(loc_ + scale_ * e) ** 2)).sum()
 
-    np.testing.assert_allclose(jax.grad(lambda p: dist.entropy(p, jnp.asarray(u, jnp.float32)).sum())(pi),
-                               jax.grad(reparameterised)(pi), rtol=1e-3, atol=1e-4)
+    for p in (pi, moved):
+        np.testing.assert_allclose(jax.grad(lambda p: dist.entropy(p, jnp.asarray(e, jnp.float32)).sum())(p),
+                                   jax.grad(reparameterised)(p), rtol=1e-3, atol=1e-4)
     # ... and unbiased: its mean over samples is the squashed distribution's entropy -E[log p(a)],
     # here by quadrature over u.
     one = jnp.broadcast_to(pi[0], (20000, 2 * d))
-    samples = dist.sample(one, dist.noise(jax.random.split(jax.random.PRNGKey(0), 20000)))
+    noise = dist.noise(jax.random.split(jax.random.PRNGKey(0), 20000))
+    samples = dist.sample(one, noise)
     grid = np.linspace(-12, 12, 200001)[:, None] * scale[0] + loc[0]
     weights = norm.pdf(grid, loc[0], scale[0])
     exact = (np.log(scale[0]) + HALF_LOG_2_PI_E + np.trapezoid(weights * np.log1p(-np.tanh(grid) ** 2), grid, axis=0)).sum()
-    np.testing.assert_allclose(float(dist.entropy(one, samples).mean()), exact, rtol=0.02)
+    np.testing.assert_allclose(float(dist.entropy(one, noise).mean()), exact, rtol=0.02)
     np.testing.assert_allclose(float(-dist.log_prob(one, samples).mean()), exact, rtol=0.02)
 
 

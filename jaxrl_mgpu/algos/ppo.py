@@ -111,6 +111,7 @@ class Rollout(NamedTuple):
     terminated: jax.Array
     truncated: jax.Array
     bootstrap: jax.Array  # V(final observation) where the episode was truncated, else 0
+    noise: Any = ()       # the action noise drawn, where the distribution's entropy needs it (samples_entropy)
 
 
 class Batch(NamedTuple):
@@ -124,6 +125,7 @@ class Batch(NamedTuple):
     advantage: Any        # [B] or [E, T]; () with --unroll-length
     target: Any           # the value targets, likewise
     unroll: Any = ()      # --unroll-length: Unroll; else ()
+    noise: Any = ()       # Rollout.noise, likewise laid out
 
 
 class Unroll(NamedTuple):
@@ -217,7 +219,7 @@ def unrolls(cfg, traj: Rollout, next_inputs) -> Batch:
                          traj.inputs, next_inputs)
     unroll = Unroll(cut(traj.reward), cut(traj.terminated), cut(traj.truncated), cut(traj.bootstrap), after)
     return Batch((), jax.tree.map(cut, traj.inputs), cut(traj.action), cut(traj.log_prob), cut(traj.value), (), (),
-                 unroll)
+                 unroll, jax.tree.map(cut, traj.noise))
 
 
 def gae(cfg, traj: Rollout, last_value: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -348,7 +350,7 @@ def make(cfg, env, env_params, split: Split) -> Algo:
         # Step t's bootstrap was computed at step t + 1 (the last one just above).
         bootstrap = jnp.concatenate([prev_bootstrap[1:], last_bootstrap[None]])
         traj = Rollout(inputs, action, log_prob, value, reward, terminated, truncated,
-                       jnp.where(truncated > 0, bootstrap, 0.0))
+                       jnp.where(truncated > 0, bootstrap, 0.0), noise if dist.samples_entropy else ())
         return envs, memory, traj, last_value, vec.EpisodeStats.of(done_return, done_length)
 
     def loss_fn(params, batch: Batch):
@@ -366,7 +368,7 @@ def make(cfg, env, env_params, split: Split) -> Algo:
             value_clipped = batch.value + jnp.clip(value - batch.value, -cfg.clip_eps, cfg.clip_eps)
             value_loss = jnp.maximum(value_loss, jnp.square(value_clipped - targets))
         value_loss = 0.5 * value_loss.mean()
-        entropy = dist.entropy(pi, batch.action).mean()
+        entropy = dist.entropy(pi, batch.noise if dist.samples_entropy else None).mean()
         total = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
         stats = {"loss/total": total, "loss/policy": policy_loss, "loss/value": value_loss,
                  "loss/entropy": entropy, "loss/approx_kl": ((ratio - 1) - jnp.log(ratio)).mean(),
@@ -413,7 +415,8 @@ def make(cfg, env, env_params, split: Split) -> Algo:
         else:
             advantages, targets, return_stats, returns = learning_targets(cfg, traj, last_value,
                                                                           state.return_stats, state.returns)
-            data = Batch(state.memory, traj.inputs, traj.action, traj.log_prob, traj.value, advantages, targets)
+            data = Batch(state.memory, traj.inputs, traj.action, traj.log_prob, traj.value, advantages, targets,
+                         noise=traj.noise)
             if policy.sequences:  # [T, E, ...] -> [E, T, ...]: minibatches of whole environments
                 data = data._replace(**{f: jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), getattr(data, f))
                                         for f in Batch._fields if f not in ("memory", "unroll")})

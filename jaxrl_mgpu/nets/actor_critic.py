@@ -35,8 +35,9 @@ rollout, the loss and evaluation are the same code for all:
     noise(keys)          -> its random numbers, one row per key, drawn before pi is known
     sample(pi, noise)    -> actions;  mode(pi) -> the actions greedy evaluation takes
     log_prob(pi, action) -> [n]
-    entropy(pi, action)  -> [n]; `action` is the rollout's sample of that step, which a
-                            distribution without a closed-form entropy estimates it with
+    entropy(pi, noise)   -> [n]; `noise` is the rollout's draw for that step, with which a
+                            distribution without a closed-form entropy estimates it (one
+                            that has one takes None; `samples_entropy` says which)
     to_env(action)       -> what the environment is given
 """
 
@@ -100,7 +101,9 @@ class Categorical:
     def log_prob(self, logits: jax.Array, action: jax.Array) -> jax.Array:
         return log_prob(logits, action)
 
-    def entropy(self, logits: jax.Array, action: jax.Array | None = None) -> jax.Array:
+    samples_entropy = False
+
+    def entropy(self, logits: jax.Array, noise: jax.Array | None = None) -> jax.Array:
         log_probs = jax.nn.log_softmax(logits)
         return -(jnp.exp(log_probs) * log_probs).sum(-1)
 
@@ -142,7 +145,9 @@ class DiagGaussian:
         z = (action - mean) * jnp.exp(-log_std)
         return (-0.5 * jnp.square(z) - log_std - 0.5 * np.log(2 * np.pi)).sum(-1)
 
-    def entropy(self, pi, action: jax.Array | None = None) -> jax.Array:
+    samples_entropy = False
+
+    def entropy(self, pi, noise: jax.Array | None = None) -> jax.Array:
         return (pi[1] + HALF_LOG_2_PI_E).sum(-1)
 
     def to_env(self, action: jax.Array) -> jax.Array:
@@ -162,14 +167,18 @@ class TanhNormal:
     squashing, and the log-prob is the density of the action tanh(u): log N(u) - log(1 -
     tanh(u)^2) (the affine map to the bounds is a constant factor and cancels in PPO's ratio).
     The entropy has no closed form; as Brax, one sample estimates it: H(Normal) + log(1 -
-    tanh(u)^2) at a reparameterised u = loc + scale * e. Brax draws e afresh in the loss; here
-    e is the one the rollout drew, (action - loc) / scale, so the loss needs no random numbers
-    of its own (the same e for every epoch; a sample of the current policy while the params
-    are the rollout's)."""
+    tanh(u)^2) at a reparameterised u = loc + scale * e, with e standard normal. Brax draws e
+    afresh in the loss; here e is the noise the rollout drew for that step, kept with the
+    rollout, so the loss needs no random numbers of its own and 1 device == 8 still holds
+    (the same e in every epoch). Not e = (action - loc) / scale at the current params: once an
+    update has moved loc away from a rollout's sample, that e is far from standard normal, and
+    the estimate's gradient pushed the scale down until the policy blew up (dmc:CheetahRun,
+    16 epochs, by the sixth update; RESULTS.md)."""
     low: tuple   # [D] finite bounds of the action space
     high: tuple
 
     MIN_STD = 0.001
+    samples_entropy = True  # the rollout keeps its noise for `entropy`
 
     @property
     def num_dims(self) -> int:
@@ -199,9 +208,9 @@ class TanhNormal:
         return (-0.5 * jnp.square(z) - jnp.log(scale) - 0.5 * np.log(2 * np.pi)
                 - tanh_log_det_jacobian(action)).sum(-1)
 
-    def entropy(self, pi, action: jax.Array) -> jax.Array:
+    def entropy(self, pi, noise: jax.Array) -> jax.Array:
         loc, scale = self.loc_scale(pi)
-        u = loc + scale * jax.lax.stop_gradient((action - loc) / scale)
+        u = loc + scale * noise
         return (jnp.log(scale) + HALF_LOG_2_PI_E + tanh_log_det_jacobian(u)).sum(-1)
 
     def to_env(self, action: jax.Array) -> jax.Array:
