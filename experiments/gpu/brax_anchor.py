@@ -14,6 +14,7 @@ It is part of this script only, not of jaxrl_mgpu.
 import argparse
 import functools
 import json
+import sys
 import time
 
 import jax
@@ -70,6 +71,10 @@ def main():
     args = p.parse_args()
     if args.task not in CONFIGS and not args.task.startswith("dmc:"):
         p.error(f"task {args.task!r}: one of {', '.join(sorted(CONFIGS))}, or dmc:TASK")
+    if args.task.startswith("dmc:"):
+        # as Playground's own trainer (learning/train_jax_ppo.py) sets it: float32 matmuls, not
+        # TF32 (with TF32, CheetahRun's return rose to 689 and fell to 0 on an H200)
+        jax.config.update("jax_default_matmul_precision", "highest")
     for seed in args.seeds:
         if args.task.startswith("dmc:"):
             env, config = playground(args.task.split(":", 1)[1])
@@ -83,6 +88,8 @@ def main():
 
         def progress(steps, metrics):
             evals.append((int(steps), float(metrics["eval/episode_reward"]), time.perf_counter() - started))
+            # to stderr as it comes, so a run cut off by the call's time limit still leaves its curve
+            print(json.dumps({"task": args.task, "seed": seed, "eval": evals[-1]}), file=sys.stderr, flush=True)
 
         ppo.train(environment=env, seed=seed, progress_fn=progress, **config)
         total = time.perf_counter() - started
