@@ -368,7 +368,7 @@ def make(cfg, env, env_params, split: Split) -> Algo:
             value_clipped = batch.value + jnp.clip(value - batch.value, -cfg.clip_eps, cfg.clip_eps)
             value_loss = jnp.maximum(value_loss, jnp.square(value_clipped - targets))
         value_loss = 0.5 * value_loss.mean()
-        entropy = dist.entropy(pi, batch.noise if dist.samples_entropy else None).mean()
+        entropy = dist.entropy(pi, batch.noise).mean()
         total = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
         stats = {"loss/total": total, "loss/policy": policy_loss, "loss/value": value_loss,
                  "loss/entropy": entropy, "loss/approx_kl": ((ratio - 1) - jnp.log(ratio)).mean(),

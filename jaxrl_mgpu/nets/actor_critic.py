@@ -36,8 +36,9 @@ rollout, the loss and evaluation are the same code for all:
     sample(pi, noise)    -> actions;  mode(pi) -> the actions greedy evaluation takes
     log_prob(pi, action) -> [n]
     entropy(pi, noise)   -> [n]; `noise` is the rollout's draw for that step, with which a
-                            distribution without a closed-form entropy estimates it (one
-                            that has one takes None; `samples_entropy` says which)
+                            distribution without a closed-form entropy estimates it; the
+                            rollout keeps it only where `samples_entropy` (else it is ()
+                            and ignored)
     to_env(action)       -> what the environment is given
 """
 
@@ -103,7 +104,7 @@ class Categorical:
 
     samples_entropy = False
 
-    def entropy(self, logits: jax.Array, noise: jax.Array | None = None) -> jax.Array:
+    def entropy(self, logits: jax.Array, noise=()) -> jax.Array:
         log_probs = jax.nn.log_softmax(logits)
         return -(jnp.exp(log_probs) * log_probs).sum(-1)
 
@@ -147,7 +148,7 @@ class DiagGaussian:
 
     samples_entropy = False
 
-    def entropy(self, pi, noise: jax.Array | None = None) -> jax.Array:
+    def entropy(self, pi, noise=()) -> jax.Array:
         return (pi[1] + HALF_LOG_2_PI_E).sum(-1)
 
     def to_env(self, action: jax.Array) -> jax.Array:
@@ -171,9 +172,8 @@ class TanhNormal:
     afresh in the loss; here e is the noise the rollout drew for that step, kept with the
     rollout, so the loss needs no random numbers of its own and 1 device == 8 still holds
     (the same e in every epoch). Not e = (action - loc) / scale at the current params: once an
-    update has moved loc away from a rollout's sample, that e is far from standard normal, and
-    the estimate's gradient pushed the scale down until the policy blew up (dmc:CheetahRun,
-    16 epochs, by the sixth update; RESULTS.md)."""
+    epoch has moved loc away from a rollout's sample, that e is no longer standard normal, and
+    the estimate's gradient drives the scale down, the more the more epochs there are."""
     low: tuple   # [D] finite bounds of the action space
     high: tuple
 
