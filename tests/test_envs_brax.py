@@ -181,6 +181,30 @@ def test_action_repeat_and_episode_length_count_the_suites_steps():
 
 
 @needs_brax
+def test_physics_that_blows_up_ends_the_episode_with_reward_0_and_nothing_non_finite():
+    """brax:fast whose step turns its observation and reward NaN where the action is above 0.5
+    (MJX's physics under an extreme contact): that step terminates, with reward 0, a finite
+    final observation and the next episode's start; the steps around it are the suite's own."""
+    from brax import envs as brax_envs
+
+    class Exploding(brax_envs.Wrapper):
+        def step(self, state, action):
+            state = self.env.step(state, action)
+            bad = action[0] > 0.5
+            return state.replace(obs=jnp.where(bad, jnp.nan, state.obs), reward=jnp.where(bad, jnp.nan, state.reward))
+
+    env = brax_state.BraxStateEnv(Exploding(brax_envs.get_environment("fast")), "brax:fast", 1000, 1)
+    params = env.default_params
+    actions = jnp.zeros((STEPS, 1)).at[5, 0].set(1.0)
+    first, (obs, reward, terminated, truncated, final) = jax.tree.map(
+        np.asarray, adapter_rollout(env)(jax.random.PRNGKey(0), actions, params))
+    assert terminated.nonzero()[0].tolist() == [5] and not truncated.any()
+    assert reward[5] == 0 and np.isfinite(reward).all() and np.isfinite(obs).all() and np.isfinite(final).all()
+    np.testing.assert_array_equal(obs[5], first)  # the next episode starts where the first did
+    np.testing.assert_array_equal(obs[6:], obs[:STEPS - 6])  # and steps as the first one did
+
+
+@needs_brax
 def test_a_dict_observation_gives_its_state_entry():
     from brax import envs as brax_envs
     fast = brax_envs.get_environment("fast", obs_mode="dict_state", asymmetric_obs=True)

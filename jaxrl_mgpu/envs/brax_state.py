@@ -32,6 +32,11 @@ episode terminated. `BraxStateEnv` adds what the project's environment API needs
   float32 matmuls in TF32, which MuJoCo Playground names as a cause of unstable training and
   its own trainer overrides globally; here only the physics pays for it, the networks keep the
   fast default. `--env-args physics_precision=default` leaves the physics at jax's own setting;
+- a step whose physics blew up (a non-finite observation or reward: MJX's positions and
+  velocities can turn NaN under extreme contacts) terminates its episode with reward 0, as
+  Playground's own tasks end such an episode (`done` on a NaN position or velocity; Brax's do
+  not end it at all). Otherwise one environment's NaN reward would make a whole update's loss
+  non-finite and stop the run;
 - observations float32 `[obs_size]`; where a task's observation is a dict, its `"state"`
   entry (what the policy sees; Playground's asymmetric tasks give the critic a
   `"privileged_state"`, which this project's shared-input actor-critic does not use).
@@ -143,10 +148,16 @@ class BraxStateEnv(environment.Environment):
         params = self.default_params if params is None else params
         stepped = self._repeat(state.suite_state, action)
         time = state.time + 1
-        terminated = stepped.done > 0
+        final_obs = self.observation(stepped)
+        # Physics that blew up (see the module's docstring) ends the episode with reward 0 (a
+        # NaN reward would make the whole update's loss NaN) and zeros for its last observation
+        # (a termination never bootstraps from it; zeros keep what reads it finite).
+        exploded = jnp.logical_not(jnp.isfinite(final_obs).all() & jnp.isfinite(stepped.reward))
+        reward = jnp.where(exploded, 0.0, stepped.reward.astype(jnp.float32))
+        final_obs = jnp.where(exploded, 0.0, final_obs)
+        terminated = jnp.logical_or(stepped.done > 0, exploded)
         truncated = jnp.logical_and(time >= params.max_steps_in_episode, jnp.logical_not(terminated))
         done = jnp.logical_or(terminated, truncated)
-        final_obs = self.observation(stepped)
         if self.fresh_reset:
             obs_next, next_start = self.reset_env(key, params)
         else:  # the start this environment's first reset drew
@@ -155,7 +166,7 @@ class BraxStateEnv(environment.Environment):
         state = jax.tree.map(lambda start, going: lax.select(done, start, going), next_start,
                              EnvState(time=time, suite_state=stepped, start=state.start))
         obs = lax.select(done, obs_next, final_obs)
-        return obs, state, stepped.reward.astype(jnp.float32), terminated, truncated, {"final_observation": final_obs}
+        return obs, state, reward, terminated, truncated, {"final_observation": final_obs}
 
     def _repeat(self, held, action: jax.Array):
         """The suite's step applied `action_repeat` times, rewards summed. Once one of them ends
