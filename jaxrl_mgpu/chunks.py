@@ -242,18 +242,21 @@ class Trainer:
         return self._summarize(self.par.first(self._eval(params, key)))
 
 
-def check_finite(par: Parallel, first_bad: jax.Array, first_update: int, diverged: dict | None = None) -> None:
-    """A single run that went non-finite raises NonFinite (`first_bad`: a Chunk's, counted from
-    `first_update`); with many runs, `diverged` ({run: the update where it went non-finite})
-    gains the runs that did, and NonFinite comes when every run has. Blocks until the chunk
-    is done."""
+def check_finite(par: Parallel, chunk: Chunk, first_update: int, diverged: dict | None = None) -> None:
+    """A single run that went non-finite raises NonFinite, naming the numbers of its log interval
+    that are (or else its parameters), at the update where it happened (`chunk.first_bad`,
+    counted from `first_update`); with many runs, `diverged` ({run: the update where it went
+    non-finite}) gains the runs that did, and NonFinite comes when every run has. Blocks until
+    the chunk is done."""
     if par.runs is None:
-        bad = par.first(first_bad)
+        bad = par.first(chunk.first_bad)
         if bad >= 0:
-            raise NonFinite(f"non-finite loss or parameters at update {first_update + int(bad)}")
+            losses = par.first(chunk.losses)
+            named = [k for k, v in losses.items() if not np.isfinite(np.asarray(v)).all()]
+            raise NonFinite(f"non-finite {', '.join(named) or 'parameters'} at update {first_update + int(bad)}")
         return
     diverged = {} if diverged is None else diverged
-    for run, bad in enumerate(par.runs_of(first_bad)):
+    for run, bad in enumerate(par.runs_of(chunk.first_bad)):
         if bad >= 0:
             diverged.setdefault(run, first_update + int(bad))
     if len(diverged) == par.runs:
@@ -266,7 +269,7 @@ def read_chunk(par: Parallel, chunk: Chunk, first_update: int, diverged: dict | 
     run's row under "runs", and their means over the runs that have not diverged (the
     console's line); the rows of runs that went non-finite say so ("diverged_at")."""
     diverged = {} if diverged is None else diverged
-    check_finite(par, chunk.first_bad, first_update, diverged)
+    check_finite(par, chunk, first_update, diverged)
     if par.runs is None:
         return chunk_row(*par.first((chunk.losses, chunk.episodes)))
     losses, episodes = par.runs_of((chunk.losses, chunk.episodes))

@@ -144,7 +144,7 @@ class Loop:
             if chunk.row_due:
                 row = read_chunk(par, chunk.metrics, chunk.interval_start + 1, self.diverged)
             else:
-                check_finite(par, chunk.metrics.first_bad, chunk.interval_start + 1, self.diverged)
+                check_finite(par, chunk.metrics, chunk.interval_start + 1, self.diverged)
         now = time.perf_counter()
         if chunk.length:
             self.sizer.done(chunk.length, chunk.dispatched_at, now)

@@ -283,6 +283,21 @@ def test_tanh_normal_log_prob_and_entropy_match_a_direct_computation():
     np.testing.assert_allclose(float(-dist.log_prob(one, samples).mean()), exact, rtol=0.02)
 
 
+def test_the_clipped_surrogate_stays_finite_where_a_sample_s_ratio_underflows():
+    """A sample whose new density is e^-200 of the rollout's (a narrow tanh-normal scale that
+    moved off it) has ratio 0 in float32: its policy loss and gradient are those of the clip,
+    and the KL estimate (ratio - 1) - log(ratio) is 199, not log(0) = -inf."""
+    log_ratio = jnp.asarray([-200.0, -200.0, 0.1, -0.1, 0.5], jnp.float32)
+    adv = jnp.asarray([1.0, -1.0, 1.0, -1.0, 2.0], jnp.float32)
+    loss, kl, clipped = ppo.clipped_surrogate(log_ratio, adv, 0.2)
+    ratio = np.exp(np.asarray(log_ratio, np.float64))
+    np.testing.assert_allclose(loss, -np.minimum(ratio * adv, np.clip(ratio, 0.8, 1.2) * adv), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(kl, (ratio - 1) - np.asarray(log_ratio, np.float64), rtol=1e-5)
+    assert np.asarray(clipped).tolist() == [1, 1, 0, 0, 1]
+    grad = jax.grad(lambda r: sum(x.sum() for x in ppo.clipped_surrogate(r, adv, 0.2)[:2]))(log_ratio)
+    assert np.isfinite(grad).all()
+
+
 @pytest.mark.slow
 def test_tanh_normal_acts_within_the_bounds_and_keeps_the_sample_before_squashing():
     """The env gets tanh(u) mapped onto Pendulum's [-2, 2]; the rollout keeps u and its log-prob;

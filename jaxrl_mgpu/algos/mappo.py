@@ -269,15 +269,13 @@ def make(cfg, env, env_params, split: Split) -> Algo:
 
     def loss_fn(params, batch: Batch):
         logits, value = policy.evaluate(params, (), batch.obs)
-        ratio = jnp.exp(dist.log_prob(logits, batch.action) - batch.log_prob)
-        adv = batch.advantage
-        policy_loss = -jnp.minimum(ratio * adv, jnp.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * adv)
+        policy_loss, approx_kl, clip_frac = ppo.clipped_surrogate(
+            dist.log_prob(logits, batch.action) - batch.log_prob, batch.advantage, cfg.clip_eps)
         value_clipped = batch.value + jnp.clip(value - batch.value, -cfg.clip_eps, cfg.clip_eps)
         value_loss = 0.5 * jnp.maximum(jnp.square(value - batch.target), jnp.square(value_clipped - batch.target))
         entropy = dist.entropy(logits)
         terms = {"loss/policy": policy_loss, "loss/value": value_loss, "loss/entropy": entropy,
-                 "loss/approx_kl": (ratio - 1) - jnp.log(ratio),
-                 "loss/clip_frac": (jnp.abs(ratio - 1) > cfg.clip_eps).astype(jnp.float32)}
+                 "loss/approx_kl": approx_kl, "loss/clip_frac": clip_frac}
         # Each team's mean over its agents' transitions (the weights hold the team's count).
         means = {k: team_sums((batch.weight * v).sum(0), teams) for k, v in terms.items()}
         team_total = means["loss/policy"] + cfg.vf_coef * means["loss/value"] - cfg.ent_coef * means["loss/entropy"]

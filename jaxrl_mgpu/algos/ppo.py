@@ -287,6 +287,18 @@ def unroll_targets(cfg, batch: Batch, value: jax.Array, next_value: jax.Array):
     return normalize_per_minibatch(adv.T[None, None])[0, 0], target.T
 
 
+def clipped_surrogate(log_ratio: jax.Array, advantages: jax.Array, clip_eps: float) -> tuple:
+    """PPO's clipped policy loss, the KL estimate (ratio - 1) - log(ratio) and whether the ratio
+    was clipped, per sample, from the log-ratio of the new and the rollout's log-probs. The KL
+    takes the log-ratio itself, never log(exp(...)): a sample whose density fell by more than
+    e^-88 (a narrow scale that moved off it) has ratio 0 in float32, and log(0) = -inf once made
+    healthy updates non-finite (CheetahRun, between updates 20 and 40 of 90; the sample's own
+    policy loss and gradient are 0 there)."""
+    ratio = jnp.exp(log_ratio)
+    policy_loss = -jnp.minimum(ratio * advantages, jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * advantages)
+    return policy_loss, (ratio - 1) - log_ratio, (jnp.abs(ratio - 1) > clip_eps).astype(jnp.float32)
+
+
 def normalize_per_minibatch(adv: jax.Array) -> jax.Array:
     """Advantages [epochs, minibatches, ...per device] -> (adv - mean) / std, each minibatch
     with the mean and std of that minibatch over ALL devices. One all-reduce for all of them."""
@@ -360,9 +372,8 @@ def make(cfg, env, env_params, split: Split) -> Algo:
                                                  policy.evaluate(params, (), batch.unroll.next_inputs)[1])
         else:
             advantages, targets = batch.advantage, batch.target
-        ratio = jnp.exp(dist.log_prob(pi, batch.action) - batch.log_prob)
-        policy_loss = -jnp.minimum(ratio * advantages,
-                                   jnp.clip(ratio, 1 - cfg.clip_eps, 1 + cfg.clip_eps) * advantages).mean()
+        policy_loss, approx_kl, clip_frac = (x.mean() for x in clipped_surrogate(
+            dist.log_prob(pi, batch.action) - batch.log_prob, advantages, cfg.clip_eps))
         value_loss = jnp.square(value - targets)
         if cfg.clip_value:
             value_clipped = batch.value + jnp.clip(value - batch.value, -cfg.clip_eps, cfg.clip_eps)
@@ -371,8 +382,7 @@ def make(cfg, env, env_params, split: Split) -> Algo:
         entropy = dist.entropy(pi, batch.noise).mean()
         total = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
         stats = {"loss/total": total, "loss/policy": policy_loss, "loss/value": value_loss,
-                 "loss/entropy": entropy, "loss/approx_kl": ((ratio - 1) - jnp.log(ratio)).mean(),
-                 "loss/clip_frac": (jnp.abs(ratio - 1) > cfg.clip_eps).mean()}
+                 "loss/entropy": entropy, "loss/approx_kl": approx_kl, "loss/clip_frac": clip_frac}
         return total, stats
 
     def learn(params, opt_state, loss_scale, data: Batch, key):
