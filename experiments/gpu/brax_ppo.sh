@@ -6,6 +6,8 @@
 #   TASK=ant STEPS=5000000 bash experiments/gpu/brax_ppo.sh        # a shorter run: throughput
 #   TASK=ant SEEDS_IN_ONE=3 ANCHOR=0 bash experiments/gpu/brax_ppo.sh
 #   TASK=dmc:CheetahRun PRESET=dmc-cheetah-run T=590 bash experiments/gpu/brax_ppo.sh   # Playground's trainer
+#   ANCHOR=0 RESUME=1 TASK=dmc:HumanoidWalk PRESET=dmc-humanoid-walk T=585 bash ...     # again in the next call:
+#       a run longer than one call (the time limit's SIGTERM saves a checkpoint) goes on where it stopped
 # Prints one JSON line per run (ours.jsonl, anchor.jsonl under $OUT) and a table.
 source experiments/gpu/setup.sh
 TASK=${TASK:-ant}; PRESET=${PRESET:-brax-$TASK}; SEEDS=${SEEDS:-0}; T=${T:-290}; ANCHOR=${ANCHOR:-1}
@@ -15,10 +17,10 @@ ours() {  # ours NAME FLAGS...: one run of this project, timed from the process'
   local name=$1; shift
   local start=$(date +%s.%N)
   timeout $T python3 -m jaxrl_mgpu.train --config $PRESET --run-dir /tmp/runs/$name --eval-every ${EVAL_EVERY:-50} \
-      --eval-episodes 128 --checkpoint-every 0 $steps_flag "$@" > $OUT/$name.log 2>&1
+      --eval-episodes 128 --checkpoint-every 0 ${RESUME:+--resume auto} $steps_flag "$@" > $OUT/$name.log 2>&1
   local code=$?
-  python3 - /tmp/runs/$name "$start" "$(date +%s.%N)" "$code" "$*" >> $OUT/ours.jsonl <<'EOF'
-import json, sys
+  python3 - /tmp/runs/$name "$start" "$(date +%s.%N)" "$code" "$*${RESUME:+ (--resume auto: the part run in this call)}" >> $OUT/ours.jsonl <<'EOF'
+import json, statistics, sys
 run, start, end, code, flags = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 rows = [json.loads(l) for l in open(run + "/metrics.jsonl")]
 try:
@@ -31,7 +33,10 @@ print(json.dumps({"impl": "jaxrl_mgpu", "flags": flags, "exit": code, "env_steps
                   "final_eval_return": evals[-1][1] if evals else None,
                   "final_train_return": rows[-1].get("episode_return"), "wall_s": round(end - start, 1),
                   "before_first_step_s": round(before_first, 1), "train_s": round(end - start - before_first, 1),
-                  "env_steps_per_s": round(rows[-1]["env_steps"] / summary["time_s"]), "curve": evals}))
+                  "env_steps_per_s": round(rows[-1]["env_steps"] / summary["time_s"]),
+                  # the median of the log rows that hold no evaluation (right after a resume too)
+                  "steady_env_steps_per_s": round(statistics.median(
+                      [r["sps"] for r in rows if r.get("eval/episode_return") is None] or [0])), "curve": evals}))
 EOF
 }
 for seed in $SEEDS; do
