@@ -207,7 +207,7 @@ def make(cfg, env, env_params, split: Split) -> Algo:
     tx = optax.multi_transform({name: learner.adam(cfg, steps_per_team) for name in teams},
                                {name: name for name in teams})
     envs_per_device = split.per_device("environments")
-    unroll = ppo.GPU_ROLLOUT_UNROLL if jax.default_backend() == "gpu" else 1
+    unroll = ppo.rollout_unroll(env)
 
     def init(key: jax.Array) -> State:
         params_key, env_key, key = jax.random.split(key, 3)

@@ -94,6 +94,8 @@ class BraxStateEnv(environment.Environment):
     """A gymnax environment around `suite_env` (Brax `State` contract): see the module's
     docstring. `name` is what `--env` called it."""
 
+    heavy_step = True  # a step is a physics simulation: PPO's rollout loop is not unrolled (algos/ppo.py)
+
     def __init__(self, suite_env, name: str, episode_length: int, action_repeat: int, fresh_reset: bool = False,
                  physics_precision: str = "highest"):
         self.suite_env = suite_env
