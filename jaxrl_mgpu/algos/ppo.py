@@ -78,13 +78,13 @@ GPU_ROLLOUT_UNROLL = 4
 
 def rollout_unroll(env) -> int:
     """The rollout loop's unroll for `env`: GPU_ROLLOUT_UNROLL on GPUs, 1 elsewhere and for an
-    environment whose step is a physics simulation (`heavy_step`, envs/brax_state.py). Such a
-    step is many kernels and milliseconds long, so the loop's round trip is lost in it, while
-    every unrolled copy is the whole simulator to compile again: dmc:HumanoidWalk's training
-    program compiled in 37 s with 1 and 74 s with 4 (CPU, 8 environments)."""
+    environment that says its step is heavy (`heavy_step = True`, e.g. a physics simulation:
+    envs/brax_state.py). Such a step is many kernels and milliseconds long, so the loop's round
+    trip is lost in it, while every unrolled copy is the whole simulator to compile again."""
     if jax.default_backend() != "gpu" or getattr(env, "heavy_step", False):
         return 1
     return GPU_ROLLOUT_UNROLL
+
 
 STEP_UNIT = "env_steps"
 # What the code outside algos/ knows of this algorithm (runner, log, auto-scale, evaluate):
@@ -302,9 +302,8 @@ def clipped_surrogate(log_ratio: jax.Array, advantages: jax.Array, clip_eps: flo
     """PPO's clipped policy loss, the KL estimate (ratio - 1) - log(ratio) and whether the ratio
     was clipped, per sample, from the log-ratio of the new and the rollout's log-probs. The KL
     takes the log-ratio itself, never log(exp(...)): a sample whose density fell by more than
-    e^-88 (a narrow scale that moved off it) has ratio 0 in float32, and log(0) = -inf once made
-    healthy updates non-finite (CheetahRun, between updates 20 and 40 of 90; the sample's own
-    policy loss and gradient are 0 there)."""
+    e^-88 (a narrow scale that moved off it) has ratio 0 in float32, where log(0) = -inf would
+    make the update non-finite although that sample's policy loss and gradient are 0."""
     ratio = jnp.exp(log_ratio)
     policy_loss = -jnp.minimum(ratio * advantages, jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * advantages)
     return policy_loss, (ratio - 1) - log_ratio, (jnp.abs(ratio - 1) > clip_eps).astype(jnp.float32)

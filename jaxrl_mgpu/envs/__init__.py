@@ -8,7 +8,9 @@ params) -> (obs, state)`, `step(key, state, action, params) -> (obs, state, rewa
 terminated, truncated, info)` that resets an ended episode itself and keeps the observation
 it ended on in `info["final_observation"]` (a time limit is `truncated`, not `terminated`:
 the learners bootstrap from that observation), `observation_space(params)`,
-`action_space(params)` and `params.max_steps_in_episode`.
+`action_space(params)` and `params.max_steps_in_episode`. An environment whose step is
+heavy (a physics simulation) may say so with a class attribute `heavy_step = True`: PPO's
+rollout loop then is not unrolled on GPUs (algos/ppo.rollout_unroll).
 """
 
 from __future__ import annotations

@@ -86,6 +86,8 @@ class Categorical:
     """Discrete actions: pi is logits [n, A], actions are int32 [n]."""
     num_actions: int
 
+    samples_entropy = False  # a closed-form entropy: the rollout keeps no noise for it
+
     @property
     def num_outputs(self) -> int:
         return self.num_actions
@@ -101,8 +103,6 @@ class Categorical:
 
     def log_prob(self, logits: jax.Array, action: jax.Array) -> jax.Array:
         return log_prob(logits, action)
-
-    samples_entropy = False
 
     def entropy(self, logits: jax.Array, noise=()) -> jax.Array:
         log_probs = jax.nn.log_softmax(logits)
@@ -122,6 +122,8 @@ class DiagGaussian:
     has no density."""
     low: tuple   # [D] bounds of the action space (may be infinite)
     high: tuple
+
+    samples_entropy = False  # a closed-form entropy: the rollout keeps no noise for it
 
     @property
     def num_dims(self) -> int:
@@ -145,8 +147,6 @@ class DiagGaussian:
         mean, log_std = pi
         z = (action - mean) * jnp.exp(-log_std)
         return (-0.5 * jnp.square(z) - log_std - 0.5 * np.log(2 * np.pi)).sum(-1)
-
-    samples_entropy = False
 
     def entropy(self, pi, noise=()) -> jax.Array:
         return (pi[1] + HALF_LOG_2_PI_E).sum(-1)
@@ -173,7 +173,7 @@ class TanhNormal:
     rollout, so the loss needs no random numbers of its own and 1 device == 8 still holds
     (the same e in every epoch). Not e = (action - loc) / scale at the current params: once an
     epoch has moved loc away from a rollout's sample, that e is no longer standard normal, and
-    the estimate's gradient drives the scale down, the more the more epochs there are."""
+    the estimate's gradient drives the scale down, the more so the more epochs there are."""
     low: tuple   # [D] finite bounds of the action space
     high: tuple
 
