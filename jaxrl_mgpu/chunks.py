@@ -298,6 +298,8 @@ def chunk_row(losses, episodes) -> dict:
         row = {"episode_return": float(episodes.return_sum) / count if count else float("nan"),
                "episode_length": float(episodes.length_sum) / count if count else float("nan"),
                "episodes": int(count)}
+        row.update({f"env/{name}": float(x) / count if count else float("nan")
+                    for name, x in episodes.metric_sums.items()})
     row.update({k: float(v) for k, v in losses.items()})
     return row
 

@@ -29,14 +29,15 @@ STEPS = 24  # steps of every compared rollout
 
 def adapter_rollout(env):
     """jit(key, actions [STEPS, A], params) -> the adapter's first obs and, per step, (obs,
-    reward, terminated, truncated, final observation); step t draws its reset from fold_in(key, t)."""
+    reward, terminated, truncated, final observation, physics blew up); step t draws its reset
+    from fold_in(key, t)."""
     def rollout(key, actions, params):
         first_obs, state = env.reset(key, params)
 
         def one(state, step):
             t, action = step
             obs, state, reward, terminated, truncated, info = env.step(jax.random.fold_in(key, t), state, action, params)
-            return state, (obs, reward, terminated, truncated, info["final_observation"])
+            return state, (obs, reward, terminated, truncated, info["final_observation"], info["physics_blew_up"])
 
         return first_obs, lax.scan(one, state, (jnp.arange(STEPS), actions))[1]
     return jax.jit(rollout)
@@ -77,12 +78,13 @@ def close(a, b):
 
 def check_same_until(ours, theirs, end):
     """Steps 0 .. end - 1 give the suite's observations and rewards, and no episode end."""
-    (first, (obs, reward, terminated, truncated, final)), (their_first, (their_obs, their_reward, _)) = ours, theirs
+    (first, (obs, reward, terminated, truncated, final, blew_up)), (their_first, (their_obs, their_reward, _)) = (
+        ours, theirs)
     close(first, their_first)
     close(obs[:end], their_obs[:end])
     close(final[:end], their_obs[:end])
     close(reward[:end], their_reward[:end])
-    assert not terminated[:end].any() and not truncated[:end].any()
+    assert not terminated[:end].any() and not truncated[:end].any() and not blew_up.any()
     assert obs.dtype == np.float32 and obs.shape[1:] == first.shape
 
 
@@ -116,7 +118,7 @@ def test_brax_steps_as_brax_and_terminates_where_it_says_done(pendulum):
     end = int(np.argmax(done > 0))
     assert 0 < end < STEPS - 1
     check_same_until(ours, theirs, end)
-    _, (obs, reward, terminated, truncated, final) = ours
+    _, (obs, reward, terminated, truncated, final, _) = ours
     assert terminated[end] and not truncated[end]
     close(final[end], theirs[1][0][end])  # the observation the episode ended on
     close(reward[end], theirs[1][1][end])
@@ -132,7 +134,7 @@ def test_brax_truncates_exactly_at_the_time_limit(pendulum):
     ours, theirs = pendulum.both(key, actions, max_steps=5)
     assert not theirs[1][2][:5].any()
     check_same_until(ours, theirs, 4)
-    _, (obs, reward, terminated, truncated, final) = ours
+    _, (obs, reward, terminated, truncated, final, _) = ours
     assert truncated.nonzero()[0].tolist() == [4, 9, 14, 19] and not terminated.any()
     close(final[4], theirs[1][0][4])
     check_next_start(pendulum, key, ours, 4)
@@ -151,7 +153,7 @@ def test_dmc_steps_as_playground_and_truncates():
     check_same_until(ours, theirs, STEPS)
     ours, theirs = cartpole.both(key, actions, max_steps=10)
     check_same_until(ours, theirs, 9)
-    _, (obs, reward, terminated, truncated, final) = ours
+    _, (obs, reward, terminated, truncated, final, _) = ours
     assert truncated.nonzero()[0].tolist() == [9, 19] and not terminated.any()
     close(final[9], theirs[1][0][9])
     close(reward[9], theirs[1][1][9])
@@ -174,7 +176,7 @@ def test_action_repeat_and_episode_length_count_the_suites_steps():
         state = env.suite_env.step(state, jnp.ones(1))
         rewards.append(float(state.reward))
         observations.append(np.asarray(state.obs))
-    _, (obs, reward, terminated, truncated, final) = ours
+    _, (obs, reward, terminated, truncated, final, _) = ours
     close(reward[:3], [sum(rewards[0:3]), sum(rewards[3:6]), sum(rewards[6:9])])
     close(final[:3], [observations[2], observations[5], observations[8]])
     assert truncated.nonzero()[0].tolist() == [2, 5, 8, 11, 14, 17, 20, 23] and not terminated.any()
@@ -196,9 +198,10 @@ def test_physics_that_blows_up_ends_the_episode_with_reward_0_and_nothing_non_fi
     env = brax_state.BraxStateEnv(Exploding(brax_envs.get_environment("fast")), "brax:fast", 1000, 1)
     params = env.default_params
     actions = jnp.zeros((STEPS, 1)).at[5, 0].set(1.0)
-    first, (obs, reward, terminated, truncated, final) = jax.tree.map(
+    first, (obs, reward, terminated, truncated, final, blew_up) = jax.tree.map(
         np.asarray, adapter_rollout(env)(jax.random.PRNGKey(0), actions, params))
     assert terminated.nonzero()[0].tolist() == [5] and not truncated.any()
+    assert blew_up.nonzero()[0].tolist() == [5]  # the episode metric env/physics_blew_up
     assert reward[5] == 0 and np.isfinite(reward).all() and np.isfinite(obs).all() and np.isfinite(final).all()
     np.testing.assert_array_equal(obs[5], first)  # the next episode starts where the first did
     np.testing.assert_array_equal(obs[6:], obs[:STEPS - 6])  # and steps as the first one did

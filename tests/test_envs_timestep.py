@@ -194,9 +194,12 @@ def craftax_steps(env, params, state, actions, key):
     ref_state, ends = state, []
     for t, action in enumerate(actions):
         step_key = jax.random.fold_in(key, t)
-        obs, state, reward, terminated, _ = env.step_env(step_key, state, action, params)
+        obs, state, reward, terminated, info = env.step_env(step_key, state, action, params)
         truncated = env.is_truncated(state, params)
         ref_obs, ref_state, ref_reward, done, _ = suite.step(step_key, ref_state, action, suite_params)
+        # the episode metrics: the achievements (in percent) of an episode at the step that ends it
+        achieved = [info[name] for name in env.episode_metrics if name.startswith("Achievements/")]
+        np.testing.assert_array_equal(achieved, ref_state.achievements * 100.0 * done)
         x, y = ref_state.player_position
         dies = (ref_state.player_health <= 0) | (ref_state.map[x, y] == BlockType.LAVA.value)
         np.testing.assert_array_equal(obs, ref_obs)
@@ -228,6 +231,14 @@ def test_craftax_matches_the_suite_truncates_at_its_limit_and_a_death_is_termina
     # ... also on the last step of the time limit
     ends = craftax_steps(env, params.replace(max_steps_in_episode=1), lava, np.zeros(1, int), key)
     assert ends.tolist() == [[True, False]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task, metrics", [("Craftax-Classic-Symbolic-v1", 22 + 1), ("Craftax-Symbolic-v1", 67)])
+def test_craftax_reports_its_achievements_per_episode(task, metrics):
+    env, params = envs.make(f"craftax:{task}")
+    assert len(env.episode_metrics) == metrics and "Achievements/collect_wood" in env.episode_metrics
+    envs.check_episode_metrics(env, envs._step_info(env, params))  # each in its step's info, one number
 
 
 # -- the registry ------------------------------------------------------------------------------

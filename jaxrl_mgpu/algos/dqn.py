@@ -439,7 +439,7 @@ def make(cfg, env, env_params, split: Split) -> Algo:
         if "fp16/loss_scale" in losses:  # the scale in force, also before learning starts
             losses["fp16/loss_scale"] = loss_scale.scale
         new = DQNState(params, target_params, opt_state, loss_scale, envs, memory, replay, key, state.update + 1, n)
-        return new, (losses, vec.EpisodeStats.of(steps.done_return, steps.done_length))
+        return new, (losses, vec.EpisodeStats.of(steps.done_return, steps.done_length, steps.episode_metrics))
 
     return Algo(init, update, rollout, init_params, policy, learn, train_step)
 

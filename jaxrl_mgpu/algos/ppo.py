@@ -347,6 +347,7 @@ def make(cfg, env, env_params, split: Split) -> Algo:
         # All of the rollout's random numbers in one batched op before the loop, instead of a
         # few small kernels in every step of it.
         noise, env_keys = jax.vmap(draws)(jnp.arange(cfg.num_steps))
+        metric_names = envs_lib.episode_metrics(env)
 
         def step(carry, xs):
             envs, memory, prev_final_obs = carry
@@ -357,23 +358,25 @@ def make(cfg, env, env_params, split: Split) -> Algo:
             # The env gets the action within its bounds; the log-prob is of the sample itself.
             next_envs, out = vec.step(env, env_params, envs, dist.to_env(action), step_keys)
             memory = policy.remember(memory, action, out.reward, out.terminated | out.truncated)
-            # The per-environment scalars leave the loop as ONE [E, 8] array: each scan output
-            # is one more small kernel in every step, and steps are what a rollout is made of.
+            # The per-environment scalars leave the loop as ONE [E, 8 + metrics] array: each scan
+            # output is one more small kernel in every step, and steps are what a rollout is made of.
             scalars = jnp.stack([dist.log_prob(pi, action), value, out.reward,
                                  out.terminated.astype(jnp.float32), out.truncated.astype(jnp.float32),
-                                 prev_bootstrap, out.done_return, out.done_length.astype(jnp.float32)], -1)
+                                 prev_bootstrap, out.done_return, out.done_length.astype(jnp.float32),
+                                 *(out.episode_metrics[name] for name in metric_names)], -1)
             return (next_envs, memory, out.final_obs), (inputs, action, scalars)
 
         (envs, memory, final_obs), (inputs, action, scalars) = jax.lax.scan(
             step, (envs, memory, envs.obs), (noise, env_keys), unroll=unroll)
-        log_prob, value, reward, terminated, truncated, prev_bootstrap, done_return, done_length = (
-            jnp.moveaxis(scalars, -1, 0))
+        columns = jnp.moveaxis(scalars, -1, 0)
+        log_prob, value, reward, terminated, truncated, prev_bootstrap, done_return, done_length = columns[:8]
+        ended_metrics = dict(zip(metric_names, columns[8:]))
         _, last_value, last_bootstrap, _ = policy.act(params, memory, envs.obs, final_obs)
         # Step t's bootstrap was computed at step t + 1 (the last one just above).
         bootstrap = jnp.concatenate([prev_bootstrap[1:], last_bootstrap[None]])
         traj = Rollout(inputs, action, log_prob, value, reward, terminated, truncated,
                        jnp.where(truncated > 0, bootstrap, 0.0), noise if dist.samples_entropy else ())
-        return envs, memory, traj, last_value, vec.EpisodeStats.of(done_return, done_length)
+        return envs, memory, traj, last_value, vec.EpisodeStats.of(done_return, done_length, ended_metrics)
 
     def loss_fn(params, batch: Batch):
         pi, value = policy.evaluate(params, batch.memory, batch.inputs)

@@ -10,7 +10,12 @@ it ended on in `info["final_observation"]` (a time limit is `truncated`, not `te
 the learners bootstrap from that observation), `observation_space(params)`,
 `action_space(params)` and `params.max_steps_in_episode`. An environment whose step is
 heavy (a physics simulation) may say so with a class attribute `heavy_step = True`: PPO's
-rollout loop then is not unrolled on GPUs (algos/ppo.rollout_unroll).
+rollout loop then is not unrolled on GPUs (algos/ppo.rollout_unroll); one whose reset is costly
+(Craftax draws a world) and that uses gymnax's own `step` may set `heavy_reset = True`: a batch
+of them then resets only the environments whose episode ended (vec.step_resetting_ended),
+with the same result. One that reports more
+than a return per episode names those `info` entries in `episode_metrics` (`episode_metrics`
+below: Craftax's achievements, Brax's physics blow-ups).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ for _name in ("seaborn", "matplotlib.pyplot"):
         sys.modules[_name] = _LoadedOnFirstUse(_name)
 
 import gymnax  # noqa: E402
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
@@ -135,9 +141,14 @@ def _made(name: str, args: str | None) -> tuple[Any, Any]:
     if name not in _OWN:
         return gymnax.make(name)
     try:
-        return _OWN[name][0](**kwargs)
+        env, params = _OWN[name][0](**kwargs)
     except ValueError as e:  # what one argument's range cannot say: a relation between several
         raise EnvError(f"--env-args {args}: {name}: {e}") from None
+    # A user's own episode metrics are checked now, before any run directory is written (the
+    # suites' adapters are checked by the tests against their suites).
+    if episode_metrics(env):
+        check_episode_metrics(env, _step_info(env, params))
+    return env, params
 
 
 def _suite(name: str) -> Suite:
@@ -237,6 +248,34 @@ def is_multi_agent(env) -> bool:
     """Whether `env` keeps an agent axis inside one environment (envs/tag.py): observations
     `[agents, ...]`, actions and rewards `[agents]`, its `teams` {name: (first, end)}."""
     return hasattr(env, "teams")
+
+
+def episode_metrics(env) -> tuple[str, ...]:
+    """The `info` entries that `env` reports per episode: its attribute `episode_metrics`, a
+    tuple of names (none by default). Each is one number per environment step, read at the
+    step that ends an episode; PPO and DQN average it over the episodes that end in a log row
+    and log it as `env/NAME` (metrics.jsonl, TensorBoard)."""
+    return tuple(getattr(env, "episode_metrics", ()))
+
+
+def check_episode_metrics(env, info: dict, step_shape: tuple = ()) -> None:
+    """An EnvError unless the `info` of a step of `env` (of environments `step_shape`: () for
+    one) holds each of its episode metrics, one number per environment."""
+    for name in episode_metrics(env):
+        if name not in info:
+            raise EnvError(f"{env.name}: episode metric {name!r} is not in its step's info, which holds "
+                           f"{', '.join(sorted(info)) or 'nothing'}")
+        if tuple(info[name].shape) != tuple(step_shape):
+            raise EnvError(f"{env.name}: episode metric {name!r} must be one number per environment step; its "
+                           f"shape is {tuple(info[name].shape[len(step_shape):])}")
+
+
+def _step_info(env, params) -> dict:
+    """The shapes of `info` of one step from a reset, traced, not run."""
+    def reset_and_step(key):
+        obs, state = env.reset(key, params)
+        return env.step(key, state, env.action_space(params).sample(key), params)[-1]
+    return jax.eval_shape(reset_and_step, jax.random.PRNGKey(0))
 
 
 def check(name: str) -> None:

@@ -36,7 +36,8 @@ episode terminated. `BraxStateEnv` adds what the project's environment API needs
   velocities can turn NaN under extreme contacts) terminates its episode with reward 0, as
   Playground's own tasks end such an episode (`done` on a NaN position or velocity; Brax's do
   not end it at all). Otherwise one environment's NaN reward would make a whole update's loss
-  non-finite and stop the run;
+  non-finite and stop the run. The fraction of episodes that ended so is logged as
+  `env/physics_blew_up`;
 - observations float32 `[obs_size]`; where a task's observation is a dict, its `"state"`
   entry (what the policy sees; Playground's asymmetric tasks give the critic a
   `"privileged_state"`, which this project's shared-input actor-critic does not use).
@@ -95,6 +96,8 @@ class BraxStateEnv(environment.Environment):
     docstring. `name` is what `--env` called it."""
 
     heavy_step = True  # a step is a physics simulation: PPO's rollout loop is not unrolled (algos/ppo.py)
+    # logged as env/physics_blew_up: the fraction of episodes that physics blowing up ended
+    episode_metrics = ("physics_blew_up",)
 
     def __init__(self, suite_env, name: str, episode_length: int, action_repeat: int, fresh_reset: bool = False,
                  physics_precision: str = "highest"):
@@ -168,7 +171,8 @@ class BraxStateEnv(environment.Environment):
         state = jax.tree.map(lambda start, going: lax.select(done, start, going), next_start,
                              EnvState(time=time, suite_state=stepped, start=state.start))
         obs = lax.select(done, obs_next, final_obs)
-        return obs, state, reward, terminated, truncated, {"final_observation": final_obs}
+        return obs, state, reward, terminated, truncated, {"final_observation": final_obs,
+                                                           "physics_blew_up": exploded.astype(jnp.float32)}
 
     def _repeat(self, held, action: jax.Array):
         """The suite's step applied `action_repeat` times, rewards summed. Once one of them ends

@@ -8,7 +8,11 @@ is not one was the time limit (`truncated`: the learners bootstrap from its obse
 death on the last step is a death. The time limit is `params.max_steps_in_episode` (Craftax's
 `max_timesteps`, which the adapter passes on to the suite as that field), and gymnax's `step`
 resets an ended episode and keeps the observation it ended on in `info["final_observation"]`.
-The suite's info (Craftax: its achievements, score and discount) is passed on.
+The suite's info (Craftax: its achievements, score and discount) is passed on; Craftax's
+achievements (100 where the episode that ends at this step unlocked one, else 0) and, in
+Classic, its score (their geometric mean with an offset of 1) are its episode metrics, logged
+per log row as `env/Achievements/NAME` (the percentage of episodes that unlocked it) and
+`env/score`, as the Craftax baselines log them.
 
 Observations are the suite's, in float32: Craftax's symbolic ones a vector (1,345 for Classic,
 8,268 for Craftax), its pixel ones an [H, W, 3] image the policy's conv torso reads.
@@ -43,8 +47,13 @@ class OldGymnaxEnv(environment.Environment):
     its time limit in the field `limit_field` and whose `is_terminal(state, params)` includes
     that limit."""
 
-    def __init__(self, name: str, env: Any, params: Params, limit_field: str):
+    # Craftax's reset draws a whole world (tens of its steps): only the ended episodes reset
+    # (envs/vec.step_resetting_ended), instead of a reset computed in every step under vmap.
+    heavy_reset = True
+
+    def __init__(self, name: str, env: Any, params: Params, limit_field: str, episode_metrics: tuple[str, ...] = ()):
         self._name, self.suite_env, self._params, self._limit_field = name, env, params, limit_field
+        self.episode_metrics = episode_metrics  # envs.episode_metrics: info entries reported per episode
 
     def _suite_params(self, params: Params, limit: Any) -> Any:
         return params.suite.replace(**{self._limit_field: limit})
@@ -96,10 +105,17 @@ def _craftax_refuse(task: str) -> str | None:
 
 def make_craftax(task: str) -> tuple[OldGymnaxEnv, Params]:
     from craftax.craftax_env import make_craftax_env_from_name
+    classic = task.startswith("Craftax-Classic")
+    if classic:
+        from craftax.craftax_classic.constants import Achievement
+    else:
+        from craftax.craftax.constants import Achievement
     env = make_craftax_env_from_name(task, auto_reset=False)
     suite_params = env.default_params
     params = Params(max_steps_in_episode=int(suite_params.max_timesteps), suite=suite_params)
-    return OldGymnaxEnv(f"craftax:{task}", env, params, "max_timesteps"), params
+    # the names its step's info gives them (Classic's compute_score, Craftax's log_achievements_to_info)
+    metrics = tuple(f"Achievements/{a.name.lower()}" for a in Achievement) + (("score",) if classic else ())
+    return OldGymnaxEnv(f"craftax:{task}", env, params, "max_timesteps", metrics), params
 
 
 register_suite("craftax", Suite(tasks=lambda: list(CRAFTAX_TASKS), make=make_craftax, extra="craftax",

@@ -15,9 +15,16 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from gymnax.environments import environment
+from jax import lax
 
-from jaxrl_mgpu.envs import is_multi_agent
+from jaxrl_mgpu.envs import EnvError, check_episode_metrics, episode_metrics, is_multi_agent
 from jaxrl_mgpu.parallel import all_sum
+
+
+# An environment with `heavy_reset = True` resets its ended episodes in batches of this fraction
+# of its environments (step_resetting_ended): 1/16, as the Craftax baselines' optimistic resets.
+RESET_BATCH_FRACTION = 16
 
 
 class EnvBatch(NamedTuple):
@@ -37,6 +44,7 @@ class Step(NamedTuple):
     done_return: jax.Array       # [E] ([E, agents]) return of the episode that ended here (0 where none)
     done_length: jax.Array       # [E] its length
     info: dict                   # the env's info, minus the final observation
+    episode_metrics: dict        # name -> [E]: the env's episode metrics where an episode ended here, else 0
 
 
 def env_keys(key: jax.Array, global_ids: jax.Array) -> jax.Array:
@@ -52,8 +60,12 @@ def reset(env, env_params, key: jax.Array, global_ids: jax.Array) -> EnvBatch:
 
 
 def step(env, env_params, batch: EnvBatch, action: jax.Array, keys: jax.Array) -> tuple[EnvBatch, Step]:
-    obs, state, reward, terminated, truncated, info = jax.vmap(env.step, (0, 0, 0, None))(
-        keys, batch.state, action, env_params)
+    if getattr(env, "heavy_reset", False):
+        obs, state, reward, terminated, truncated, info = step_resetting_ended(env, env_params, batch.state, action,
+                                                                               keys)
+    else:
+        obs, state, reward, terminated, truncated, info = jax.vmap(env.step, (0, 0, 0, None))(
+            keys, batch.state, action, env_params)
     reward = reward.astype(jnp.float32)
     done = jnp.logical_or(terminated, truncated)
     agents_done = done.reshape(done.shape + (1,) * (reward.ndim - done.ndim))  # per agent, where there are agents
@@ -64,7 +76,46 @@ def step(env, env_params, batch: EnvBatch, action: jax.Array, keys: jax.Array) -
     # Envs that never truncate (the Tag games end at their time limit) give no final observation.
     final_obs = info.pop("final_observation", obs).astype(jnp.float32)
     return new, Step(reward, terminated, jnp.logical_and(truncated, jnp.logical_not(terminated)), final_obs,
-                     jnp.where(agents_done, ep_return, 0.0), jnp.where(done, ep_length, 0), info)
+                     jnp.where(agents_done, ep_return, 0.0), jnp.where(done, ep_length, 0), info,
+                     ended_metrics(env, info, done))
+
+
+def ended_metrics(env, info: dict, done: jax.Array) -> dict:
+    """The env's episode metrics (envs.episode_metrics) at the steps that ended an episode, 0
+    elsewhere: `{name: [E] float32}`."""
+    check_episode_metrics(env, info, done.shape)
+    return {name: jnp.where(done, info[name], 0).astype(jnp.float32) for name in episode_metrics(env)}
+
+
+def step_resetting_ended(env, env_params, states, action: jax.Array, keys: jax.Array) -> tuple:
+    """What `vmap(env.step)` returns for an environment that uses gymnax's own `step` (the same
+    keys, the same values), with each reset computed only for the environments whose episode
+    ended. Under vmap gymnax computes a reset in every step of every environment and keeps the
+    ones where an episode ended: for Craftax, whose reset draws a whole world, that reset costs
+    tens of steps. Here the ended environments are reset in batches of `E // RESET_BATCH_FRACTION`
+    (one batch in most steps, none where no episode ended, more where many ended at once)."""
+    if type(env).step is not environment.Environment.step:
+        raise EnvError(f"{env.name}: heavy_reset needs gymnax's own Environment.step, which this environment "
+                       f"overrides")
+    split = jax.vmap(jax.random.split)(keys)  # as gymnax's step: (key_step, key_reset)
+    step_keys, reset_keys = split[:, 0], split[:, 1]
+    obs_st, state_st, reward, terminated, info = jax.vmap(env.step_env, (0, 0, 0, None))(
+        step_keys, states, action, env_params)
+    truncated = jax.vmap(env.is_truncated, (0, None))(state_st, env_params)
+    done = jnp.logical_or(terminated, truncated)
+    num_envs = done.shape[0]
+    batch = max(1, num_envs // RESET_BATCH_FRACTION)
+
+    def reset_next_batch(carry):
+        obs, state, pending = carry
+        ids = jnp.nonzero(pending, size=batch, fill_value=num_envs)[0]  # past the end: no environment
+        obs_re, state_re = jax.vmap(env.reset_env, (0, None))(reset_keys[jnp.minimum(ids, num_envs - 1)], env_params)
+        put = lambda full, part: full.at[ids].set(part, mode="drop")  # noqa: E731
+        return jax.tree.map(put, obs, obs_re), jax.tree.map(put, state, state_re), put(pending, False)
+
+    obs, state, _ = lax.while_loop(lambda carry: carry[2].any(), reset_next_batch, (obs_st, state_st, done))
+    info = {**info, "terminated": terminated, "truncated": truncated, "final_observation": obs_st}
+    return obs, state, reward, terminated, truncated, info
 
 
 class EpisodeStats(NamedTuple):
@@ -73,11 +124,13 @@ class EpisodeStats(NamedTuple):
     return_sum: jax.Array
     length_sum: jax.Array
     count: jax.Array
+    metric_sums: dict = {}  # name -> sum of the env's episode metrics over these episodes (never mutated)
 
     @staticmethod
-    def of(done_return: jax.Array, done_length: jax.Array) -> "EpisodeStats":
-        """Totals of the episodes that ended in some steps (`Step.done_return` and
-        `Step.done_length`, any shape), summed over the device axis."""
+    def of(done_return: jax.Array, done_length: jax.Array, ended_metrics: dict | None = None) -> "EpisodeStats":
+        """Totals of the episodes that ended in some steps (`Step.done_return`,
+        `Step.done_length` and `Step.episode_metrics`, any shape), summed over the device axis."""
         stats = EpisodeStats(done_return.sum(), done_length.sum().astype(jnp.float32),
-                             (done_length > 0).sum().astype(jnp.float32))
+                             (done_length > 0).sum().astype(jnp.float32),
+                             {name: x.sum() for name, x in (ended_metrics or {}).items()})
         return all_sum(stats)
