@@ -10,12 +10,12 @@ it ended on in `info["final_observation"]` (a time limit is `truncated`, not `te
 the learners bootstrap from that observation), `observation_space(params)`,
 `action_space(params)` and `params.max_steps_in_episode`. An environment whose step is
 heavy (a physics simulation) may say so with a class attribute `heavy_step = True`: PPO's
-rollout loop then is not unrolled on GPUs (algos/ppo.rollout_unroll); one whose reset is costly
-(Craftax draws a world) and that uses gymnax's own `step` may set `heavy_reset = True`: a batch
-of them then resets only the environments whose episode ended (vec.step_resetting_ended),
-with the same result. One that reports more
-than a return per episode names those `info` entries in `episode_metrics` (`episode_metrics`
-below: Craftax's achievements, Brax's physics blow-ups).
+rollout loop then is not unrolled on GPUs (algos/ppo.rollout_unroll). One whose reset is
+costly (Craftax draws a world) and that keeps gymnax's own `step` may set `heavy_reset = True`:
+a batch of them then resets only the environments whose episode ended, with the same result
+(vec.step_resetting_ended). One that reports more than a return per episode names those
+`info` entries in `episode_metrics` (`episode_metrics` below: Craftax's achievements, Brax's
+physics blow-ups).
 """
 
 from __future__ import annotations
