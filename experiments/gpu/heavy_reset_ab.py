@@ -1,6 +1,8 @@
 """Env steps/s of a batch of environments with gymnax's reset in every step (vmap of its
 `step`) and with `heavy_reset` (envs/vec.step_resetting_ended: only the ended environments
-reset), same keys, same random actions; checks that both give the same rewards.
+reset), same keys, same random actions; says whether both gave the same rewards (they can
+differ by the rounding of two differently compiled programs: Craftax's world generation is
+sensitive to it, tests/test_heavy_reset.py checks the exact case).
 
     python experiments/gpu/heavy_reset_ab.py craftax:Craftax-Classic-Symbolic-v1 xminigrid:MiniGrid-EmptyRandom-8x8 --envs 1024
 """

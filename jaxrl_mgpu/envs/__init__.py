@@ -12,7 +12,7 @@ the learners bootstrap from that observation), `observation_space(params)`,
 heavy (a physics simulation) may say so with a class attribute `heavy_step = True`: PPO's
 rollout loop then is not unrolled on GPUs (algos/ppo.rollout_unroll). One whose reset is
 costly (Craftax draws a world) and that keeps gymnax's own `step` may set `heavy_reset = True`:
-a batch of them then resets only the environments whose episode ended, with the same result
+a batch of them then resets only the environments whose episode ended, from the same keys
 (vec.step_resetting_ended). One that reports more than a return per episode names those
 `info` entries in `episode_metrics` (`episode_metrics` below: Craftax's achievements, Brax's
 physics blow-ups).
