@@ -12,8 +12,8 @@ from flax import struct
 from gymnax.environments import environment
 
 from jaxrl_mgpu import envs
-from tests.helpers import run, tensorboard_scalars
-from tests.test_truncation import ConstantReward
+from helpers import run, tensorboard_scalars
+from test_truncation import ConstantReward
 
 FILLER = 1000.0  # what the metrics read at steps that end no episode: counted, it shows
 

@@ -10,8 +10,8 @@ import pytest
 
 from jaxrl_mgpu import envs
 from jaxrl_mgpu.envs import vec
-from tests.helpers import assert_trees_close, make_trainer
-from tests.test_episode_metrics import Countdown  # registered there as Countdown-test
+from helpers import assert_trees_close, make_trainer
+from test_episode_metrics import Countdown  # registered there as Countdown-test
 
 NUM_ENVS, STEPS = 48, 24  # 3 resets a batch (48 // 16); episodes of 2 to 6 steps end up to 48 at once
 
