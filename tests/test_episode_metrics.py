@@ -11,7 +11,7 @@ import pytest
 from flax import struct
 from gymnax.environments import environment
 
-from jaxrl_mgpu import envs
+from jaxrl_mgpu import envs, evaluate
 from helpers import run, tensorboard_scalars
 from test_truncation import ConstantReward
 
@@ -64,10 +64,10 @@ SMALL = ["--num-envs", "16", "--num-steps", "8", "--total-timesteps", str(16 * 8
 
 
 @pytest.mark.parametrize("algo", ["ppo", "dqn"])
-def test_episode_metrics_are_the_mean_over_the_episodes_that_ended(tmp_path, algo):
+def test_episode_metrics_are_the_mean_over_the_episodes_that_ended(tmp_path, capsys, algo):
     extra = ["--learning-starts", "256", "--buffer-size", "1024"] if algo == "dqn" else []
-    assert run("--algo", algo, "--env", "Countdown-test", "--devices", "4", *SMALL, *extra,
-               "--run-dir", str(tmp_path)) == 0
+    assert run("--algo", algo, "--env", "Countdown-test", "--devices", "4", *SMALL, *extra, "--eval-every", "2",
+               "--eval-episodes", "8", "--run-dir", str(tmp_path)) == 0
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     logged = [r for r in rows if r.get("episodes")]
     assert len(logged) == 3
@@ -75,6 +75,14 @@ def test_episode_metrics_are_the_mean_over_the_episodes_that_ended(tmp_path, alg
         assert r["env/length"] == pytest.approx(r["episode_length"], rel=1e-6)
         assert r["env/seven"] == pytest.approx(7.0)
     assert [v for _, v in tensorboard_scalars(tmp_path)["env/seven"]] == pytest.approx([7.0] * 3)
+    # evaluation: the first episode of each evaluation environment, in training's rows and `evaluate`'s line
+    evals = [r for r in rows if "eval/episode_return" in r]
+    assert evals and all(r["eval/env/seven"] == pytest.approx(7.0) and 2 <= r["eval/env/length"] <= 6 for r in evals)
+    capsys.readouterr()
+    assert evaluate.main(["--run-dir", str(tmp_path), "--episodes", "8"]) in (0, None)
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["env/seven"] == pytest.approx(7.0) and line["episodes"] == 8
+    assert line["env/length"] == pytest.approx(line["mean_return"])  # reward 1 a step: the return is the length
 
 
 def test_an_environment_without_episode_metrics_logs_none(tmp_path):

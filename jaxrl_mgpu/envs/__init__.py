@@ -254,7 +254,7 @@ def episode_metrics(env) -> tuple[str, ...]:
     """The `info` entries that `env` reports per episode: its attribute `episode_metrics`, a
     tuple of names (none by default). Each is one number per environment step, read at the
     step that ends an episode; PPO and DQN average it over the episodes that end in a log row
-    and log it as `env/NAME` (metrics.jsonl, TensorBoard)."""
+    and log it as `env/NAME` (metrics.jsonl, TensorBoard), evaluations over their episodes."""
     return tuple(getattr(env, "episode_metrics", ()))
 
 
