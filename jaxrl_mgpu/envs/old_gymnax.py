@@ -47,7 +47,7 @@ class OldGymnaxEnv(environment.Environment):
     its time limit in the field `limit_field` and whose `is_terminal(state, params)` includes
     that limit."""
 
-    # Craftax's reset draws a whole world (tens of its steps): only the ended episodes reset
+    # Craftax's reset draws a whole world, far costlier than a step: only the ended episodes reset
     # (envs/vec.step_resetting_ended), instead of a reset computed in every step under vmap.
     heavy_reset = True
 

@@ -94,10 +94,9 @@ def step_resetting_ended(env, env_params, states, action: jax.Array, keys: jax.A
     reset in every step of every environment and keeps the ones where an episode ended: for
     Craftax, whose reset draws a whole world, that reset costs tens of steps. Here the ended
     environments are reset in batches of `E // RESET_BATCH_FRACTION` (one batch in most steps,
-    none where no episode ended, more where many ended at once). Craftax's world generation is
-    sensitive to that rounding: inside a CPU rollout of vmap(gymnax's step), 37 of 40 of its
-    worlds differed from the same reset computed alone (CartPole's and Jumanji Maze's resets
-    did not); here all 40 equalled it."""
+    none where no episode ended, more where many ended at once). An environment whose reset is
+    sensitive to that rounding (Craftax's world generation) gets here the reset it computes
+    alone, which vmap of gymnax's step inside a larger program need not give."""
     if type(env).step is not environment.Environment.step:
         raise EnvError(f"{env.name}: heavy_reset needs gymnax's own Environment.step, which this environment "
                        f"overrides")
