@@ -11,11 +11,13 @@ the trainer or the evaluator, which find it by that name:
     python examples/custom_env.py train --env Corridor-v0 --num-seeds 3 --num-envs 16 --num-steps 32 \
         --total-timesteps 20480 --run-dir runs/corridor-seeds          # 3 runs in one program
     python examples/custom_env.py evaluate --run-dir runs/corridor --episodes 32 --greedy
+    python examples/custom_env.py evaluate --run-dir runs/corridor --video corridor.gif   # render_rgb
 """
 import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from gymnax.environments import environment, spaces
 
@@ -59,6 +61,12 @@ class Corridor(environment.Environment):
 
     def observation_space(self, params):
         return spaces.Box(0.0, 1.0, (1,), jnp.float32)
+
+    def render_rgb(self, state, params):   # optional: one state as an RGB image, for evaluate --video
+        cells = np.full((1, params.size, 3), 230, np.uint8)
+        cells[0, -1] = (44, 160, 44)                 # the end, green
+        cells[0, int(state.position)] = (31, 119, 180)  # the walker, blue
+        return cells.repeat(32, axis=0).repeat(32, axis=1)
 
 
 def make_corridor(size: int = 10):

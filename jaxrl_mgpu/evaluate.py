@@ -21,7 +21,8 @@ instead writes a video of ONE episode of the policy (the first of the evaluation
 --seed, on one device; a many-run directory: run 0, or --run i) and prints one JSON line with
 its length and return. gymnax's visualizer draws the environments it knows (CartPole, Acrobot,
 MinAtar, ...); DarkRoom and the Tag games are drawn by the project (Tag: taggers red, runners
-blue, a tagged runner grey and crossed). The video has the state before the first step and
+blue, a tagged runner grey and crossed); other suites' tasks, and an environment of the
+user's with a `render_rgb(state, params)` method, draw themselves. The video has the state before the first step and
 after each step, L + 1 frames for L steps; `--video-stride K` keeps every K-th and the last,
 ceil(L / K) + 1 frames. It needs the video extra: pip install -e ".[video]".
 """
@@ -83,8 +84,9 @@ def main(argv=None) -> int:
         if module_for(cfg).EVALUATED_BY == "in-context":
             raise ConfigError(f"--run-dir {args.run_dir} is an --algo ad run: it acts from its context of past "
                               f"episodes, so evaluate it with --in-context")
+        env, env_params = envs_lib.make(cfg.env, cfg.env_args)
         if args.video is not None:
-            video.check_env(cfg.env)
+            video.check_env(cfg.env, env)
         par = None if args.video is not None else parallel.setup(args.parallel, args.devices)
         runs = multirun.Runs.of(cfg)
         if args.run is not None and not (runs is not None and 0 <= args.run < runs.count):
@@ -98,7 +100,6 @@ def main(argv=None) -> int:
     except cli.USER_ERRORS as e:
         cli.fail(e)
 
-    env, env_params = envs_lib.make(cfg.env, cfg.env_args)
     module = module_for(cfg)
     if args.video is not None:
         try:
@@ -142,6 +143,7 @@ def check_video_args(args) -> None:
     if args.video_stride < 1:
         raise ConfigError(f"--video-stride must be at least 1, got {args.video_stride}")
     video.check_output(args.video)
+    video.headless()
 
 
 def record_video(cfg, runs, module, env, env_params, params, step: int, args) -> None:
@@ -154,8 +156,9 @@ def record_video(cfg, runs, module, env, env_params, params, step: int, args) ->
         cfg, which = dataclasses.replace(cfg, **runs.hparams(run)), runs.describe(run)
         params = jax.tree.map(lambda x: x[run], params)
     algo = module.make(cfg, env, env_params, module.check(cfg, 1))
-    episode = video.record(algo.policy, env, env_params, params, jax.random.PRNGKey(args.seed), args.greedy)
-    frames, fps = video.frames(cfg.env, env, env_params, episode, args.video_stride)
+    episode = video.record(algo.policy, env, env_params, params, jax.random.PRNGKey(args.seed), args.greedy,
+                           args.video_stride)
+    frames, fps = video.frames(cfg.env, env, env_params, episode)
     video.write(args.video, frames, fps)
     print(json.dumps({**which, "video": args.video, "frames": len(frames), "stride": args.video_stride,
                       **video.summary(env, episode), "step": step, "greedy": args.greedy}), flush=True)

@@ -1,17 +1,21 @@
 """Watching a trained policy: one episode, recorded on one device and drawn on the host into a
 GIF or an MP4 (`python -m jaxrl_mgpu.evaluate --video FILE`).
 
-- `record` plays the episode in one compiled `lax.scan`: environment 0 of the evaluation's
-  episodes with the same key (`episodes.make_episodes`, `mappo.make_match`: the same reset and
-  step keys, the same action noise), so its return is what `evaluate --episodes 1` reports. It
-  steps with `env.step_env`, the transition without the auto-reset, so the state where the
-  episode ends (a pole down, a runner tagged) is kept to be drawn.
+- `record` plays environment 0 of the evaluation's episodes with the same key
+  (`episodes.make_episodes`, `mappo.make_match`: the same reset and step keys, the same action
+  noise), so its return is what `evaluate --episodes 1` reports, in compiled chunks of
+  `lax.scan` until the episode ends. It steps with `env.step_env`, the transition without the
+  auto-reset, so the state where the episode ends (a pole down, a runner tagged) is kept to be
+  drawn. It keeps only the states the video draws: the state before the first step and the
+  state after each step (an episode of L steps gives L + 1 frames), or with `stride` k states
+  0, k, 2k, ... and the last one: ceil(L / k) + 1 frames.
 - `frames` draws the states: gymnax's own visualizer where the environment has one
-  (classic control through gymnasium's renderer, MinAtar, Catch, Pong, the mazes, ...), and
-  the project's own pictures for DarkRoom and both Tag games. A video holds the state before the
-  first step and the state after each step: an episode of L steps gives L + 1 frames, and
-  `stride` k keeps states 0, k, 2k, ... and the last one: ceil(L / k) + 1 frames. Every frame
-  shows its step number (a GIF writer merges identical frames, which would lose steps).
+  (classic control through gymnasium's renderer, MinAtar, Catch, Pong, the mazes, ...), the
+  project's own pictures for DarkRoom and both Tag games, and otherwise the environment's own
+  `render_rgb(state, params) -> uint8 [H, W, 3]` (every suite's adapter has one: MuJoCo's
+  renderer for Brax and Playground, Craftax's textures, Navix's sprites, XLand-MiniGrid's and
+  Jumanji's drawings; an environment of the user's may define one). Every frame shows its step
+  number (a GIF writer merges identical frames, which would lose steps).
 - `write` writes a temporary file beside the target and renames it, so no half-written video
   is left behind.
 
@@ -57,12 +61,15 @@ GYMNAX_DRAWN = CLASSIC_CONTROL + ("Catch-bsuite", "Asterix-MinAtar", "Breakout-M
 # Project environments whose states are a gymnax environment's, drawn by its visualizer.
 DRAWN_AS = {"CartPole-NoVel-v1": "CartPole-v1"}
 GYMNAX_DPI = 80   # gymnax's 6 x 5 inch figure: 480 x 400 pixels, a multiple of 16 (MP4 blocks)
+RECORD_CHUNK = 512   # steps of the recorded episode per compiled call (`record`)
+RENDER_FPS = 10      # frames per second of a video drawn by `env.render_rgb`, unless env.render_fps says
 
 
 class Episode(NamedTuple):
     """One recorded episode, on the host."""
-    states: Any            # env states, leading axis L + 1: before the first step, then after each
-    rewards: np.ndarray    # [L] (multi-agent: [L, agents])
+    states: Any            # env states at `steps` (leading axis: one per kept step)
+    steps: list[int]       # the step numbers of those states: 0 (before the first step), stride, ..., L
+    rewards: np.ndarray    # [L] (multi-agent: [L, agents]), every step's
     length: int            # L
     ended: bool            # False: no episode end within max_steps_in_episode (the video stops there)
 
@@ -93,14 +100,27 @@ def check_output(path: str) -> None:
         raise ConfigError(f"--video {path}: cannot write in {parent}")
 
 
+def headless() -> None:
+    """Draw without a display; called before any environment is built. gymnasium's
+    classic-control renderer starts pygame: no window, no sound device. MuJoCo (Brax,
+    Playground) picks its OpenGL platform when it is first imported: EGL renders without a
+    display (on a GPU, or on the CPU through Mesa). A user's own setting wins."""
+    for var, value in (("SDL_VIDEODRIVER", "dummy"), ("SDL_AUDIODRIVER", "dummy"), ("PYGAME_HIDE_SUPPORT_PROMPT", "1"),
+                       ("MUJOCO_GL", "egl")):
+        os.environ.setdefault(var, value)
+
+
 def drawable() -> list[str]:
     return sorted(OWN_DRAWN) + sorted(DRAWN_AS) + list(GYMNAX_DRAWN)
 
 
-def check_env(env_name: str) -> None:
-    """A ConfigError (one line) unless `env_name` can be drawn here."""
-    if env_name not in OWN_DRAWN and env_name not in DRAWN_AS and env_name not in GYMNAX_DRAWN:
-        raise ConfigError(f"--video: --env {env_name} has no renderer; these can be drawn: {', '.join(drawable())}")
+def check_env(env_name: str, env) -> None:
+    """A ConfigError (one line) unless `env_name` (`env`) can be drawn here."""
+    if env_name not in OWN_DRAWN and env_name not in DRAWN_AS and env_name not in GYMNAX_DRAWN and not callable(
+            getattr(env, "render_rgb", None)):
+        raise ConfigError(f"--video: --env {env_name} has no renderer; these can be drawn: {', '.join(drawable())}, "
+                          f"every SUITE:TASK, and an environment of your own that has a method render_rgb(state, "
+                          f"params) -> uint8 [height, width, 3]")
     if DRAWN_AS.get(env_name, env_name) in CLASSIC_CONTROL and not _installed("pygame"):
         raise ConfigError(f"--video: gymnasium draws {env_name} with pygame (the video extra): {INSTALL}")
 
@@ -124,16 +144,24 @@ def _chooser(policy, env, env_params, greedy: bool):
     return choose
 
 
-def record(policy, env, env_params, params, key, greedy: bool) -> Episode:
+def record(policy, env, env_params, params, key, greedy: bool, stride: int = 1) -> Episode:
     """One episode of `policy` (an actor-critic Policy, nets/actor_critic.py) with `params`:
-    environment 0 of the evaluation episodes of `key`, on the default device."""
+    environment 0 of the evaluation episodes of `key`, on the default device. It is played in
+    compiled chunks of RECORD_CHUNK steps until the episode ends, and of its states only those
+    a video of `stride` draws are kept (`picked_steps`): a Craftax state is 270 KB, and its
+    episodes may last 100,000 steps."""
     choose = _chooser(policy, env, env_params, greedy)
     max_steps = int(env_params.max_steps_in_episode)
+    chunk = min(RECORD_CHUNK, max_steps)
     ids = jnp.zeros(1, jnp.int32)   # a batch of one environment, global index 0
 
-    def play(params, key):
+    @jax.jit
+    def start(key):
         obs, first = jax.vmap(env.reset, (0, None))(vec.env_keys(key, ids), env_params)
+        return first, (first, obs.astype(jnp.float32), policy.init_memory(1))
 
+    @jax.jit
+    def play(params, key, carry, t0):
         def step(carry, t):
             state, obs, memory = carry
             keys = jax.vmap(jax.random.split)(vec.env_keys(jax.random.fold_in(key, t + 1), ids))
@@ -149,16 +177,30 @@ def record(policy, env, env_params, params, key, greedy: bool) -> Episode:
             memory = policy.remember(memory, action, reward, done)
             return (state, obs.astype(jnp.float32), memory), (state, reward, done)
 
-        start = (first, obs.astype(jnp.float32), policy.init_memory(1))
-        _, (states, rewards, dones) = jax.lax.scan(step, start, jnp.arange(max_steps))
-        return first, states, rewards, dones
+        carry, (states, rewards, dones) = jax.lax.scan(step, carry, t0 + jnp.arange(chunk))
+        return carry, states, rewards[:, 0], dones[:, 0]
 
-    first, states, rewards, dones = jax.device_get(jax.jit(play)(params, key))
-    dones = np.asarray(dones)[:, 0]
-    ended = bool(dones.any())
-    length = int(np.argmax(dones)) + 1 if ended else max_steps
-    states = jax.tree.map(lambda s0, s: np.concatenate([np.asarray(s0), np.asarray(s)[:length, 0]]), first, states)
-    return Episode(states, np.asarray(rewards)[:length, 0], length, ended)
+    first, carry = start(key)
+    kept, steps, rewards = [jax.tree.map(np.asarray, first)], [0], []   # kept: states [k, ...] per chunk
+    length = None
+    for t0 in range(0, max_steps, chunk):   # steps t0 + 1 .. t0 + chunk follow this call's states
+        carry, states, chunk_rewards, dones = play(params, key, carry, t0)
+        dones = np.asarray(dones)[:max_steps - t0]
+        rewards.append(np.asarray(chunk_rewards)[:len(dones)])
+        if dones.any():
+            length = t0 + int(np.argmax(dones)) + 1
+        last = t0 + len(dones) if length is None else length
+        picked = [t for t in range(t0 + 1, last + 1) if t % stride == 0 or t == length or t == max_steps]
+        if picked:
+            rows = jnp.asarray([t - t0 - 1 for t in picked])
+            kept.append(jax.tree.map(lambda s: np.asarray(s[rows, 0]), states))
+            steps.extend(picked)
+        if length is not None:
+            break
+    ended = length is not None
+    length = max_steps if length is None else length
+    states = jax.tree.map(lambda *s: np.concatenate(s), *kept)
+    return Episode(states, steps, np.concatenate(rewards)[:length], length, ended)
 
 
 def summary(env, episode: Episode) -> dict:
@@ -183,19 +225,32 @@ def picked_steps(length: int, stride: int) -> list[int]:
     return steps if steps[-1] == length else steps + [length]
 
 
-def frames(env_name: str, env, env_params, episode: Episode, stride: int = 1) -> tuple[np.ndarray, float]:
-    """`(frames uint8 [F, H, W, 3], frames per second)` of the episode's picked states."""
-    steps = picked_steps(episode.length, stride)
+def frames(env_name: str, env, env_params, episode: Episode) -> tuple[np.ndarray, float]:
+    """`(frames uint8 [F, H, W, 3], frames per second)` of the episode's kept states."""
     if env_name in OWN_DRAWN:
         draw, fps = OWN_DRAWN[env_name]
-        return np.stack([_with_header(draw(env, env_params, episode.states, t), t) for t in steps]), fps
-    return _gymnax_frames(env_name, env_params, episode, steps)
+        return np.stack([_with_header(draw(env, env_params, episode.states, i), t)
+                         for i, t in enumerate(episode.steps)]), fps
+    if DRAWN_AS.get(env_name, env_name) in GYMNAX_DRAWN:
+        return _gymnax_frames(env_name, env_params, episode)
+    return _rendered_frames(env_name, env, env_params, episode)
 
 
-def _gymnax_frames(env_name: str, env_params, episode: Episode, steps: list[int]) -> tuple[np.ndarray, float]:
-    # gymnasium's classic-control renderer starts pygame: no window, no sound device.
-    for var, value in (("SDL_VIDEODRIVER", "dummy"), ("SDL_AUDIODRIVER", "dummy"), ("PYGAME_HIDE_SUPPORT_PROMPT", "1")):
-        os.environ.setdefault(var, value)
+def _rendered_frames(env_name: str, env, env_params, episode: Episode) -> tuple[np.ndarray, float]:
+    """The environment's own drawing: `env.render_rgb(state, params)`, one state at a time."""
+    out = []
+    for i, t in enumerate(episode.steps):
+        image = np.asarray(env.render_rgb(jax.tree.map(lambda x: x[i], episode.states), env_params))
+        if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] != 3 or (out and image.shape != out[0].shape):
+            raise UserError(f"--video: {env_name}'s render_rgb gave a {image.dtype} array of shape {image.shape}"
+                            f"{f' after {out[0].shape}' if out else ''}; it must give uint8 [height, width, 3], the "
+                            f"same shape for every state")
+        out.append(image)
+    return np.stack([_with_header(image, t) for image, t in zip(out, episode.steps)]), float(
+        getattr(env, "render_fps", RENDER_FPS))
+
+
+def _gymnax_frames(env_name: str, env_params, episode: Episode) -> tuple[np.ndarray, float]:
     # Imported here, not at the top: pyplot, seaborn and gymnasium cost every evaluation's
     # start-up seconds, and only a video draws with them.
     import matplotlib
@@ -205,7 +260,8 @@ def _gymnax_frames(env_name: str, env_params, episode: Episode, steps: list[int]
 
     drawn_env, _ = gymnax.make(DRAWN_AS.get(env_name, env_name))
     returns = np.concatenate([[0.0], np.cumsum(episode.rewards)])
-    vis = Visualizer(drawn_env, env_params, [jax.tree.map(lambda x: x[t], episode.states) for t in steps])
+    steps = episode.steps
+    vis = Visualizer(drawn_env, env_params, [jax.tree.map(lambda x: x[i], episode.states) for i in range(len(steps))])
     vis.fig.set_dpi(GYMNAX_DPI)
     out = []
     try:
@@ -293,24 +349,25 @@ def _cross(board, row: float, col: float, radius: float, colour) -> None:
     part[near & ((np.abs(dr - dc) <= 1) | (np.abs(dr + dc) <= 1))] = colour
 
 
-def _draw_darkroom(env, env_params, states, t: int) -> np.ndarray:
-    """The room: cells visited so far shaded, the goal green, the agent a blue disc."""
+def _draw_darkroom(env, env_params, states, i: int) -> np.ndarray:
+    """The room: the cells of the kept states so far shaded (with --video-stride 1, every cell
+    visited so far), the goal green, the agent a blue disc."""
     n = env.size
     board, side = _grid(n)
-    for x, y in np.unique(np.asarray(states.pos)[:t + 1], axis=0):
+    for x, y in np.unique(np.asarray(states.pos)[:i + 1], axis=0):
         _cell(board, side, n, x, y, VISITED, inset=1)
     gx, gy = np.asarray(env_params.goal)
     _cell(board, side, n, gx, gy, GOAL, inset=1)
-    x, y = np.asarray(states.pos)[t]
+    x, y = np.asarray(states.pos)[i]
     _disc(board, (n - 1 - y + 0.5) * side, (x + 0.5) * side, 0.35 * side, AGENT)
     return board
 
 
-def _draw_tag_grid(env, env_params, states, t: int) -> np.ndarray:
+def _draw_tag_grid(env, env_params, states, i: int) -> np.ndarray:
     """Taggers red squares, the runner a blue disc over them; tagged, it turns grey and crossed."""
     n = int(env_params.grid_length) + 1   # cells 0 .. grid_length on each axis
     board, side = _grid(n)
-    pos, active = np.asarray(states.pos)[t], np.asarray(states.active)[t]
+    pos, active = np.asarray(states.pos)[i], np.asarray(states.active)[i]
     inset = max(1, side // 8)
     for i in range(env.num_taggers):
         _cell(board, side, n, *pos[i], TEAM_COLOURS[int(env.team_ids[i])], inset=inset)
@@ -323,7 +380,7 @@ def _draw_tag_grid(env, env_params, states, t: int) -> np.ndarray:
     return board
 
 
-def _draw_tag_continuous(env, env_params, states, t: int) -> np.ndarray:
+def _draw_tag_continuous(env, env_params, states, i: int) -> np.ndarray:
     """Agents as discs coloured by team, with a tick along their heading; a tagged runner grey
     and crossed where it left the game. The square is framed, with a margin for agents on its
     edges."""
@@ -335,8 +392,8 @@ def _draw_tag_continuous(env, env_params, states, t: int) -> np.ndarray:
     board[[margin - 1, size - margin], margin - 1:size - margin + 1] = GRID_LINE
     board[margin - 1:size - margin + 1, [margin - 1, size - margin]] = GRID_LINE
     scale = (size - 2 * margin - 1) / float(env_params.grid_length)
-    pos, active = np.asarray(states.pos)[t], np.asarray(states.active)[t]
-    direction = np.asarray(states.direction)[t]
+    pos, active = np.asarray(states.pos)[i], np.asarray(states.active)[i]
+    direction = np.asarray(states.direction)[i]
     for i in np.argsort(active, kind="stable"):   # agents out of the game first, under the others
         row, col = size - 1 - margin - pos[i, 1] * scale, margin + pos[i, 0] * scale
         if not active[i]:
@@ -350,7 +407,7 @@ def _draw_tag_continuous(env, env_params, states, t: int) -> np.ndarray:
     return board
 
 
-# {env name: (drawing of one state: (env, env_params, states, t) -> RGB board, frames per second)}
+# {env name: (drawing of kept state i: (env, env_params, states, i) -> RGB board, frames per second)}
 OWN_DRAWN = {"DarkRoom": (_draw_darkroom, 5.0), "DarkRoomHard": (_draw_darkroom, 5.0),
              "TagGridworld-v0": (_draw_tag_grid, 10.0), "TagContinuous-v0": (_draw_tag_continuous, 10.0)}
 

@@ -8,6 +8,10 @@ import tempfile
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# MuJoCo picks its OpenGL platform when first imported, and a test that imports brax may come
+# before a test of `evaluate --video` in the same process: headless from the start, as the
+# evaluator makes it (video.headless).
+os.environ.setdefault("MUJOCO_GL", "egl")
 
 # One persistent compilation cache for this test session, fresh each time (so a CI run never
 # reads a stale one): the many small training runs the suite starts in processes of their own,

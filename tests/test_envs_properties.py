@@ -100,7 +100,7 @@ def test_two_processes_equal_one_process_with_8_devices(tmp_path):
 
 def test_a_users_own_environment_trains_with_every_feature(tmp_path, capsys):
     """examples/custom_env.py: registered by name, trained on all 8 devices, stopped and resumed
-    exactly, many seeds in one program, evaluated; its argument checked."""
+    exactly, many seeds in one program, evaluated, drawn into a video; its argument checked."""
     spec = importlib.util.spec_from_file_location("custom_env", ROOT / "examples" / "custom_env.py")
     spec.loader.exec_module(importlib.util.module_from_spec(spec))  # registers Corridor-v0
     flags = ["--env", "Corridor-v0", "--env-args", "size=6", "--num-envs", "16", "--num-steps", "16",
@@ -117,6 +117,9 @@ def test_a_users_own_environment_trains_with_every_feature(tmp_path, capsys):
     assert evaluate.main(["--run-dir", str(straight), "--episodes", "16", "--greedy"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["episodes"] == 16 and result["step"] == 8
+    assert evaluate.main(["--run-dir", str(straight), "--video", str(tmp_path / "corridor.gif"), "--greedy"]) == 0
+    shown = json.loads(capsys.readouterr().out.strip().splitlines()[-1])   # drawn by its render_rgb
+    assert shown["frames"] == shown["episode_length"] + 1 and (tmp_path / "corridor.gif").stat().st_size > 0
     assert run(*flags[:2], "--env-args", "size=1", "--run-dir", str(tmp_path / "bad")) == 2
     assert "size must be at least 2" in capsys.readouterr().err and not (tmp_path / "bad").exists()
     # The script itself, as a user runs it.

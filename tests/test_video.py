@@ -77,6 +77,15 @@ def test_cartpole_gif_shows_the_evaluated_episode(runs, tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_an_episode_recorded_in_chunks_is_the_same_episode(runs, tmp_path, capsys, monkeypatch):
+    whole = record(capsys, runs["cartpole"], tmp_path / "whole.gif", "--video-stride", 3)
+    monkeypatch.setattr(video, "RECORD_CHUNK", 4)   # chunk boundaries that are not the stride's
+    chunked = record(capsys, runs["cartpole"], tmp_path / "chunked.gif", "--video-stride", 3)
+    assert whole["episode_length"] > 2 * 4 and chunked == {**whole, "video": str(tmp_path / "chunked.gif")}
+    np.testing.assert_array_equal(decoded(tmp_path / "whole.gif"), decoded(tmp_path / "chunked.gif"))
+
+
+@pytest.mark.slow
 def test_darkroom_gif_of_a_many_run_directory(runs, tmp_path, capsys):
     first = record(capsys, runs["darkroom"], tmp_path / "run0.gif")
     second = record(capsys, runs["darkroom"], tmp_path / "run1.gif", "--run", 1)
@@ -116,7 +125,8 @@ def test_tag_drawings_colour_the_teams_and_mark_a_tagged_runner():
     states = tag.GridState(pos=np.array([[[2, 2], [2, 2], [0, 0]], [[1, 1], [0, 0], [0, 0]]], np.int32),
                            active=np.array([[True, True, True], [True, True, False]]),
                            tags=np.array([0, 1], np.int32), time=np.array([0, 1], np.int32))
-    frames, _ = video.frames("TagGridworld-v0", grid, grid_params, video.Episode(states, np.zeros((1, 3)), 1, True))
+    two_states = video.Episode(states, [0, 1], np.zeros((1, 3)), 1, True)
+    frames, _ = video.frames("TagGridworld-v0", grid, grid_params, two_states)
     assert frames.shape[0] == 2
     tagger, runner = video.TEAM_COLOURS[tag.TAGGER], video.TEAM_COLOURS[tag.RUNNER]
     assert colour_present(frames[0], tagger) and colour_present(frames[0], runner)
@@ -130,7 +140,8 @@ def test_tag_drawings_colour_the_teams_and_mark_a_tagged_runner():
                                  acceleration=np.zeros((2, 3), np.float32),
                                  active=np.array([[True, True, True], [True, False, True]]),
                                  tags=np.array([0, 1], np.int32), time=np.array([0, 1], np.int32))
-    frames, _ = video.frames("TagContinuous-v0", cont, cont_params, video.Episode(states, np.zeros((1, 3)), 1, True))
+    two_states = video.Episode(states, [0, 1], np.zeros((1, 3)), 1, True)
+    frames, _ = video.frames("TagContinuous-v0", cont, cont_params, two_states)
     assert colour_present(frames[0], runner) and not colour_present(frames[0], video.TAGGED)
     assert colour_present(frames[1], runner) and colour_present(frames[1], video.TAGGED)
 

@@ -51,16 +51,19 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from gymnax.environments import environment, spaces
 from jax import lax
 
+from jaxrl_mgpu.cli import UserError
 from jaxrl_mgpu.envs import COUNT, FLAG, Arg, EnvError, Suite, register_suite
 
 # Brax's physics pipelines (brax.envs.base.PipelineEnv); `mjx` is its trainer's default
@@ -145,34 +148,39 @@ class BraxStateEnv(environment.Environment):
         start = None if self.fresh_reset else suite_state
         return self.observation(suite_state), EnvState(time=jnp.int32(0), suite_state=suite_state, start=start)
 
-    def step(self, key: jax.Array, state: EnvState, action: jax.Array, params: EnvParams | None = None):
-        """`(obs, state, reward, terminated, truncated, info)`; where the episode ended, `obs` and
-        `state` are those of the next one's start (with fresh_reset, drawn from `key`: the
-        suite's step needs no randomness), and `info["final_observation"]` the observation it
-        ended on."""
-        params = self.default_params if params is None else params
+    def step_env(self, key: jax.Array, state: EnvState, action: jax.Array,
+                 params: EnvParams) -> tuple[jax.Array, EnvState, jax.Array, jax.Array, dict]:
+        """The transition alone, without the reset: `(obs, state, reward, terminated, info)` of
+        the episode going on or just ended (`step` adds the reset; evaluate --video draws these
+        states). The suite's step needs no randomness."""
         stepped = self._repeat(state.suite_state, action)
-        time = state.time + 1
-        final_obs = self.observation(stepped)
+        obs = self.observation(stepped)
         # Physics that blew up (see the module's docstring) ends the episode with reward 0 (a
         # NaN reward would make the whole update's loss NaN) and zeros for its last observation
         # (a termination never bootstraps from it; zeros keep what reads it finite).
-        exploded = jnp.logical_not(jnp.isfinite(final_obs).all() & jnp.isfinite(stepped.reward))
+        exploded = jnp.logical_not(jnp.isfinite(obs).all() & jnp.isfinite(stepped.reward))
         reward = jnp.where(exploded, 0.0, stepped.reward.astype(jnp.float32))
-        final_obs = jnp.where(exploded, 0.0, final_obs)
+        obs = jnp.where(exploded, 0.0, obs)
         terminated = jnp.logical_or(stepped.done > 0, exploded)
-        truncated = jnp.logical_and(time >= params.max_steps_in_episode, jnp.logical_not(terminated))
+        going = EnvState(time=state.time + 1, suite_state=stepped, start=state.start)
+        return obs, going, reward, terminated, {"physics_blew_up": exploded.astype(jnp.float32)}
+
+    def step(self, key: jax.Array, state: EnvState, action: jax.Array, params: EnvParams | None = None):
+        """`(obs, state, reward, terminated, truncated, info)`; where the episode ended, `obs` and
+        `state` are those of the next one's start (with fresh_reset, drawn from `key`), and
+        `info["final_observation"]` the observation it ended on."""
+        params = self.default_params if params is None else params
+        final_obs, going, reward, terminated, info = self.step_env(key, state, action, params)
+        truncated = jnp.logical_and(self.is_truncated(going, params), jnp.logical_not(terminated))
         done = jnp.logical_or(terminated, truncated)
         if self.fresh_reset:
             obs_next, next_start = self.reset_env(key, params)
         else:  # the start this environment's first reset drew
             obs_next = self.observation(state.start)
             next_start = EnvState(time=jnp.int32(0), suite_state=state.start, start=state.start)
-        state = jax.tree.map(lambda start, going: lax.select(done, start, going), next_start,
-                             EnvState(time=time, suite_state=stepped, start=state.start))
+        state = jax.tree.map(lambda start, now: lax.select(done, start, now), next_start, going)
         obs = lax.select(done, obs_next, final_obs)
-        return obs, state, reward, terminated, truncated, {"final_observation": final_obs,
-                                                           "physics_blew_up": exploded.astype(jnp.float32)}
+        return obs, state, reward, terminated, truncated, {"final_observation": final_obs, **info}
 
     def _repeat(self, held, action: jax.Array):
         """The suite's step applied `action_repeat` times, rewards summed. Once one of them ends
@@ -193,6 +201,48 @@ class BraxStateEnv(environment.Environment):
 
         (last, total), _ = lax.scan(repeat, (held, jnp.zeros_like(held.reward)), None, length=self.action_repeat)
         return last.replace(reward=total)
+
+    # -- evaluate --video ------------------------------------------------------------------
+
+    @property
+    def render_fps(self) -> float:
+        """Real time (a step is dt x action_repeat seconds), at most 50 frames a second: GIF
+        players slow faster ones down."""
+        return min(50.0, 1.0 / (float(self.suite_env.dt) * self.action_repeat))
+
+    def render_rgb(self, state: EnvState, params: EnvParams | None = None) -> np.ndarray:
+        """One state drawn by MuJoCo's renderer, as Brax's and Playground's own `render` draw
+        it: 320 x 240 pixels, from the model's first camera that follows a body, else its
+        first camera, else MuJoCo's free camera."""
+        import mujoco
+        physics = self._whole(state.suite_state)
+        physics = physics.pipeline_state if hasattr(physics, "pipeline_state") else physics.data  # Brax's, Playground's
+        qpos, qvel = (physics.q, physics.qd) if hasattr(physics, "q") else (physics.qpos, physics.qvel)
+        data = mujoco.MjData(self._mj_model)
+        data.qpos, data.qvel = np.asarray(qpos), np.asarray(qvel)
+        mujoco.mj_forward(self._mj_model, data)
+        renderer, camera = self._renderer
+        renderer.update_scene(data, camera=camera)
+        return renderer.render()
+
+    @property
+    def _mj_model(self):
+        return self.suite_env.sys.mj_model if hasattr(self.suite_env, "sys") else self.suite_env.mj_model
+
+    @functools.cached_property
+    def _renderer(self):
+        import mujoco
+        model = self._mj_model
+        follows = (int(mujoco.mjtCamLight.mjCAMLIGHT_TRACK), int(mujoco.mjtCamLight.mjCAMLIGHT_TRACKCOM))
+        tracking = [i for i in range(model.ncam) if int(model.cam_mode[i]) in follows]
+        camera = tracking[0] if tracking else (0 if model.ncam else -1)
+        try:
+            return mujoco.Renderer(model, height=240, width=320), camera
+        except Exception as e:  # no OpenGL platform: mujoco raises ImportError, RuntimeError or its FatalError
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise UserError(f"--video: MuJoCo could not open an OpenGL context (MUJOCO_GL="
+                            f"{os.environ.get('MUJOCO_GL', '')}): {why}; without a display it needs EGL (Debian: "
+                            f"apt install libegl1 libgl1-mesa-dri) or MUJOCO_GL=osmesa (libosmesa6)") from None
 
     def _physics(self):
         """Where the suite's physics is traced: at float32 precision, or (`default`) at whatever

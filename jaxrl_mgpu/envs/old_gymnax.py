@@ -23,10 +23,14 @@ run that uses it needs the `craftax` extra.
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import functools
+import sys
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from gymnax.environments import environment, spaces
 
@@ -51,9 +55,23 @@ class OldGymnaxEnv(environment.Environment):
     # (envs/vec.step_resetting_ended), instead of a reset computed in every step under vmap.
     heavy_reset = True
 
-    def __init__(self, name: str, env: Any, params: Params, limit_field: str, episode_metrics: tuple[str, ...] = ()):
+    def __init__(self, name: str, env: Any, params: Params, limit_field: str, episode_metrics: tuple[str, ...],
+                 make_drawing: Callable[[], Callable[[Any], jax.Array]]):
         self._name, self.suite_env, self._params, self._limit_field = name, env, params, limit_field
         self.episode_metrics = episode_metrics  # envs.episode_metrics: info entries reported per episode
+        self._make_drawing = make_drawing       # () -> (state -> RGB image): the suite's renderer, built on use
+
+    def render_rgb(self, state: Any, params: Params | None = None) -> np.ndarray:
+        """One state drawn by the suite's renderer (evaluate --video), each pixel doubled."""
+        image = np.clip(np.asarray(self._drawing(state)), 0, 255).astype(np.uint8)
+        return image.repeat(2, axis=0).repeat(2, axis=1)
+
+    @functools.cached_property
+    def _drawing(self) -> Callable[[Any], jax.Array]:
+        # Craftax's first drawing processes its textures and says so on stdout, where evaluate
+        # prints its JSON line: its words go to stderr.
+        with contextlib.redirect_stdout(sys.stderr):
+            return jax.jit(self._make_drawing())
 
     def _suite_params(self, params: Params, limit: Any) -> Any:
         return params.suite.replace(**{self._limit_field: limit})
@@ -111,11 +129,21 @@ def make_craftax(task: str) -> tuple[OldGymnaxEnv, Params]:
     else:
         from craftax.craftax.constants import Achievement
     env = make_craftax_env_from_name(task, auto_reset=False)
+
+    def make_drawing():  # Craftax's own pixel renderer, at its image observations' block size (16 pixels)
+        if classic:
+            from craftax.craftax_classic.constants import BLOCK_PIXEL_SIZE_IMG
+            from craftax.craftax_classic.renderer import make_craftax_pixel_renderer
+        else:
+            from craftax.craftax.constants import BLOCK_PIXEL_SIZE_IMG
+            from craftax.craftax.renderer import make_craftax_pixel_renderer
+        return make_craftax_pixel_renderer(BLOCK_PIXEL_SIZE_IMG)
+
     suite_params = env.default_params
     params = Params(max_steps_in_episode=int(suite_params.max_timesteps), suite=suite_params)
     # the names its step's info gives them (Classic's compute_score, Craftax's log_achievements_to_info)
     metrics = tuple(f"Achievements/{a.name.lower()}" for a in Achievement) + (("score",) if classic else ())
-    return OldGymnaxEnv(f"craftax:{task}", env, params, "max_timesteps", metrics), params
+    return OldGymnaxEnv(f"craftax:{task}", env, params, "max_timesteps", metrics, make_drawing), params
 
 
 register_suite("craftax", Suite(tasks=lambda: list(CRAFTAX_TASKS), make=make_craftax, extra="craftax",

@@ -39,6 +39,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 from gymnax.environments import environment, spaces
 
@@ -164,6 +165,19 @@ class JumanjiEnv(TimeStepEnv):
     def _info(self, timestep):
         return dict(timestep.extras or {})
 
+    def render_rgb(self, state: State, params: Params | None = None) -> np.ndarray:
+        """One state drawn by the task's own matplotlib viewer (evaluate --video)."""
+        return np.array(self._viewer.render(state.suite)[..., :3])
+
+    @functools.cached_property
+    def _viewer(self):
+        import matplotlib
+        matplotlib.use("Agg")  # frames only, no display
+        viewer = self.suite_env._viewer  # every offered task's viewer is a jumanji MatplotlibViewer
+        viewer._display = viewer._display_rgb_array  # its "rgb_array" render mode: the drawn figure as an array
+        viewer.figure_size = (4.8, 4.8)  # 480 x 480 pixels at matplotlib's 100 dpi (its default: 1000 x 1000)
+        return viewer
+
 
 # Tasks that are not offered, and why. Each task's action spec was read from Jumanji 1.1.2 (a
 # test checks this table against the suite); `make` checks the spec of whatever it builds too.
@@ -233,6 +247,12 @@ class XMiniGridEnv(TimeStepEnv):
         timestep = self.suite_env.step(suite_params, carry, action)
         return timestep, timestep
 
+    def render_rgb(self, state: State, params: Params | None = None) -> np.ndarray:
+        """One state drawn by XLand-MiniGrid's own renderer (evaluate --video): the grid, the
+        agent's view lit."""
+        params = self._params if params is None else params
+        return np.asarray(self.suite_env.render(params.suite, state.suite))
+
 
 def _xminigrid_tasks() -> list[str]:
     import xminigrid
@@ -272,6 +292,19 @@ class NavixEnv(TimeStepEnv):
         # fires, yet under vmap its branch would be computed on every step.
         timestep = self.suite_env._step(carry, action)
         return timestep, timestep
+
+    def render_rgb(self, state: State, params: Params | None = None) -> np.ndarray:
+        """One state drawn with Navix's sprites (evaluate --video): the whole grid, each pixel
+        repeated to make it about 256 pixels on its longer side (navix 0.7.4's sprites are 8
+        pixels)."""
+        image = np.asarray(self._drawing(state.suite.state))
+        k = max(1, 256 // max(image.shape[:2]))
+        return image.repeat(k, axis=0).repeat(k, axis=1)
+
+    @functools.cached_property
+    def _drawing(self):
+        import navix
+        return jax.jit(navix.observations.rgb)
 
 
 def _navix_tasks() -> list[str]:
