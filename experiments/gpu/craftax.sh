@@ -4,12 +4,13 @@
 # of ../shared/gpu/fetch-wheels.sh plus craftax 1.6.1, distrax 0.1.9, tfp-nightly, decorator,
 # gast) and a copy of Craftax_Baselines in .anchors/craftax_baselines; carry both:
 #   run(carry=[".whl-craftax", ".anchors"]) WHL=.whl-craftax bash experiments/gpu/craftax.sh
-#   ANCHOR_STEPS=2e8 ANCHOR_T=250 T=300 ...    # the anchor's first 200M steps (its run cannot resume), then ours
-#   ANCHOR=0 RESUME=1 T=570 ...                # ours alone, 1B steps over several calls (--resume auto)
+#   ANCHOR_STEPS=1e9 ANCHOR_T=170 T=255 RESUME=1 ...   # the anchor until its time limit (its run cannot resume), then ours
+#   ANCHOR=0 RESUME=1 T=540 ...                # ours alone, 1B steps over several calls (--resume auto; the
+#                                              # next call within the machine's 30 s idle release, or /tmp/runs is gone)
 # Prints one JSON line per run (anchor.jsonl, ours.jsonl under $OUT) and a table.
 source experiments/gpu/setup.sh
 PRESET=${PRESET:-craftax-classic}; SEED=${SEED:-0}; T=${T:-290}; ANCHOR=${ANCHOR:-1}; OURS=${OURS:-1}
-EVAL_EVERY=${EVAL_EVERY:-1526}  # 10 evaluations in 15,258 updates (each plays up to 10,000 steps)
+EVAL_EVERY=${EVAL_EVERY:-1500}  # 10 evaluations in 15,258 updates (each plays up to 10,000 steps); a multiple of log_every 50
 source experiments/gpu/ours.sh  # ours NAME FLAGS..., table
 if [ "$ANCHOR" = 1 ]; then
   timeout ${ANCHOR_T:-$T} python3 experiments/gpu/craftax_anchor.py --baselines .anchors/craftax_baselines \

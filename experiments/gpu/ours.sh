@@ -16,7 +16,12 @@ ours() {  # ours NAME FLAGS...: one run of this project, timed from the process'
   python3 - /tmp/runs/$name "$start" "$(date +%s.%N)" "$code" "$*${RESUME:+ (--resume auto: the part run in this call)}" >> $OUT/ours.jsonl <<'EOF'
 import json, statistics, sys
 run, start, end, code, flags = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-rows = [json.loads(l) for l in open(run + "/metrics.jsonl")]
+try:
+    rows = [json.loads(l) for l in open(run + "/metrics.jsonl")]
+except FileNotFoundError:  # it stopped before its first log row (a bad option: its log says why)
+    print(json.dumps({"impl": "jaxrl_mgpu", "flags": flags, "exit": code, "env_steps": 0, "wall_s": round(end - start, 1),
+                      "no_log_rows": True}))
+    sys.exit()
 try:
     summary = json.load(open(run + "/summary.json"))
 except FileNotFoundError:  # cut off by the time limit: the curve so far, no timing split
