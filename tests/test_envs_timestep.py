@@ -233,6 +233,12 @@ def test_craftax_matches_the_suite_truncates_at_its_limit_and_a_death_is_termina
     assert ends.tolist() == [[True, False]]
 
 
+def test_a_craftax_rollout_is_not_unrolled_on_a_gpu(monkeypatch):
+    from jaxrl_mgpu.algos import ppo
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    assert ppo.rollout_unroll(envs.make("craftax:Craftax-Classic-Symbolic-v1")[0]) == 1
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("task, metrics", [("Craftax-Classic-Symbolic-v1", 22 + 1), ("Craftax-Symbolic-v1", 67)])
 def test_craftax_reports_its_achievements_per_episode(task, metrics):
