@@ -7,6 +7,8 @@
 #   ANCHOR_STEPS=1e9 ANCHOR_T=170 T=255 RESUME=1 ...   # the anchor until its time limit (its run cannot resume), then ours
 #   ANCHOR=0 RESUME=1 T=540 ...                # ours alone, 1B steps over several calls (--resume auto; the
 #                                              # next call within the machine's 30 s idle release, or /tmp/runs is gone)
+#   CARRY_RUNS=.runs ANCHOR=0 RESUME=1 T=540 ...   # the same across machines and sessions (ours.sh): carry
+#       [".whl-craftax", ".runs"] and copy $OUT/ours-craftax-0.tgz.* into .runs/ after each call (~35 MB)
 # Prints one JSON line per run (anchor.jsonl, ours.jsonl under $OUT) and a table.
 source experiments/gpu/setup.sh
 PRESET=${PRESET:-craftax-classic}; SEED=${SEED:-0}; T=${T:-290}; ANCHOR=${ANCHOR:-1}; OURS=${OURS:-1}

@@ -5,10 +5,18 @@
 # per second (overall and "steady": the median of the log rows that hold no evaluation).
 # RESUME=1 adds --resume auto: a run longer than one device call goes on in the next call (the
 # time limit's SIGTERM saves a checkpoint; the machine must still be warm, /tmp/runs is on it).
-# Reads PRESET, T, OUT, and optionally STEPS, EVAL_EVERY, RESUME.
+# CARRY_RUNS=DIR (a folder of the checkout that .git/info/exclude ignores, named in the call's
+# carry) lets a run outlive the device machine, across calls and sessions: before the run, its
+# parts DIR/NAME.tgz.00, .01, ... are unpacked into /tmp/runs (unless the run is there already);
+# after it, the run directory is packed into $OUT/NAME.tgz.00, ... (15 MiB parts: what a call
+# brings back), to be copied into DIR here for the next call. (A craftax-classic run: about 35 MB.)
+# Reads PRESET, T, OUT, and optionally STEPS, EVAL_EVERY, RESUME, CARRY_RUNS.
 steps_flag=${STEPS:+--total-timesteps $STEPS}
 ours() {  # ours NAME FLAGS...: one run of this project, timed from the process's start
   local name=$1; shift
+  if [ -n "${CARRY_RUNS:-}" ] && [ ! -d /tmp/runs/$name ] && ls $CARRY_RUNS/$name.tgz.* > /dev/null 2>&1; then
+    mkdir -p /tmp/runs && cat $CARRY_RUNS/$name.tgz.* | tar -xz -C /tmp/runs || { echo "cannot unpack $name" >&2; return 1; }
+  fi
   local start=$(date +%s.%N)
   timeout $T python3 -m jaxrl_mgpu.train --config $PRESET --run-dir /tmp/runs/$name --eval-every ${EVAL_EVERY:-50} \
       --eval-episodes 128 --checkpoint-every 0 ${RESUME:+--resume auto} $steps_flag "$@" > $OUT/$name.log 2>&1
@@ -40,6 +48,9 @@ print(json.dumps({"impl": "jaxrl_mgpu", "flags": flags, "exit": code, "env_steps
                   "env_metrics": next(({k: v for k, v in r.items() if k.startswith("env/")} for r in reversed(rows)
                                        if r.get("episodes")), {})}))
 EOF
+  if [ -n "${CARRY_RUNS:-}" ] && [ -d /tmp/runs/$name ]; then
+    tar -cz -C /tmp/runs $name | split -b 15M -d - $OUT/$name.tgz. && du -ch $OUT/$name.tgz.* | tail -1
+  fi
 }
 
 table() {  # the runs of anchor.jsonl and ours.jsonl under $OUT, one line each
