@@ -22,9 +22,9 @@ instead writes a video of ONE episode of the policy (the first of the evaluation
 its length and return. gymnax's visualizer draws the environments it knows (CartPole, Acrobot,
 MinAtar, ...); DarkRoom and the Tag games are drawn by the project (Tag: taggers red, runners
 blue, a tagged runner grey and crossed); other suites' tasks, and an environment of the
-user's with a `render_rgb(state, params)` method, draw themselves. The video has the state before the first step and
-after each step, L + 1 frames for L steps; `--video-stride K` keeps every K-th and the last,
-ceil(L / K) + 1 frames. It needs the video extra: pip install -e ".[video]".
+user's with a `render_rgb(state, params)` method, draw themselves. The video has the state
+before the first step and after each step, L + 1 frames for L steps; `--video-stride K` keeps
+every K-th and the last, ceil(L / K) + 1 frames. It needs the video extra: pip install -e ".[video]".
 """
 
 from __future__ import annotations

@@ -148,8 +148,8 @@ def record(policy, env, env_params, params, key, greedy: bool, stride: int = 1) 
     """One episode of `policy` (an actor-critic Policy, nets/actor_critic.py) with `params`:
     environment 0 of the evaluation episodes of `key`, on the default device. It is played in
     compiled chunks of RECORD_CHUNK steps until the episode ends, and of its states only those
-    a video of `stride` draws are kept (`picked_steps`): a Craftax state is 270 KB, and its
-    episodes may last 100,000 steps."""
+    a video of `stride` draws are kept (`picked_steps`): long episodes of large states (full
+    Craftax's) fit in memory only so."""
     choose = _chooser(policy, env, env_params, greedy)
     max_steps = int(env_params.max_steps_in_episode)
     chunk = min(RECORD_CHUNK, max_steps)
@@ -225,12 +225,17 @@ def picked_steps(length: int, stride: int) -> list[int]:
     return steps if steps[-1] == length else steps + [length]
 
 
+def _kept_state(episode: Episode, k: int) -> Any:
+    """The k-th kept state (the state at step `episode.steps[k]`)."""
+    return jax.tree.map(lambda x: x[k], episode.states)
+
+
 def frames(env_name: str, env, env_params, episode: Episode) -> tuple[np.ndarray, float]:
     """`(frames uint8 [F, H, W, 3], frames per second)` of the episode's kept states."""
     if env_name in OWN_DRAWN:
         draw, fps = OWN_DRAWN[env_name]
-        return np.stack([_with_header(draw(env, env_params, episode.states, i), t)
-                         for i, t in enumerate(episode.steps)]), fps
+        return np.stack([_with_header(draw(env, env_params, episode.states, k), t)
+                         for k, t in enumerate(episode.steps)]), fps
     if DRAWN_AS.get(env_name, env_name) in GYMNAX_DRAWN:
         return _gymnax_frames(env_name, env_params, episode)
     return _rendered_frames(env_name, env, env_params, episode)
@@ -239,8 +244,8 @@ def frames(env_name: str, env, env_params, episode: Episode) -> tuple[np.ndarray
 def _rendered_frames(env_name: str, env, env_params, episode: Episode) -> tuple[np.ndarray, float]:
     """The environment's own drawing: `env.render_rgb(state, params)`, one state at a time."""
     out = []
-    for i, t in enumerate(episode.steps):
-        image = np.asarray(env.render_rgb(jax.tree.map(lambda x: x[i], episode.states), env_params))
+    for k, t in enumerate(episode.steps):
+        image = np.asarray(env.render_rgb(_kept_state(episode, k), env_params))
         if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] != 3 or (out and image.shape != out[0].shape):
             raise UserError(f"--video: {env_name}'s render_rgb gave a {image.dtype} array of shape {image.shape}"
                             f"{f' after {out[0].shape}' if out else ''}; it must give uint8 [height, width, 3], the "
@@ -261,7 +266,7 @@ def _gymnax_frames(env_name: str, env_params, episode: Episode) -> tuple[np.ndar
     drawn_env, _ = gymnax.make(DRAWN_AS.get(env_name, env_name))
     returns = np.concatenate([[0.0], np.cumsum(episode.rewards)])
     steps = episode.steps
-    vis = Visualizer(drawn_env, env_params, [jax.tree.map(lambda x: x[i], episode.states) for i in range(len(steps))])
+    vis = Visualizer(drawn_env, env_params, [_kept_state(episode, k) for k in range(len(steps))])
     vis.fig.set_dpi(GYMNAX_DPI)
     out = []
     try:
@@ -349,25 +354,25 @@ def _cross(board, row: float, col: float, radius: float, colour) -> None:
     part[near & ((np.abs(dr - dc) <= 1) | (np.abs(dr + dc) <= 1))] = colour
 
 
-def _draw_darkroom(env, env_params, states, i: int) -> np.ndarray:
+def _draw_darkroom(env, env_params, states, k: int) -> np.ndarray:
     """The room: the cells of the kept states so far shaded (with --video-stride 1, every cell
     visited so far), the goal green, the agent a blue disc."""
     n = env.size
     board, side = _grid(n)
-    for x, y in np.unique(np.asarray(states.pos)[:i + 1], axis=0):
+    for x, y in np.unique(np.asarray(states.pos)[:k + 1], axis=0):
         _cell(board, side, n, x, y, VISITED, inset=1)
     gx, gy = np.asarray(env_params.goal)
     _cell(board, side, n, gx, gy, GOAL, inset=1)
-    x, y = np.asarray(states.pos)[i]
+    x, y = np.asarray(states.pos)[k]
     _disc(board, (n - 1 - y + 0.5) * side, (x + 0.5) * side, 0.35 * side, AGENT)
     return board
 
 
-def _draw_tag_grid(env, env_params, states, i: int) -> np.ndarray:
+def _draw_tag_grid(env, env_params, states, k: int) -> np.ndarray:
     """Taggers red squares, the runner a blue disc over them; tagged, it turns grey and crossed."""
     n = int(env_params.grid_length) + 1   # cells 0 .. grid_length on each axis
     board, side = _grid(n)
-    pos, active = np.asarray(states.pos)[i], np.asarray(states.active)[i]
+    pos, active = np.asarray(states.pos)[k], np.asarray(states.active)[k]
     inset = max(1, side // 8)
     for i in range(env.num_taggers):
         _cell(board, side, n, *pos[i], TEAM_COLOURS[int(env.team_ids[i])], inset=inset)
@@ -380,7 +385,7 @@ def _draw_tag_grid(env, env_params, states, i: int) -> np.ndarray:
     return board
 
 
-def _draw_tag_continuous(env, env_params, states, i: int) -> np.ndarray:
+def _draw_tag_continuous(env, env_params, states, k: int) -> np.ndarray:
     """Agents as discs coloured by team, with a tick along their heading; a tagged runner grey
     and crossed where it left the game. The square is framed, with a margin for agents on its
     edges."""
@@ -392,8 +397,8 @@ def _draw_tag_continuous(env, env_params, states, i: int) -> np.ndarray:
     board[[margin - 1, size - margin], margin - 1:size - margin + 1] = GRID_LINE
     board[margin - 1:size - margin + 1, [margin - 1, size - margin]] = GRID_LINE
     scale = (size - 2 * margin - 1) / float(env_params.grid_length)
-    pos, active = np.asarray(states.pos)[i], np.asarray(states.active)[i]
-    direction = np.asarray(states.direction)[i]
+    pos, active = np.asarray(states.pos)[k], np.asarray(states.active)[k]
+    direction = np.asarray(states.direction)[k]
     for i in np.argsort(active, kind="stable"):   # agents out of the game first, under the others
         row, col = size - 1 - margin - pos[i, 1] * scale, margin + pos[i, 0] * scale
         if not active[i]:
@@ -407,7 +412,7 @@ def _draw_tag_continuous(env, env_params, states, i: int) -> np.ndarray:
     return board
 
 
-# {env name: (drawing of kept state i: (env, env_params, states, i) -> RGB board, frames per second)}
+# {env name: (drawing of kept state k: (env, env_params, states, k) -> RGB board, frames per second)}
 OWN_DRAWN = {"DarkRoom": (_draw_darkroom, 5.0), "DarkRoomHard": (_draw_darkroom, 5.0),
              "TagGridworld-v0": (_draw_tag_grid, 10.0), "TagContinuous-v0": (_draw_tag_continuous, 10.0)}
 
