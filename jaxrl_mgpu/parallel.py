@@ -251,12 +251,22 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     ids = [int(i) for i in local_device_ids.split(",")] if local_device_ids else None
     try:
         jax.distributed.initialize(coordinator_address, num_processes, process_id, local_device_ids=ids,
-                                   initialization_timeout=timeout, heartbeat_timeout_seconds=timeout)
+                                   initialization_timeout=timeout, heartbeat_timeout_seconds=timeout,
+                                   shutdown_timeout_seconds=timeout)
     except Exception as e:  # JAX raises several kinds; all mean the job cannot start
         where = coordinator_address or "the address the cluster manager gave"
         raise DistributedError(f"could not start the multi-process job: coordinator {where} not reachable "
                                f"or peers missing within --failure-timeout {timeout}s "
                                f"({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+
+
+def leave_job() -> None:
+    """Leaves a multi-process job together with the others, after a run that ended well. The
+    coordination service lives in process 0: if process 0 exits first, a process that is still
+    winding down loses its connection and JAX aborts it (exit 134), so every process waits here
+    for the others (at most --failure-timeout seconds) before any exits."""
+    if jax.distributed.is_initialized():
+        jax.distributed.shutdown()
 
 
 def start_backend() -> None:

@@ -83,6 +83,8 @@ def collect(cfg, par, split, asynchronous) -> int:
 
 if __name__ == "__main__":
     code = main()
+    if code == 0:
+        parallel.leave_job()
     # Everything is written and closed by now (logs, checkpoints): skip the interpreter's
     # teardown of JAX's runtime, which takes seconds on a GPU.
     sys.stdout.flush()
