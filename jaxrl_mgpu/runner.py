@@ -14,7 +14,6 @@ from pathlib import Path
 
 import jax
 
-import jaxrl_mgpu
 from jaxrl_mgpu import compile_cache, multirun, parallel, runstats
 from jaxrl_mgpu.algos import module_for
 from jaxrl_mgpu.algos.base import Split
@@ -72,10 +71,12 @@ def banner(cfg, par: Parallel, split: Split, per_update: str) -> dict:
     return rows
 
 
-def run(cfg, par: Parallel, split: Split, notes: list[str], asynchronous=None, auto_scale_s: float = 0.0) -> int:
+def run(cfg, par: Parallel, split: Split, notes: list[str], started: float, asynchronous=None,
+        auto_scale_s: float = 0.0) -> int:
     """Trains in the run directory, from its newest whole checkpoint with `--resume`: `--mode
     both`, or a `--mode learn` learner fed by `asynchronous` (asynchronous/dqn.py or ad.py).
     `notes`: lines said under the banner (what a resume changed, what followed the log points);
+    `started`: the `time.monotonic()` the launch began at, the zero of the start-up times;
     `auto_scale_s`: the seconds --auto-scale searched before this (the summary's own line).
     Returns the exit code."""
     entered = time.monotonic()
@@ -103,7 +104,7 @@ def run(cfg, par: Parallel, split: Split, notes: list[str], asynchronous=None, a
         log.print(f"  resumed from the checkpoint at update {step} ({cfg.resumed_steps:,} {trainer.step_unit})"
                   + (f"; re-created {', '.join(begun.recreated)} (the saved ones do not fit "
                      f"{count(trainer.par.num_devices, 'device')} x {cfg.num_envs} envs)" if begun.recreated else ""))
-    log.timeline["imports_and_devices_s"] = entered - jaxrl_mgpu.STARTED - auto_scale_s
+    log.timeline["imports_and_devices_s"] = entered - started - auto_scale_s
     if auto_scale_s:
         log.timeline["auto_scale_s"] = auto_scale_s
     log.timeline["setup_s"] = time.monotonic() - entered  # algorithm, initial state, restore, log files

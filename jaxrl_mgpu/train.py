@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import jaxrl_mgpu
 # Only light imports here: environments (gymnax) start JAX's backend when imported, and
 # `jax.distributed.initialize` must come first, so the rest is imported inside main().
 from jaxrl_mgpu import compile_cache
@@ -24,7 +25,11 @@ from jaxrl_mgpu.log import RunLog
 from jaxrl_mgpu.stop import StopSignal
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, started: float | None = None) -> int:
+    """Trains as the command line `argv` says. `started`: when the launch began, the zero of the
+    summary's start-up times; by default this call (a run started from Python, a notebook or a
+    test, must not count the time since the interpreter began)."""
+    started = time.monotonic() if started is None else started
     try:
         given = config_lib.parse_given(argv)
         cfg = config_lib.check_distributed(config_lib.Config(**given))
@@ -57,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             if not cfg.run_dir:
                 raise ConfigError("--mode collect needs --run-dir: the run whose store it fills")
             return collect(cfg, par, split, learn_collect)
-        return runner.run(cfg, par, split, notes, learn_collect, auto_scale_s=searched_s)
+        return runner.run(cfg, par, split, notes, started, learn_collect, auto_scale_s=searched_s)
     except USER_ERRORS as e:
         fail(e)
     except KeyboardInterrupt:  # Ctrl-C before training began (once it has, stop.py handles it)
@@ -82,7 +87,7 @@ def collect(cfg, par, split, asynchronous) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
+    code = main(started=jaxrl_mgpu.STARTED)  # since the package's import: jax's too
     if code == 0:
         parallel.leave_job()
     # Everything is written and closed by now (logs, checkpoints): skip the interpreter's
