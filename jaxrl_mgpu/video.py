@@ -26,7 +26,6 @@ pillow (GIF), imageio-ffmpeg (MP4), pygame (gymnasium draws classic control with
 from __future__ import annotations
 
 import importlib.util
-import math
 import os
 import tempfile
 import warnings
@@ -148,7 +147,7 @@ def record(policy, env, env_params, params, key, greedy: bool, stride: int = 1) 
     """One episode of `policy` (an actor-critic Policy, nets/actor_critic.py) with `params`:
     environment 0 of the evaluation episodes of `key`, on the default device. It is played in
     compiled chunks of RECORD_CHUNK steps until the episode ends, and of its states only those
-    a video of `stride` draws are kept (`picked_steps`): long episodes of large states (full
+    a video of `stride` draws are kept (`is_picked`): long episodes of large states (full
     Craftax's) fit in memory only so."""
     choose = _chooser(policy, env, env_params, greedy)
     max_steps = int(env_params.max_steps_in_episode)
@@ -190,7 +189,8 @@ def record(policy, env, env_params, params, key, greedy: bool, stride: int = 1) 
         if dones.any():
             length = t0 + int(np.argmax(dones)) + 1
         last = t0 + len(dones) if length is None else length
-        picked = [t for t in range(t0 + 1, last + 1) if t % stride == 0 or t == length or t == max_steps]
+        end = max_steps if length is None else length   # the episode's last step, or the recording's
+        picked = [t for t in range(t0 + 1, last + 1) if is_picked(t, stride, end)]
         if picked:
             rows = jnp.asarray([t - t0 - 1 for t in picked])
             kept.append(jax.tree.map(lambda s: np.asarray(s[rows, 0]), states))
@@ -219,10 +219,15 @@ def summary(env, episode: Episode) -> dict:
 
 # -- drawing -----------------------------------------------------------------------------------
 
+def is_picked(t: int, stride: int, last: int) -> bool:
+    """Whether a video of `stride` draws the state at step `t` of an episode whose last step is
+    `last`: states 0, stride, 2 stride, ... and the last."""
+    return t % stride == 0 or t == last
+
+
 def picked_steps(length: int, stride: int) -> list[int]:
-    """States 0, stride, 2 stride, ... and the last (L): ceil(L / stride) + 1 of them."""
-    steps = list(range(0, length + 1, stride))
-    return steps if steps[-1] == length else steps + [length]
+    """The steps drawn of an episode of L steps: ceil(L / stride) + 1 of them."""
+    return [t for t in range(length + 1) if is_picked(t, stride, length)]
 
 
 def _kept_state(episode: Episode, k: int) -> Any:
