@@ -244,7 +244,7 @@ def test_a_craftax_rollout_is_not_unrolled_on_a_gpu(monkeypatch):
 def test_craftax_reports_its_achievements_per_episode(task, metrics):
     env, params = envs.make(f"craftax:{task}")
     assert len(env.episode_metrics) == metrics and "Achievements/collect_wood" in env.episode_metrics
-    envs.check_episode_metrics(env, envs._step_info(env, params))  # each in its step's info, one number
+    envs.check_env_step(f"craftax:{task}", env, params)  # the interface, and each metric one number in the info
 
 
 # -- the registry ------------------------------------------------------------------------------

@@ -82,6 +82,13 @@ class Arg:
     at_most: float | None = None
     choices: tuple[str, ...] = ()
 
+    def __post_init__(self):
+        if self.kind not in (bool, int, float, str):
+            raise EnvError(f"Arg({self.kind!r}): the kind of an environment argument is bool, int, float or str "
+                           f"(e.g. envs.Arg(int, at_least=1))")
+        if self.kind is str and not self.choices:
+            raise EnvError("Arg(str) needs its choices: envs.Arg(str, choices=('a', 'b'))")
+
 
 # The usual kinds of argument.
 FLAG = Arg(bool)
@@ -93,9 +100,58 @@ POSITIVE = Arg(float, above=0)     # a size, speed or distance
 def register(name: str, factory: Callable[..., tuple[Any, Any]], args: dict[str, Arg] | None = None) -> None:
     """`factory(**kwargs) -> (env, env_params)`. `args` declares every keyword argument it takes
     from `--env-args` (name -> Arg, in the order a listing shows them), and `make` checks them
-    before calling it; without it, the factory's named parameters are taken as they are written."""
+    before calling it; without it, the factory's named parameters are taken as they are written.
+
+    What can be checked now is (an EnvError naming the problem): the name (no colon: `A:B` is
+    a suite's task), the factory (callable) and the table (an `Arg` for each parameter the
+    factory takes). The rest is checked when the environment is made, before a run writes
+    anything (`make`): what the factory returns, and one traced reset and step."""
+    if not isinstance(name, str) or not name or ":" in name or "," in name or name != name.strip():
+        raise EnvError(f"envs.register({name!r}, ...): an environment's name is a non-empty string without colons, "
+                       f"commas or surrounding spaces (a colon names a suite's task, SUITE:TASK)")
+    if not callable(factory):
+        raise EnvError(f"envs.register({name!r}, ...): the factory must be callable, (**env_args) -> (env, "
+                       f"env_params); got a {type(factory).__name__}")
+    if args is not None:
+        _check_table(name, factory, args)
     _OWN[name] = (factory, args)
     _made.cache_clear()  # a name registered again is built anew
+
+
+def _parameters(factory) -> dict[str, inspect.Parameter] | None:
+    """The factory's parameters by name; None where it takes any keyword (**kwargs) or its
+    signature cannot be read."""
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return None
+    return dict(parameters)
+
+
+def _check_table(name: str, factory, args) -> None:
+    if not isinstance(args, dict):
+        raise EnvError(f"envs.register({name!r}, ...): its arguments' table is a dict of name -> envs.Arg, not a "
+                       f"{type(args).__name__}")
+    for key, arg in args.items():
+        if not isinstance(arg, Arg):
+            raise EnvError(f"envs.register({name!r}, ...): argument {key!r} is {arg!r}, not an envs.Arg (write e.g. "
+                           f"envs.Arg(int, at_least=1))")
+    parameters = _parameters(factory)
+    if parameters is None:
+        return
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    takes = [p.name for p in parameters.values() if p.kind in named]
+    unknown = [key for key in args if key not in takes]
+    if unknown:
+        raise EnvError(f"envs.register({name!r}, ...): the table names {', '.join(map(repr, unknown))}, which its "
+                       f"factory does not take (it takes {', '.join(takes) or 'no keyword arguments'})")
+    never = [p.name for p in parameters.values() if p.default is inspect.Parameter.empty and p.name not in args
+             and p.kind not in (inspect.Parameter.VAR_POSITIONAL,)]
+    if never:
+        raise EnvError(f"envs.register({name!r}, ...): its factory requires {', '.join(never)}, which the table does "
+                       f"not declare (so --env-args could never give it): add it, or give it a default")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,15 +196,32 @@ def _made(name: str, args: str | None) -> tuple[Any, Any]:
         return _SUITES[suite].make(task, **kwargs)
     if name not in _OWN:
         return gymnax.make(name)
+    factory = _OWN[name][0]
+    parameters = _parameters(factory)
+    if parameters is not None:
+        missing = [p.name for p in parameters.values() if p.default is inspect.Parameter.empty
+                   and p.kind is not inspect.Parameter.VAR_POSITIONAL and p.name not in kwargs]
+        if missing:
+            raise EnvError(f"--env {name} needs {', '.join(missing)}: give {'them' if len(missing) > 1 else 'it'} with "
+                           f"--env-args {','.join(m + '=VALUE' for m in missing)}")
     try:
-        env, params = _OWN[name][0](**kwargs)
+        made = factory(**kwargs)
     except ValueError as e:  # what one argument's range cannot say: a relation between several
         raise EnvError(f"--env-args {args}: {name}: {e}") from None
-    # A user's own episode metrics are checked now, before any run directory is written (the
-    # suites' adapters are checked by the tests against their suites).
-    if episode_metrics(env):
-        check_episode_metrics(env, _step_info(env, params))
+    if not (isinstance(made, tuple) and len(made) == 2):
+        raise EnvError(f"--env {name}: its factory returned {_described(made)}; it must return (env, env_params), "
+                       f"e.g. `return env, env.default_params`")
+    env, params = made
+    # A user's own environment is traced now, before any run directory is written (the suites'
+    # adapters are checked by the tests against their suites).
+    check_env_step(name, env, params)
     return env, params
+
+
+def _described(value) -> str:
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)}"
+    return f"a {type(value).__name__}"
 
 
 def _suite(name: str) -> Suite:
@@ -270,12 +343,68 @@ def check_episode_metrics(env, info: dict, step_shape: tuple = ()) -> None:
                            f"shape is {tuple(info[name].shape[len(step_shape):])}")
 
 
-def _step_info(env, params) -> dict:
-    """The shapes of `info` of one step from a reset, traced, not run."""
-    def reset_and_step(key):
-        obs, state = env.reset(key, params)
-        return env.step(key, state, env.action_space(params).sample(key), params)[-1]
-    return jax.eval_shape(reset_and_step, jax.random.PRNGKey(0))
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else 'no message'}"
+
+
+def check_env_step(name: str, env, params) -> None:
+    """An EnvError unless `env` has the interface (module docstring): one reset and one step
+    from it are traced (not run), and what they return is checked: arity, the observation's
+    shape against the reset's and the observation space's, scalar (multi-agent: one per agent)
+    rewards, scalar terminated/truncated flags, a dict of info holding the episode metrics."""
+    missing = [m for m in ("reset", "step", "action_space", "observation_space") if not callable(getattr(env, m, None))]
+    if missing:
+        raise EnvError(f"--env {name}: its factory's env ({type(env).__name__}) has no {', '.join(missing)}: an "
+                       f"environment follows gymnax's Environment API (subclass gymnax.environments.environment."
+                       f"Environment)")
+    key = jax.random.PRNGKey(0)
+    if callable(getattr(env, "step_env", None)):  # gymnax's: step_env's arity is the usual slip
+        try:
+            returned = jax.eval_shape(lambda k: env.step_env(k, env.reset(k, params)[1], _an_action(env, params, k),
+                                                             params), key)
+        except Exception as e:  # noqa: BLE001  (a user's code may raise anything while traced)
+            raise EnvError(f"--env {name}: tracing its reset and step_env failed: {_one_line(e)}") from None
+        if not (isinstance(returned, tuple) and len(returned) == 5):
+            raise EnvError(f"--env {name}: its step_env returns {_described(returned)}; it must return (obs, state, "
+                           f"reward, terminated, info)")
+    try:
+        (obs0, _), step = jax.eval_shape(lambda k: (env.reset(k, params), env.step(
+            k, env.reset(k, params)[1], _an_action(env, params, k), params)), key)
+    except Exception as e:  # noqa: BLE001
+        raise EnvError(f"--env {name}: tracing its reset and step failed: {_one_line(e)}") from None
+    if not (isinstance(step, tuple) and len(step) == 6):
+        raise EnvError(f"--env {name}: its step returns {_described(step)}; it must return (obs, state, reward, "
+                       f"terminated, truncated, info)")
+    obs, _, reward, terminated, truncated, info = step
+    shape = getattr(env.observation_space(params), "shape", None)
+    if not hasattr(obs, "shape") or obs.shape != obs0.shape or (shape is not None and tuple(shape) != obs.shape):
+        raise EnvError(f"--env {name}: its step's observation has shape {getattr(obs, 'shape', type(obs).__name__)}, "
+                       f"its reset's {obs0.shape}, its observation space's {shape}: they must agree")
+    rewards_shape = (_num_agents(env),) if is_multi_agent(env) else ()
+    for what, value, want in (("reward", reward, rewards_shape), ("terminated", terminated, ()),
+                              ("truncated", truncated, ())):
+        if getattr(value, "shape", None) != want:
+            raise EnvError(f"--env {name}: its step's {what} has shape {getattr(value, 'shape', None)}; it must be "
+                           f"{'one number per agent ' + str(want) if want else 'a scalar'} for one environment")
+    if not (jax.dtypes.issubdtype(reward.dtype, np.floating) or jax.dtypes.issubdtype(reward.dtype, np.integer)):
+        raise EnvError(f"--env {name}: its step's reward is {reward.dtype}; it must be a number (float32)")
+    if not isinstance(info, dict):
+        raise EnvError(f"--env {name}: its step's info is a {type(info).__name__}; it must be a dict")
+    check_episode_metrics(env, info)
+
+
+def _num_agents(env) -> int:
+    return max(end for _, end in env.teams.values())
+
+
+def _an_action(env, params, key):
+    """An action to trace a step with: a sample of the action space (one per agent in a
+    multi-agent environment, whose action space is one agent's)."""
+    space = env.action_space(params)
+    if is_multi_agent(env):
+        return jax.vmap(space.sample)(jax.random.split(key, _num_agents(env)))
+    return space.sample(key)
 
 
 def check(name: str) -> None:
