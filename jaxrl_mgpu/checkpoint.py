@@ -229,6 +229,12 @@ class Checkpoints:
         self.latest.reload()  # another process (the writer) may have added or deleted steps
         return list(self.latest.all_steps())
 
+    def any_complete(self) -> bool:
+        """Whether a complete checkpoint is on disk: a directory that Orbax renamed to its step
+        (read from the file system alone, so any thread may ask while a save is in flight)."""
+        directory = self.root / "checkpoints"
+        return directory.is_dir() and any(p.name.isdigit() for p in directory.iterdir())
+
     def latest_step(self) -> int | None:
         steps = self.steps()
         return max(steps) if steps else None

@@ -105,10 +105,13 @@ def due(every: int | None, update: int) -> bool:
 
 class Loop:
     """One run of the loop, from `start_update` to the last update, `stop_at`, or a stop
-    request. `diverged`: with many runs, those that went non-finite before (a resume)."""
+    request. `diverged`: with many runs, those that went non-finite before (a resume). `saved`:
+    the update of the run's newest checkpoint (None: it has none yet, and a stop before the
+    first update saves the initial state, so that what the run says on stopping holds)."""
 
     def __init__(self, trainer: Trainer, log, source: Source = OnDevice(), callbacks: Callbacks = Callbacks(),
-                 start_update: int = 0, stop_at: int | None = None, diverged: dict[int, int] | None = None):
+                 start_update: int = 0, stop_at: int | None = None, diverged: dict[int, int] | None = None,
+                 saved: int | None = None):
         self.trainer, self.cfg, self.log, self.source, self.cb = trainer, trainer.cfg, log, source, callbacks
         self.start, self.end, self.stop_at = start_update, trainer.end(stop_at), stop_at
         # pmap over several processes compiles on its first call, not ahead of time
@@ -118,7 +121,8 @@ class Loop:
         self.alone = jax.process_count() == 1
         self.diverged = dict(diverged or {})  # many runs: {run: the update where it went non-finite}
         self.sizer = ChunkSizer()
-        self.update = self.logged = self.saved = self.dispatched_to = start_update
+        self.update = self.logged = self.dispatched_to = start_update
+        self.saved = saved
         self.interval_start, self.carry = start_update, None  # the open log interval: its start, its last chunk
         self.pending: InFlight | None = None
         self.returned_at: float | None = None  # when the last dispatch returned
@@ -281,5 +285,5 @@ class Loop:
         if self.pending is not None:
             self.settle(self.pending)
             self.pending = None
-        if stopping and self.cb.checkpoint is not None and self.saved < self.update:
+        if stopping and self.cb.checkpoint is not None and (self.saved is None or self.saved < self.update):
             self.cb.checkpoint(self.update, state)

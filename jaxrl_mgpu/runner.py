@@ -128,7 +128,7 @@ def train(cfg, trainer: Trainer, state, step: int | None, log: RunLog, split: Sp
     code."""
     run_dir, par, start_update = Path(cfg.run_dir), trainer.par, step or 0
     ckpts = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
-    stop = StopSignal(log)
+    stop = StopSignal(log, kept=ckpts.any_complete)
     t_start, feed = time.perf_counter(), None
     try:
         if asynchronous is not None:
@@ -141,7 +141,10 @@ def train(cfg, trainer: Trainer, state, step: int | None, log: RunLog, split: Sp
         # A resumed run's diverged runs (their frozen state is in the checkpoint) keep the update
         # where they went non-finite, from the rows logged before it.
         diverged = runstats.diverged_runs(runstats.read_rows(run_dir / "metrics.jsonl")) if trainer.runs else {}
-        state, last, done = Loop(trainer, log, source, callbacks, start_update, cfg.stop_at_update, diverged).run(state)
+        # A fresh learner has published its initial state already (asynchronous/checkpoints.py).
+        saved = step if step is not None or feed is None else 0
+        state, last, done = Loop(trainer, log, source, callbacks, start_update, cfg.stop_at_update, diverged,
+                                 saved).run(state)
         if feed is not None:  # the last checkpoint, and unless stopped the marker that ends the collectors
             feed.finish(done, state, stopped=done < cfg.total_updates)
     except NonFinite as e:

@@ -45,8 +45,10 @@ class StopSignal:
     Calling it says whether any process was asked to stop (a collective across processes: every
     process must call it at the same point of the loop)."""
 
-    def __init__(self, log, activity: Callable[[], str] | None = None):
+    def __init__(self, log, activity: Callable[[], str] | None = None, kept: Callable[[], bool] | None = None):
         self.log = log
+        # Whether the run has a complete checkpoint on disk, for what a second request says.
+        self.kept = kept or (lambda: True)
         # What the run is doing, for the acknowledgement ("the chunk of updates 41-44, about 2 s"):
         # the loop sets it as it goes.
         self.activity = activity or (lambda: "")
@@ -81,7 +83,9 @@ class StopSignal:
             return
         if now - self._first_at < REPEAT_S:
             return  # the same request, delivered to the process and then to its group
-        self.log.print(f"{name} again: exiting now; the run's last complete checkpoint is kept")
+        self.log.print(f"{name} again: exiting now; " + ("the run's last complete checkpoint is kept" if self.kept() else
+                                                         "no checkpoint was saved yet (--resume auto starts the run "
+                                                         "over)"))
         _leave(128 + signum)
 
     def _watch(self) -> None:

@@ -54,6 +54,63 @@ def test_stop_and_resume_equals_an_uninterrupted_run(tmp_path):
     assert [without_timing(r) for r in a] == [without_timing(r) for r in b]
 
 
+def test_a_stop_during_the_compile_saves_the_initial_state_and_resumes(tmp_path, monkeypatch, capsys):
+    """SIGTERM before the first update (while the training chunk compiles): what the run says
+    ("with a checkpoint") holds, and --resume, as a requeue script runs it, finishes the run."""
+    from jaxrl_mgpu import chunks
+    prepare = chunks.Trainer.prepare
+
+    def prepare_then_signal(self, *args, **kwargs):
+        state = prepare(self, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # the run's StopSignal has the handler now
+        time.sleep(0.5)  # its watcher thread takes the request
+        return state
+
+    monkeypatch.setattr(chunks.Trainer, "prepare", prepare_then_signal)
+    run_dir = tmp_path / "run"
+    assert run(*TINY, "--run-dir", str(run_dir)) == 0
+    out = capsys.readouterr().out
+    assert "stopped at update 0 of 8 with a checkpoint" in out, out
+    assert Checkpoints(run_dir, read_only=True).latest_step() == 0
+    monkeypatch.setattr(chunks.Trainer, "prepare", prepare)
+    assert run("--run-dir", str(run_dir), "--resume") == 0
+    assert "resumed from the checkpoint at update 0" in capsys.readouterr().out
+    assert saved_params(run_dir)[0] == 8
+
+
+def test_a_second_request_before_any_checkpoint_says_none_is_kept(monkeypatch):
+    from jaxrl_mgpu import stop as stop_lib
+    said = []
+
+    class Log:
+        def print(self, text):
+            said.append(text)
+
+    def leave(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(stop_lib, "_leave", leave)
+    stop = stop_lib.StopSignal(Log(), kept=lambda: False)
+    try:
+        stop.request(signal.SIGINT)
+        time.sleep(stop_lib.REPEAT_S + 0.05)
+        with pytest.raises(SystemExit):
+            stop.request(signal.SIGINT)
+    finally:
+        stop.restore()
+    assert said[-1] == "SIGINT again: exiting now; no checkpoint was saved yet (--resume auto starts the run over)"
+
+
+def test_any_complete_sees_only_renamed_steps(tmp_path):
+    ckpts = Checkpoints(tmp_path, read_only=True)
+    assert not ckpts.any_complete()
+    (tmp_path / "checkpoints" / "3.orbax-checkpoint-tmp-1").mkdir(parents=True)
+    (tmp_path / "checkpoints" / DELETED).mkdir()
+    assert not ckpts.any_complete()
+    (tmp_path / "checkpoints" / "3").mkdir()
+    assert ckpts.any_complete()
+
+
 @pytest.mark.slow
 def test_checkpoints_move_between_device_counts(tmp_path, capsys):
     on8, on1 = tmp_path / "on8", tmp_path / "on1"
