@@ -77,6 +77,12 @@ def make_corridor(size: int = 10):
 # --env-args size=N, checked before anything is built (an Arg per keyword the factory takes)
 envs.register("Corridor-v0", make_corridor, {"size": envs.Arg(int, at_least=2)})
 
+COMMANDS = {"train": train.main, "evaluate": evaluate.main}
+
 if __name__ == "__main__":
-    command, argv = sys.argv[1], sys.argv[2:]
-    sys.exit({"train": train.main, "evaluate": evaluate.main}[command](argv))
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+        given = f"unknown command {sys.argv[1]!r}; " if len(sys.argv) > 1 else ""
+        print(f"error: {given}usage: python examples/custom_env.py {{{','.join(COMMANDS)}}} [OPTIONS]  "
+              f"(--help after a command lists its options)", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(COMMANDS[sys.argv[1]](sys.argv[2:]))

@@ -3,7 +3,8 @@
     python -m jaxrl_mgpu.launch --num-processes 2 --devices-per-process 4 -- --num-envs 64 ...
 
 starts N `python -m jaxrl_mgpu.train` processes joined by `jax.distributed` through a free
-local port and prefixes every output line with `[process id]`. Each process gets its own
+local port and prefixes every output line with `[process id]` (stdout to stdout, stderr to
+stderr; an error line that every process reports alike, once). Each process gets its own
 devices: K GPUs through CUDA_VISIBLE_DEVICES where GPUs exist, else K virtual CPU devices. This
 is how the multi-host path is tested on one machine; on a cluster start one process per host
 instead (README, experiments/slurm/train.sbatch).
@@ -58,11 +59,26 @@ def process_env(index: int, per_process: int | None, gpus: int) -> dict:
     return env
 
 
-def relay(index: int, stream) -> None:
-    for line in stream:
-        if not line.startswith(NOISE):
-            sys.stdout.write(f"[{index}] {line}")
-            sys.stdout.flush()
+class Relay:
+    """Copies each process's output to the launcher's, every line prefixed with `[process id]`:
+    stdout to stdout, stderr to stderr. A one-line error that every process reports alike (a bad
+    option: each one checks the same command line) is printed once, by the first to say it."""
+
+    def __init__(self):
+        self._said: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, index: int, stream, out) -> None:
+        for line in stream:
+            if line.startswith(NOISE):
+                continue
+            with self._lock:
+                if line.startswith("error: "):
+                    if line in self._said:
+                        continue
+                    self._said.add(line)
+                out.write(f"[{index}] {line}")
+                out.flush()
 
 
 def describe(code: int) -> str:
@@ -124,15 +140,16 @@ def main(argv=None) -> int:
         return 2
 
     address = f"localhost:{free_port()}"
-    procs, threads = [], []
+    procs, threads, relay = [], [], Relay()
     for i in range(args.num_processes):
         cmd = [sys.executable, "-m", args.module, *train_args, "--coordinator-address", address,
                "--num-processes", str(args.num_processes), "--process-id", str(i)]
         proc = subprocess.Popen(cmd, env=process_env(i, per_process, gpus), stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
         procs.append(proc)
-        threads.append(threading.Thread(target=relay, args=(i, proc.stdout), daemon=True))
-        threads[-1].start()
+        for stream, out in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr)):
+            threads.append(threading.Thread(target=relay, args=(i, stream, out), daemon=True))
+            threads[-1].start()
 
     def signal_all(sig):
         for proc in procs:

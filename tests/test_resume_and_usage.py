@@ -321,3 +321,22 @@ def test_launch_without_the_separator_says_where_training_options_go():
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         "error: unrecognized arguments: --num-envs 8 (the training options go after --: python -m jaxrl_mgpu.launch "
         "--num-processes 2 -- --num-envs 64)"]
+
+
+@pytest.mark.slow
+def test_launch_relays_a_childs_error_to_stderr_once():
+    out = subprocess.run([sys.executable, "-m", "jaxrl_mgpu.launch", "--num-processes", "2", "--devices-per-process",
+                          "1", "--", "--num-envs", "3"], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 2, out.stdout + out.stderr
+    errors = [line for line in out.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "--num-envs" in errors[0], out.stderr
+    assert "error:" not in out.stdout, out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv, words", [([], "usage: python examples/custom_env.py {train,evaluate}"),
+                                         (["bench"], "unknown command 'bench'")])
+def test_the_custom_env_example_without_a_known_command_prints_its_usage(argv, words):
+    example = Path(__file__).resolve().parents[1] / "examples" / "custom_env.py"
+    out = subprocess.run([sys.executable, str(example), *argv], capture_output=True, text=True, timeout=240)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and words in out.stderr, out.stderr
