@@ -27,6 +27,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import json
+import logging
 import shutil
 import sys
 from pathlib import Path
@@ -128,14 +129,34 @@ def _why(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else 'no message'}"
 
 
-def _quiet_closed_loop() -> None:
+class _Dropped(logging.Filter):
+    """Drops a logger's records whose message starts with one of `prefixes`."""
+
+    def __init__(self, *prefixes: str):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+# Orbax logs (through absl) every read of a step's metadata file that is not JSON, once per
+# listing, and goes on; `Checkpoints._reading` checks that file itself and reports its damage
+# in one line.
+logging.getLogger("absl").addFilter(_Dropped("Failed to json parse Metadata file"))
+
+
+def _quiet_failed_read() -> None:
     """After a failed read, TensorStore completes the reads still in flight on its own threads
     and hands each result to Orbax's asyncio loop, which the failure closed: every one is a
-    'RuntimeError: Event loop is closed' that Python reports as unraisable, a traceback each on
-    stderr. The failure itself is reported in one line, so these are dropped (only these)."""
+    'RuntimeError: Event loop is closed' that Python reports as unraisable, and the tasks whose
+    exceptions nobody awaits any more are logged by asyncio, a traceback each on stderr. The
+    failure itself is reported in one line, so these are dropped (only these)."""
     previous = sys.unraisablehook
     if getattr(previous, "quiet_closed_loop", False):
         return
+    logging.getLogger("asyncio").addFilter(_Dropped("Future exception was never retrieved",
+                                                    "Task exception was never retrieved"))
 
     def hook(unraisable):
         error = unraisable.exc_value
@@ -265,7 +286,7 @@ class Checkpoints:
         except CheckpointMismatch:
             raise
         except Exception as e:  # noqa: BLE001  (Orbax and TensorStore raise many kinds)
-            _quiet_closed_loop()
+            _quiet_failed_read()
             raise DamagedCheckpoint(step, _why(e)) from e
 
     def set_aside(self, step: int) -> Path:

@@ -297,6 +297,34 @@ def test_with_no_whole_checkpoint_left_resume_and_evaluate_are_one_line(six_upda
                                                                       "checkpoints-6"]
 
 
+@pytest.mark.slow
+def test_a_resume_with_every_metadata_file_emptied_prints_only_its_own_line(six_updates, tmp_path):
+    """Orbax logs each unreadable metadata file through absl as it lists the steps; the run's own
+    line says it all."""
+    import shutil
+    run_dir = tmp_path / "run"
+    shutil.copytree(six_updates, run_dir)
+    for step in (2, 4, 6):
+        DAMAGE["Orbax's metadata emptied"][0](run_dir / "checkpoints" / str(step))
+    out = subprocess.run([sys.executable, "-m", "jaxrl_mgpu.train", "--run-dir", str(run_dir), "--resume"],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith("error: --resume: no checkpoint of") and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_after_a_failed_read_asyncio_s_unretrieved_exceptions_are_not_logged(caplog):
+    import logging
+
+    from jaxrl_mgpu import checkpoint
+    checkpoint._quiet_failed_read()
+    with caplog.at_level(logging.ERROR):
+        logging.getLogger("asyncio").error("Task exception was never retrieved")
+        logging.getLogger("asyncio").error("Future exception was never retrieved")
+        logging.getLogger("absl").error("Failed to json parse Metadata file: x")
+        logging.getLogger("asyncio").error("something else")
+    assert [r.getMessage() for r in caplog.records] == ["something else"]
+
+
 # -- real processes: SIGKILL at random moments, SIGTERM -----------------------------------
 LONG = ["--num-envs", "8", "--num-steps", "8", "--num-minibatches", "1", "--hidden-size", "16",
         "--total-timesteps", str(8 * 8 * 100_000), "--log-every", "1", "--checkpoint-every", "1",
