@@ -19,8 +19,8 @@ episodes (the same key), one JSON line per run with its `run`, `seed` and swept 
 
 instead writes a video of ONE episode of the policy (the first of the evaluation episodes of
 --seed, on one device; a many-run directory: run 0, or --run i) and prints one JSON line with
-its length and return. gymnax's visualizer draws the environments it knows (CartPole, Acrobot,
-MinAtar, ...); DarkRoom and the Tag games are drawn by the project (Tag: taggers red, runners
+its length and return. Gymnasium's renderer draws classic control (CartPole, Acrobot, ...),
+gymnax's visualizer the other environments it knows (MinAtar, ...); DarkRoom and the Tag games are drawn by the project (Tag: taggers red, runners
 blue, a tagged runner grey and crossed); other suites' tasks, and an environment of the
 user's with a `render_rgb(state, params)` method, draw themselves. The video has the state
 before the first step and after each step, L + 1 frames for L steps; `--video-stride K` keeps
@@ -135,10 +135,11 @@ def check_video_args(args) -> None:
         if args.video_stride is not None:
             raise ConfigError("--video-stride applies only with --video")
         return
-    for option, value, why in (("--episodes", args.episodes, "records one episode"),
+    # --episodes 1 says what --video does anyway
+    for option, value, why in (("--episodes", None if args.episodes == 1 else args.episodes, "records one episode"),
                                ("--devices", args.devices, "records one episode on one device")):
         if value is not None:
-            raise ConfigError(f"{option}: --video {why}; leave {option} out")
+            raise ConfigError(f"{option} {value}: --video {why}; leave {option} out")
     args.video_stride = 1 if args.video_stride is None else args.video_stride
     if args.video_stride < 1:
         raise ConfigError(f"--video-stride must be at least 1, got {args.video_stride}")

@@ -9,8 +9,9 @@ GIF or an MP4 (`python -m jaxrl_mgpu.evaluate --video FILE`).
   drawn. It keeps only the states the video draws: the state before the first step and the
   state after each step (an episode of L steps gives L + 1 frames), or with `stride` k states
   0, k, 2k, ... and the last one: ceil(L / k) + 1 frames.
-- `frames` draws the states: gymnax's own visualizer where the environment has one
-  (classic control through gymnasium's renderer, MinAtar, Catch, Pong, the mazes, ...), the
+- `frames` draws the states: classic control through gymnasium's renderer (as gymnax's
+  visualizer does), gymnax's own visualizer where the environment has one (MinAtar, Catch,
+  Pong, the mazes, ...), the
   project's own pictures for DarkRoom and both Tag games, and otherwise the environment's own
   `render_rgb(state, params) -> uint8 [H, W, 3]` (every suite's adapter has one: MuJoCo's
   renderer for Brax and Playground, Craftax's textures, Navix's sprites, XLand-MiniGrid's and
@@ -59,6 +60,7 @@ GYMNAX_DRAWN = CLASSIC_CONTROL + ("Catch-bsuite", "Asterix-MinAtar", "Breakout-M
                                   "MetaMaze-misc", "FourRooms-misc")
 # Project environments whose states are a gymnax environment's, drawn by its visualizer.
 DRAWN_AS = {"CartPole-NoVel-v1": "CartPole-v1"}
+CLASSIC_CONTROL_FPS = 20.0   # gymnax's visualizer's for these (50 ms a frame)
 GYMNAX_DPI = 80   # gymnax's 6 x 5 inch figure: 480 x 400 pixels, a multiple of 16 (MP4 blocks)
 RECORD_CHUNK = 512   # steps of the recorded episode per compiled call (`record`)
 RENDER_FPS = 10      # frames per second of a video drawn by `env.render_rgb`, unless env.render_fps says
@@ -241,7 +243,10 @@ def frames(env_name: str, env, env_params, episode: Episode) -> tuple[np.ndarray
         draw, fps = OWN_DRAWN[env_name]
         return np.stack([_with_header(draw(env, env_params, episode.states, k), t)
                          for k, t in enumerate(episode.steps)]), fps
-    if DRAWN_AS.get(env_name, env_name) in GYMNAX_DRAWN:
+    drawn_as = DRAWN_AS.get(env_name, env_name)
+    if drawn_as in CLASSIC_CONTROL:
+        return _classic_control_frames(drawn_as, env_params, episode)
+    if drawn_as in GYMNAX_DRAWN:
         return _gymnax_frames(env_name, env_params, episode)
     return _rendered_frames(env_name, env, env_params, episode)
 
@@ -258,6 +263,31 @@ def _rendered_frames(env_name: str, env, env_params, episode: Episode) -> tuple[
         out.append(image)
     return np.stack([_with_header(image, t) for image, t in zip(out, episode.steps)]), float(
         getattr(env, "render_fps", RENDER_FPS))
+
+
+def _classic_control_frames(gym_name: str, env_params, episode: Episode) -> tuple[np.ndarray, float]:
+    """Gymnasium's own drawing of a classic-control task, as gymnax's visualizer takes it
+    (gymnax.visualize.vis_gym: the parameters and each state copied into gymnasium's env), but
+    with one renderer for the whole episode: the visualizer makes and closes one (and pygame with
+    it) for every frame, and draws each into a matplotlib figure, about 0.1 s a frame."""
+    import gymnasium as gym
+    from gymnax.visualize import vis_gym
+
+    renderer = gym.make(gym_name, render_mode="rgb_array")
+    out = []
+    try:
+        renderer.reset(seed=0)
+        drawn = renderer.unwrapped
+        vis_gym.set_gym_params(drawn, gym_name, env_params)
+        for k, t in enumerate(episode.steps):
+            state = _kept_state(episode, k)
+            drawn.state = vis_gym.get_gym_state(state, gym_name)
+            if gym_name == "Pendulum-v1":  # its drawing shows the last torque
+                drawn.last_u = np.asarray(state.last_u, np.float64)
+            out.append(_with_header(np.asarray(renderer.render()), t))
+    finally:
+        renderer.close()
+    return np.stack(out), CLASSIC_CONTROL_FPS
 
 
 def _gymnax_frames(env_name: str, env_params, episode: Episode) -> tuple[np.ndarray, float]:
@@ -432,8 +462,12 @@ def write(path: str, frames_: np.ndarray, fps: float) -> None:
     os.close(fd)
     try:
         if target.suffix.lower() == ".gif":
-            # loop=0: play on repeat; durations in milliseconds
-            iio.imwrite(tmp, frames_, extension=".gif", duration=round(1000.0 / fps), loop=0)
+            # A GIF holds 256 colours a frame: Pillow's fast octree quantizer takes 2-3 ms a frame,
+            # its default (median cut, what imageio asks for) 20 ms. loop=0: play on repeat.
+            from PIL import Image
+            images = [Image.fromarray(frame).quantize(method=Image.Quantize.FASTOCTREE) for frame in frames_]
+            images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:],
+                           duration=round(1000.0 / fps), loop=0)
         else:
             with warnings.catch_warnings():
                 # imageio-ffmpeg runs ffmpeg in a subprocess; JAX warns at every fork of its

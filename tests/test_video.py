@@ -63,14 +63,14 @@ def test_cartpole_gif_shows_the_evaluated_episode(runs, tmp_path, capsys):
     frames = decoded(path)
     length = line["episode_length"]
     assert 1 <= length < 500
-    assert frames.shape == (length + 1, 400, 480, 3) and line["frames"] == length + 1
+    assert frames.shape == (length + 1, 416, 608, 3) and line["frames"] == length + 1  # gymnasium 400 x 600, a header
     assert frames.std() > 0 and not np.array_equal(frames[0], frames[-1])
     # the episode is the evaluation's first: the same return
     assert line["return"] == pytest.approx(evaluated_first_episode(capsys, runs["cartpole"])["mean_return"])
     assert line["return"] == length   # CartPole pays 1 a step
 
     strided = tmp_path / "strided.gif"
-    line = record(capsys, runs["cartpole"], strided, "--video-stride", 4, "--greedy")
+    line = record(capsys, runs["cartpole"], strided, "--video-stride", 4, "--greedy", "--episodes", 1)  # one, as --video
     expected = math.ceil(line["episode_length"] / 4) + 1
     assert line["frames"] == expected and line["stride"] == 4 and decoded(strided).shape[0] == expected
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cartpole.gif", "strided.gif"]   # no temporary left

@@ -417,7 +417,8 @@ def check(name: str) -> None:
             raise EnvError(f"--env {name} is not supported: {why}")
         tasks = suite.tasks()
         if task not in tasks:
-            raise EnvError(f"--env {name}: no such task; {name.split(':', 1)[0]} offers {', '.join(tasks)}")
+            offered = [t for t in tasks if not suite.refuse(t)]
+            raise EnvError(f"--env {name}: no such task; {name.split(':', 1)[0]} offers {', '.join(offered)}")
         return
     if name in _LEFT_OUT:
         raise EnvError(f"--env {name} is not supported: {_LEFT_OUT[name]}")

@@ -212,8 +212,9 @@ class BraxStateEnv(environment.Environment):
 
     def render_rgb(self, state: EnvState, params: EnvParams | None = None) -> np.ndarray:
         """One state drawn by MuJoCo's renderer, as Brax's and Playground's own `render` draw
-        it: 320 x 240 pixels, from the model's first camera that follows a body, else its
-        first camera, else MuJoCo's free camera."""
+        it: 320 x 240 pixels (a video's frame adds a 16-pixel strip with the step number), from
+        the model's first camera that follows a body, else its first camera, else MuJoCo's free
+        camera."""
         import mujoco
         physics = self._whole(state.suite_state)
         physics = physics.pipeline_state if hasattr(physics, "pipeline_state") else physics.data  # Brax's, Playground's
@@ -285,6 +286,8 @@ def _refuse_brax(task: str) -> str | None:
     if task == "swimmer":
         return ("brax 0.14.2's swimmer runs only on the generalized backend, whose fluid model calls "
                 "jnp.clip(a_min=...), which jax 0.10 removed")
+    if task == "fast":
+        return "it is brax's own test environment (no physics), not a task"
     return None
 
 
