@@ -250,11 +250,10 @@ def test_the_physics_runs_in_float32_unless_told():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("argv, words", [
-    # only the tasks offered: not swimmer (refused) nor fast (brax's test environment)
+    # only the tasks offered: not swimmer (refused) nor fast (brax's test environment, which the tests use)
     (["--env", "brax:antt"], "--env brax:antt: no such task; brax offers ant, halfcheetah, hopper, humanoid, "
                              "humanoidstandup, inverted_double_pendulum, inverted_pendulum, pusher, reacher, walker2d"),
     (["--env", "brax:swimmer"], "--env brax:swimmer is not supported: brax 0.14.2's swimmer"),
-    (["--env", "brax:fast"], "--env brax:fast is not supported: it is brax's own test environment"),
     (["--env", "brax:ant", "--env-args", "episode_length=0"], "brax:ant's episode_length must be at least 1"),
     (["--env", "brax:ant", "--env-args", "action_repeat=1.5"], "brax:ant's action_repeat must be an integer"),
     (["--env", "brax:ant", "--env-args", "backend=warp"],

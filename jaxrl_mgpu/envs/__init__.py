@@ -164,6 +164,7 @@ class Suite:
     requires: tuple[str, ...]                     # the top-level packages that extra installs
     args: dict[str, Arg] = dataclasses.field(default_factory=dict)  # the --env-args its tasks take
     refuse: Callable[[str], str | None] = lambda task: None  # why a task is not offered here (None: it is)
+    unlisted: tuple[str, ...] = ()                # tasks it takes but does not offer (a suite's own test env)
 
 
 _SUITES: dict[str, Suite] = {}
@@ -417,7 +418,7 @@ def check(name: str) -> None:
             raise EnvError(f"--env {name} is not supported: {why}")
         tasks = suite.tasks()
         if task not in tasks:
-            offered = [t for t in tasks if not suite.refuse(t)]
+            offered = [t for t in tasks if t not in suite.unlisted and not suite.refuse(t)]
             raise EnvError(f"--env {name}: no such task; {name.split(':', 1)[0]} offers {', '.join(offered)}")
         return
     if name in _LEFT_OUT:
