@@ -156,6 +156,7 @@ def test_bad_dataset_is_one_line_exit_2_and_writes_nothing(dataset, tmp_path, ca
     assert not run_dir.exists()
 
 
+@pytest.mark.slow
 def test_throughput_is_one_json_line(dataset, capsys):
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in TINY.items()]
     assert incontext.main(["--throughput", "--dataset", str(dataset)] + flags) == 0

@@ -27,6 +27,7 @@ def test_throughput_rows_baseline_and_profile(tmp_path, capsys):
     assert all(list((tmp_path / "prof" / t).rglob("*.xplane.pb")) for t in traces)
 
 
+@pytest.mark.slow
 def test_the_issue_and_readme_form_with_env_and_num_envs(capsys):
     """`--env` is a training flag passed through, not an abbreviation of --envs-per-device."""
     assert bench.main(["--algo", "ppo", "--env", "CartPole-v1", "--num-envs", "8", "--num-steps", "4",

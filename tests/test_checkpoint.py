@@ -54,6 +54,7 @@ def test_stop_and_resume_equals_an_uninterrupted_run(tmp_path):
     assert [without_timing(r) for r in a] == [without_timing(r) for r in b]
 
 
+@pytest.mark.slow
 def test_a_stop_during_the_compile_saves_the_initial_state_and_resumes(tmp_path, monkeypatch, capsys):
     """SIGTERM before the first update (while the training chunk compiles): what the run says
     ("with a checkpoint") holds, and --resume, as a requeue script runs it, finishes the run."""
@@ -160,6 +161,7 @@ def test_evaluate_best_and_errors(tmp_path, capsys):
     assert "no complete checkpoint" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_incompatible_resume_names_the_keys(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert run(*TINY, "--run-dir", str(run_dir), "--stop-at-update", "2") == 0

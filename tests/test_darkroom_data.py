@@ -286,6 +286,7 @@ def random_return(env, goals, episodes=50):
     return float(jax.jit(jax.vmap(one))(jnp.asarray(goals), jax.random.split(jax.random.PRNGKey(0), len(goals))).mean())
 
 
+@pytest.mark.slow
 def test_histories_cli_learns_and_writes(tmp_path, capsys):
     out = tmp_path / "hist"
     assert histories.main(["--env", "DarkRoom", "--tasks", "8", "--steps", "1000", "--out", str(out)]) == 0

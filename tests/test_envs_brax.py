@@ -161,6 +161,7 @@ def test_dmc_steps_as_playground_and_truncates():
     close(ours[1][0][19], ours[0])  # the same start again
 
 
+@pytest.mark.slow
 @needs_brax
 def test_action_repeat_and_episode_length_count_the_suites_steps():
     """brax:fast (no physics: it compiles at once): reward = position, never done. With
@@ -229,6 +230,7 @@ def test_a_dict_observation_gives_its_state_entry():
         brax_state.BraxStateEnv(pixels, "brax:fast", 10, 1)
 
 
+@pytest.mark.slow
 @needs_dmc
 def test_the_physics_runs_in_float32_unless_told():
     """MJX's matmuls are traced at "highest" precision (float32; TF32 on a GPU otherwise), the

@@ -128,6 +128,7 @@ def test_jumanji_snake_matches_the_suite_and_ends_terminated():
     assert params.max_steps_in_episode == suite.time_limit == 4000 and env.action_space(params).n == 4
 
 
+@pytest.mark.slow
 def test_jumanji_ends_its_time_limit_with_discount_0_so_it_is_terminated():
     """Snake observes its step count and ends its limit with a termination (discount 0)."""
     suite = jumanji.make("Snake-v1", time_limit=5)

@@ -63,6 +63,7 @@ SMALL = ["--num-envs", "16", "--num-steps", "8", "--total-timesteps", str(16 * 8
          "--checkpoint-every", "0"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", ["ppo", "dqn"])
 def test_episode_metrics_are_the_mean_over_the_episodes_that_ended(tmp_path, capsys, algo):
     extra = ["--learning-starts", "256", "--buffer-size", "1024"] if algo == "dqn" else []
@@ -85,6 +86,7 @@ def test_episode_metrics_are_the_mean_over_the_episodes_that_ended(tmp_path, cap
     assert line["env/length"] == pytest.approx(line["mean_return"])  # reward 1 a step: the return is the length
 
 
+@pytest.mark.slow
 def test_an_environment_without_episode_metrics_logs_none(tmp_path):
     assert run("--env", "CartPole-v1", *SMALL, "--run-dir", str(tmp_path)) == 0
     assert not [k for line in open(tmp_path / "metrics.jsonl") for k in json.loads(line) if k.startswith("env/")]

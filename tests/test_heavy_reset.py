@@ -36,6 +36,7 @@ def rollout(env, params, key):
     return jax.lax.scan(one, batch, jnp.arange(STEPS))[1]
 
 
+@pytest.mark.slow
 def test_resetting_only_the_ended_environments_gives_gymnax_steps():
     dense, sparse = Countdown(), HeavyCountdown()
     params = dense.default_params
@@ -62,6 +63,7 @@ def test_heavy_reset_needs_gymnax_own_step():
         rollout(OwnStep(), OwnStep().default_params, jax.random.PRNGKey(0))
 
 
+@pytest.mark.slow
 def test_ppo_with_heavy_reset_updates_as_without_on_1_and_8_devices_pmap_and_shard_map():
     """One PPO update: the same params with and without heavy_reset, on 1 device and on 8 (6
     environments a device: resets one at a time), through shard_map and pmap."""

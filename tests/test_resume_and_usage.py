@@ -76,6 +76,7 @@ def test_resume_with_other_num_envs_counts_the_env_steps_done(tmp_path, capsys):
     assert json.loads((run_dir / "summary.json").read_text())["env_steps"] == total
 
 
+@pytest.mark.slow
 def test_stop_at_update_inside_a_chunk_is_exact(tmp_path):
     run_dir = tmp_path / "run"
     assert run(*TINY, "--total-timesteps", str(256 * 10), "--log-every", "4", "--checkpoint-every", "4",

@@ -134,6 +134,7 @@ def test_ppo_value_targets_bootstrap_from_the_observation_a_time_limit_cut_at():
     assert (np.asarray(targets) > 1.0 + GAMMA * A - 1e-4).all()
 
 
+@pytest.mark.slow
 def test_dqn_n_step_targets_bootstrap_from_the_observation_a_time_limit_cut_at():
     n_step = 3
     cfg = small_config(algo="dqn", n_step=n_step, buffer_size=NUM_ENVS * NUM_STEPS, replay_batch_size=4,
