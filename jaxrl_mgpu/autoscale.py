@@ -61,7 +61,7 @@ import jax
 import numpy as np
 
 from jaxrl_mgpu import parallel
-from jaxrl_mgpu.algos import module_for
+from jaxrl_mgpu.algos import spec_for
 from jaxrl_mgpu.chunks import Trainer
 from jaxrl_mgpu.cli import count
 from jaxrl_mgpu.config import ConfigError
@@ -92,7 +92,7 @@ class Row:
 
 def knob(cfg) -> str:
     """The option auto-scaling sets: the algorithm's (environments; AD: sequences per update)."""
-    return module_for(cfg).SIZE_OPTION
+    return spec_for(cfg).size_option
 
 
 def compiled_bytes(compiled) -> int | None:
@@ -127,7 +127,7 @@ def fit_line(sizes: list[int], values: list[float]) -> Callable[[int], float]:
 def steady_state(cfg):
     """`cfg` as timed (the probes here, and `bench`): as the algorithm says (DQN learns from
     its first update)."""
-    return module_for(cfg).steady_state(cfg)
+    return spec_for(cfg).steady_state(cfg)
 
 
 def with_size(cfg, per_device: int, num_devices: int):
@@ -174,8 +174,8 @@ class Search:
     """One search, on process 0: a row per size considered, the programs compiled and not yet
     probed, and the clock. `first`, then `climb` (throughput) or `largest_fitting` (memory)."""
 
-    def __init__(self, cfg, one: parallel.Parallel, module, log: RunLog, num_devices: int):
-        self.cfg, self.one, self.module, self.log, self.num_devices = cfg, one, module, log, num_devices
+    def __init__(self, cfg, one: parallel.Parallel, spec, log: RunLog, num_devices: int):
+        self.cfg, self.one, self.spec, self.log, self.num_devices = cfg, one, spec, log, num_devices
         self.device = one.devices[0]
         self.limit, self.source = memory_limit(self.device)
         self.memory = cfg.auto_scale_memory * self.limit  # the bytes a size's chunk may take
@@ -226,7 +226,7 @@ class Search:
         row = self.row(n)
         c = probe_config(self.cfg, n)
         try:
-            split = self.module.check(c, 1)
+            split = self.spec.check(c, 1)
         except ConfigError as e:
             row.note = "does not split"
             self.log.print(f"  auto-scale: {n:,} does not split: {e}")
@@ -452,7 +452,7 @@ class Search:
         return chosen, self.stopped or (self.why_not(2 * chosen) if ceiling_decided else None)
 
 
-def choose(cfg, par, module, log: RunLog | None = None):
+def choose(cfg, par, spec, log: RunLog | None = None):
     """The config with the knob chosen (on process 0, broadcast to all), and the search's rows
     (process 0's; the others have only the chosen one). `log` (a RunLog without a run directory
     where None) gets each size's lines as it goes, and the table."""
@@ -461,7 +461,7 @@ def choose(cfg, par, module, log: RunLog | None = None):
     # A one-device run probes its own program (so training then finds the chosen size's chunk in
     # the compilation cache); otherwise one device of this host stands for each.
     one = par if par.num_devices == 1 else parallel.this_device()
-    search = Search(cfg, one, module, log, par.num_devices)
+    search = Search(cfg, one, spec, log, par.num_devices)
     chosen, stop = None, None
     if jax.process_index() == 0:
         log.print(search.header())

@@ -31,7 +31,7 @@ import optax
 
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import autoscale, chunks, parallel, reference_ppo
-from jaxrl_mgpu.algos import learner, mappo, module_for
+from jaxrl_mgpu.algos import learner, spec_for
 from jaxrl_mgpu import cli
 from jaxrl_mgpu.cli import USER_ERRORS, fail
 from jaxrl_mgpu.nets import factory
@@ -299,7 +299,7 @@ def main(argv=None) -> int:
                      for e in envs]
         for _, cfg in runs:
             config_lib.validate(cfg)
-        if args.baseline and (base.algo, base.policy) != ("ppo", "mlp") or args.baseline and module_for(base) is mappo:
+        if args.baseline and (base.algo, base.policy) != ("ppo", "mlp") or args.baseline and spec_for(base).name == "mappo":
             raise config_lib.ConfigError("--baseline is the single-agent PPO of reference_ppo.py: it takes --algo ppo "
                                          "--policy mlp on a single-agent env")
     except USER_ERRORS as e:

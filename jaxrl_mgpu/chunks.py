@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxrl_mgpu import compile_cache, multirun, parallel
 from jaxrl_mgpu import envs as envs_lib
-from jaxrl_mgpu.algos import module_for
+from jaxrl_mgpu.algos import spec_for
 from jaxrl_mgpu.algos.base import Algorithm, Split, all_finite
 from jaxrl_mgpu.episodes import make_episodes, summarize
 from jaxrl_mgpu.parallel import Parallel
@@ -90,11 +90,11 @@ class Trainer:
         par = multirun.setup(cfg, par)
         self.cfg, self.par = cfg, par
         if algorithm is None:
-            module = module_for(cfg)
-            split = module.check(cfg, par.data_devices) if split is None else split
+            spec = spec_for(cfg)
+            split = spec.check(cfg, par.data_devices) if split is None else split
             self.env, self.env_params = envs_lib.make(cfg.env, cfg.env_args)
-            algorithm = (module.algorithm(cfg, self.env, self.env_params, split, par) if self.runs is None else
-                         multirun.algorithm(cfg, module, self.env, self.env_params, split, par, self.runs))
+            algorithm = (spec.algorithm(cfg, self.env, self.env_params, split, par) if self.runs is None else
+                         multirun.algorithm(cfg, spec, self.env, self.env_params, split, par, self.runs))
         self.algorithm = algorithm
         self.algo = algorithm.parts  # the algorithm's own functions (rollout, learn, ...)
         self.layout, self.data = algorithm.layout, algorithm.data

@@ -39,7 +39,7 @@ import numpy as np
 
 from jaxrl_mgpu import cli, incontext, multirun, parallel, video
 from jaxrl_mgpu import envs as envs_lib
-from jaxrl_mgpu.algos import mappo, module_for
+from jaxrl_mgpu.algos import mappo, spec_for
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.episodes import make_episodes, summarize
 from jaxrl_mgpu.runs import load_params, load_run, params_template, readable_params  # noqa: F401  (load_params: for callers)
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
         if args.episodes < 1:
             raise ConfigError(f"--episodes must be at least 1, got {args.episodes}")
         cfg, ckpts = load_run(args.run_dir)
-        if module_for(cfg).EVALUATED_BY == "in-context":
+        if spec_for(cfg).evaluated_by == "in-context":
             raise ConfigError(f"--run-dir {args.run_dir} is an --algo ad run: it acts from its context of past "
                               f"episodes, so evaluate it with --in-context")
         env, env_params = envs_lib.make(cfg.env, cfg.env_args)
@@ -100,17 +100,17 @@ def main(argv=None) -> int:
     except cli.USER_ERRORS as e:
         cli.fail(e)
 
-    module = module_for(cfg)
+    spec = spec_for(cfg)
     if args.video is not None:
         try:
-            record_video(cfg, runs, module, env, env_params, params, step, args)
+            record_video(cfg, runs, spec, env, env_params, params, step, args)
         except cli.USER_ERRORS as e:
             cli.fail(e)
         return 0
     if runs is not None:
-        evaluate_runs(cfg, runs, module, env, env_params, params, step, par, args)
+        evaluate_runs(cfg, runs, spec, env, env_params, params, step, par, args)
         return 0
-    algo = module.make(cfg, env, env_params, module.check(cfg, par.num_devices))
+    algo = spec.make(cfg, env, env_params, spec.check(cfg, par.num_devices))
     params, key = par.replicate(params), par.replicate(np.asarray(jax.random.PRNGKey(args.seed)))
     if envs_lib.is_multi_agent(env):
         # Every pairing of trained and uniform-random teams, on the same games (the same key).
@@ -147,7 +147,7 @@ def check_video_args(args) -> None:
     video.headless()
 
 
-def record_video(cfg, runs, module, env, env_params, params, step: int, args) -> None:
+def record_video(cfg, runs, spec, env, env_params, params, step: int, args) -> None:
     """One episode of the checkpoint's policy (of run `--run`, default 0, in a many-run
     directory: `params` holds every run's), drawn into `--video`; one JSON line says what it
     shows."""
@@ -156,7 +156,7 @@ def record_video(cfg, runs, module, env, env_params, params, step: int, args) ->
         run = 0 if args.run is None else args.run
         cfg, which = dataclasses.replace(cfg, **runs.hparams(run)), runs.describe(run)
         params = jax.tree.map(lambda x: x[run], params)
-    algo = module.make(cfg, env, env_params, module.check(cfg, 1))
+    algo = spec.make(cfg, env, env_params, spec.check(cfg, 1))
     episode = video.record(algo.policy, env, env_params, params, jax.random.PRNGKey(args.seed), args.greedy,
                            args.video_stride)
     frames, fps = video.frames(cfg.env, env, env_params, episode)
@@ -165,7 +165,7 @@ def record_video(cfg, runs, module, env, env_params, params, step: int, args) ->
                       **video.summary(env, episode), "step": step, "greedy": args.greedy}), flush=True)
 
 
-def evaluate_runs(cfg, runs: multirun.Runs, module, env, env_params, params, step: int, par, args) -> None:
+def evaluate_runs(cfg, runs: multirun.Runs, spec, env, env_params, params, step: int, par, args) -> None:
     """Every run of a many-run directory (or `--run`), one JSON line each, on the same episodes;
     `params`: every run's, [runs, ...]."""
     key = par.replicate(np.asarray(jax.random.PRNGKey(args.seed)))
@@ -174,7 +174,7 @@ def evaluate_runs(cfg, runs: multirun.Runs, module, env, env_params, params, ste
         config = runs.config_index(i)
         if config not in episodes:
             run_cfg = dataclasses.replace(cfg, **runs.hparams(i))
-            algo = module.make(run_cfg, env, env_params, module.check(run_cfg, par.num_devices))
+            algo = spec.make(run_cfg, env, env_params, spec.check(run_cfg, par.num_devices))
             episodes[config] = par.map(make_episodes(algo.policy, env, env_params, args.episodes, par.num_devices,
                                                      args.greedy))
         totals = episodes[config](par.replicate(jax.tree.map(lambda x: x[i], params)), key)

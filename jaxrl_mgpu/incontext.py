@@ -39,7 +39,7 @@ from jaxrl_mgpu import chunks, cli, histories, parallel
 from jaxrl_mgpu.asynchronous import ad as async_ad
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs as envs_lib
-from jaxrl_mgpu.algos import ad, module_for
+from jaxrl_mgpu.algos import ad, spec_for
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.data import rlds
 from jaxrl_mgpu.envs import darkroom, vec
@@ -182,7 +182,7 @@ def evaluate(argv=None) -> int:
         if args.episodes < 1 or args.envs_per_goal < 1:
             raise ConfigError("--episodes and --envs-per-goal must be at least 1")
         cfg, ckpts = load_run(args.run_dir)
-        if module_for(cfg).EVALUATED_BY != "in-context":
+        if spec_for(cfg).evaluated_by != "in-context":
             raise ConfigError(f"--in-context evaluates --algo ad runs; the run in {args.run_dir} is --algo {cfg.algo}")
         meta, h, where = source_histories(cfg, args.run_dir)  # the goal split and seed, the source's curve
         goals = darkroom.goals(cfg.env, args.goals, meta.get("seed", 0))

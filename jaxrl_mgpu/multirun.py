@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_mgpu.algos import mappo
+from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos.base import Algorithm, all_finite
 from jaxrl_mgpu.checkpoint import PER_DEVICE, REPLICATED, Layout
 from jaxrl_mgpu.config import ConfigError, parse_sweep
@@ -127,12 +127,12 @@ def setup(cfg, par: Parallel) -> Parallel:
     return par if runs is None or par.runs is not None else par.with_runs(runs.count)
 
 
-def algorithm(cfg, module, env, env_params, split, par: Parallel, runs: Runs) -> Algorithm:
-    """`module`'s algorithm for every run `par`'s devices hold, vmapped over them."""
-    if module is mappo:
+def algorithm(cfg, spec, env, env_params, split, par: Parallel, runs: Runs) -> Algorithm:
+    """`spec`'s algorithm (algos.Spec) for every run `par`'s devices hold, vmapped over them."""
+    if envs_lib.is_multi_agent(env):
         raise ConfigError(f"--num-seeds / --sweep: --env {cfg.env} is a multi-agent game; its teams train one "
                           f"run at a time")
-    base = module.algorithm(cfg, env, env_params, split, par)
+    base = spec.algorithm(cfg, env, env_params, split, par)
     if base.data:
         raise ConfigError(f"--num-seeds / --sweep: --algo {cfg.algo} reads a dataset in its update and trains one "
                           f"run at a time")
@@ -141,7 +141,7 @@ def algorithm(cfg, module, env, env_params, split, par: Parallel, runs: Runs) ->
         def one(state, run_values):
             # This run's swept values as the config's numbers: traced scalars, not constants.
             run_cfg = dataclasses.replace(cfg, **run_values)
-            new, (losses, episodes) = module.algorithm(run_cfg, env, env_params, split, par).update(state)
+            new, (losses, episodes) = spec.algorithm(run_cfg, env, env_params, split, par).update(state)
             # A run whose update went non-finite (a swept learning rate too large) keeps the
             # parameters it had and gets a NaN optimizer state, so every later update of it is
             # non-finite too (a mark a checkpoint keeps): it never learns again, and its last

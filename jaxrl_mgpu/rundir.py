@@ -20,7 +20,7 @@ import jax
 
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel, runstats
-from jaxrl_mgpu.algos import module_for
+from jaxrl_mgpu.algos import spec_for
 from jaxrl_mgpu.checkpoint import CheckpointMismatch, Checkpoints, DamagedCheckpoint
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.log import RunLog, truncate_metrics
@@ -157,15 +157,15 @@ def _start_at(cfg, run_dir: Path, step: int | None, build: Callable, from_store:
         if from_store:
             _reading(run_dir, lambda r: r.meta(step))
         else:
-            module = module_for(cfg)
-            done = _reading(run_dir, lambda r: saved_steps(r, step, module.STEP_UNIT, module.steps_per_update(cfg)))
+            spec = spec_for(cfg)
+            done = _reading(run_dir, lambda r: saved_steps(r, step, spec.step_unit, spec.steps_per_update(cfg)))
             cfg = dataclasses.replace(cfg, resumed_update=step, resumed_steps=done)
         if cfg.stop_at_update is not None and cfg.stop_at_update <= step < cfg.total_updates:
             raise ConfigError(f"--stop-at-update {cfg.stop_at_update}: the run is already at update {step}")
         if step >= cfg.total_updates:
             for line in set_aside:
                 print(line)
-            ended = "" if from_store else f", {cfg.resumed_steps:,} {module_for(cfg).STEP_UNIT}"
+            ended = "" if from_store else f", {cfg.resumed_steps:,} {spec_for(cfg).step_unit}"
             print(f"the run in {run_dir} is already complete (update {step} of {cfg.total_updates}{ended}); nothing "
                   f"to do. To train it further, resume with a larger "
                   f"{'--num-updates' if cfg.num_updates is not None else '--total-timesteps'}")
@@ -206,7 +206,7 @@ def summary(cfg, log: RunLog, last: dict, done: int, unit: str, steps: int | Non
         values["best_return"] = best.get("episode_return", (None,))[0]
         if "eval/episode_return" in best:
             values["best_eval_return"] = best["eval/episode_return"][0]
-    for key in module_for(cfg).SUMMARY:
+    for key in spec_for(cfg).summary:
         if last.get(key) is not None:
             values[key.split("/")[1]] = last[key]
     values["startup"] = {k: round(v, 2) for k, v in log.timeline.items()}

@@ -15,7 +15,7 @@ from pathlib import Path
 import jax
 
 from jaxrl_mgpu import compile_cache, multirun, parallel, runstats
-from jaxrl_mgpu.algos import module_for
+from jaxrl_mgpu.algos import spec_for
 from jaxrl_mgpu.algos.base import Split
 from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.chunks import NonFinite, Trainer
@@ -31,9 +31,9 @@ from jaxrl_mgpu.tracing import Profile
 def banner(cfg, par: Parallel, split: Split, per_update: str) -> dict:
     """The start-up summary of the distributed setup. `split` is the algorithm's
     {what: (global, per device)} split of the batch (its `check`)."""
-    device, module = par.devices[0], module_for(cfg)
+    device, spec = par.devices[0], spec_for(cfg)
     rows = {
-        "jaxrl_mgpu": f"{cfg.algo} on {cfg.env}" + (f", policy {cfg.policy}" if module.TAKES_POLICY else "")
+        "jaxrl_mgpu": f"{cfg.algo} on {cfg.env}" + (f", policy {cfg.policy}" if spec.takes_policy else "")
                       + ("" if cfg.mode == "both" else f", --mode {cfg.mode}"),
         "processes": f"{jax.process_count()} (this is process {jax.process_index()})",
         "devices": f"{par.num_local_devices} local, {par.num_devices} global: "
@@ -51,7 +51,7 @@ def banner(cfg, par: Parallel, split: Split, per_update: str) -> dict:
     rows.update({what: f"{total} global{each}, {per_device} per device{each}"
                  for what, (total, per_device) in split.items()})
     if cfg.auto_scale:
-        size = module.SIZE_OPTION
+        size = spec.size_option
         rows["auto-scale"] = (f"{cfg.auto_scale}: --{size.replace('_', '-')} {getattr(cfg, size)} chosen at the "
                               f"run's start (kept on resume); minibatch count, epochs and lr as configured, so "
                               f"minibatches grow with the batch")
@@ -115,7 +115,7 @@ def open_log(cfg, trainer: Trainer, run_dir: Path, split: Split, per_update: str
     """The run's log (process 0 writes it), its banner and the lines under it."""
     runs = None if trainer.runs is None else [trainer.runs.describe(i) for i in range(trainer.runs.count)]
     log = RunLog(run_dir, cfg.steps_at(cfg.total_updates, trainer.steps_per_update), unit=trainer.step_unit,
-                 episodic=trainer.algorithm.episodic, runs=runs, console=module_for(cfg).CONSOLE)
+                 episodic=trainer.algorithm.episodic, runs=runs, console=spec_for(cfg).console)
     log.banner(banner(cfg, trainer.par, split, per_update or f"{trainer.steps_per_update:,} {trainer.step_unit}"))
     for note in notes:
         log.print(f"  {note}")

@@ -10,7 +10,7 @@ import jax
 
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs as envs_lib
-from jaxrl_mgpu.algos import module_for
+from jaxrl_mgpu.algos import spec_for
 from jaxrl_mgpu.checkpoint import Checkpoints, DamagedCheckpoint
 from jaxrl_mgpu.config import ConfigError
 
@@ -75,8 +75,8 @@ def readable_params(ckpts, run_dir: str, template, step: int | None = None, best
 def params_template(cfg):
     """Shapes and dtypes of the run's params (no device axis), from its config."""
     env, env_params = envs_lib.make(cfg.env, cfg.env_args)
-    module = module_for(cfg)
-    algo = module.make(cfg, env, env_params, module.check(cfg, 1))
+    spec = spec_for(cfg)
+    algo = spec.make(cfg, env, env_params, spec.check(cfg, 1))
     return jax.eval_shape(algo.init_params, jax.random.PRNGKey(0))
 
 

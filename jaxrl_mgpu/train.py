@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
                             cfg.failure_timeout)
         parallel.start_backend()  # on a thread, while the rest is imported
         from jaxrl_mgpu import asynchronous, autoscale, multirun, rundir, runner  # after jax.distributed (see above)
-        from jaxrl_mgpu.algos import module_for
+        from jaxrl_mgpu.algos import spec_for
         cfg, changes = rundir.resolve(cfg, given)
         cfg, grid = config_lib.follow_log_grid(cfg, given.flags)
         notes = [f"--resume: {change}" for change in changes] + grid  # said under the banner
@@ -54,10 +54,10 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
         searched_s = 0.0  # the summary's auto_scale_s, apart from the imports and devices before it
         if cfg.auto_scale and not resuming:  # a resumed run keeps the size its config.json holds
             t = time.monotonic()
-            cfg, _ = autoscale.choose(cfg, par, module_for(cfg))
+            cfg, _ = autoscale.choose(cfg, par, spec_for(cfg))
             searched_s = time.monotonic() - t
         par = multirun.setup(cfg, par)  # --num-seeds / --sweep: a runs axis beside the data axis
-        split = (module_for(cfg).check if cfg.mode == "both" else learn_collect.check)(cfg, par.data_devices)
+        split = (spec_for(cfg).check if cfg.mode == "both" else learn_collect.check)(cfg, par.data_devices)
         if cfg.mode == "collect":
             if not cfg.run_dir:
                 raise ConfigError("--mode collect needs --run-dir: the run whose store it fills")

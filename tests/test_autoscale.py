@@ -14,7 +14,7 @@ import jaxrl_mgpu
 from jaxrl_mgpu import autoscale, parallel
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import log as log_lib
-from jaxrl_mgpu.algos import module_for
+from jaxrl_mgpu.algos import spec_for
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.log import RunLog
 
@@ -35,7 +35,7 @@ def choose(capsys, **overrides):
     cfg = config_lib.validate(dataclasses.replace(
         config_lib.Config(), num_steps=8, hidden_size=16, **{"total_timesteps": LONG, **overrides}))
     capsys.readouterr()
-    chosen, rows = autoscale.choose(cfg, parallel.setup("pmap"), module_for(cfg))
+    chosen, rows = autoscale.choose(cfg, parallel.setup("pmap"), spec_for(cfg))
     out = capsys.readouterr().out
     assert out.count("<- chosen") == 1, out
     return chosen, {r.per_device: r for r in rows}, out

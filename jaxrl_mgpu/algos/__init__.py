@@ -1,19 +1,23 @@
-"""Algorithms. Each module has `check(cfg, num_devices) -> base.Split` (the batch over the
-devices, checked once, or a one-line ConfigError), `algorithm(cfg, env, env_params, split, par)
--> base.Algorithm` (what the runner runs), `make(cfg, env, env_params, split)` (its per-device
-functions),
-STEP_UNIT and `steps_per_update(cfg)` (how progress is counted). The options that shape an
+"""Algorithms: each a module of per-device functions (ppo.py, dqn.py, ad.py, mappo.py) and the
+frozen `Spec` that says everything the host reads of it (spec.py), registered here by name as
+`--algo NAME`. Adding one is a module and a `register` call; `spec_for(cfg)` is the spec a run
+trains with (PPO on a multi-agent game is multi-agent PPO). The options that shape an
 algorithm's checkpointed state are declared with the options (config.state_keys)."""
+
+import dataclasses
 
 from jaxrl_mgpu import envs
 from jaxrl_mgpu.algos import ad, dqn, mappo, ppo
+from jaxrl_mgpu.algos.spec import Spec, for_run, get, names, register
 
-ALGOS = {"ppo": ppo, "dqn": dqn, "ad": ad}
+register("ppo", dataclasses.replace(ppo.SPEC, multi_agent=mappo.SPEC))
+register("dqn", dqn.SPEC)
+register("ad", ad.SPEC)
 
 
-def module_for(cfg):
-    """The module that trains `cfg`: `--algo`'s, except that PPO on a multi-agent game is
-    multi-agent PPO (one network per team)."""
-    if cfg.algo == "ppo" and envs.is_multi_agent(envs.make(cfg.env, cfg.env_args)[0]):
-        return mappo
-    return ALGOS[cfg.algo]
+def spec_for(cfg) -> Spec:
+    """The spec that trains `cfg`: `--algo`'s, for `--env`'s kind of game."""
+    return for_run(cfg.algo, envs.make(cfg.env, cfg.env_args)[0])
+
+
+__all__ = ["Spec", "get", "names", "register", "spec_for"]

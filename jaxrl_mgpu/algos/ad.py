@@ -38,6 +38,7 @@ import numpy as np
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu.algos.base import Algorithm, Split
+from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu.checkpoint import REPLICATED
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.data import rlds
@@ -46,23 +47,6 @@ from jaxrl_mgpu.nets import actor_critic, factory
 from jaxrl_mgpu.nets.transformer import KVCache, TransformerActorCritic
 from jaxrl_mgpu.parallel import device_index
 from jaxrl_mgpu.cli import count
-
-# Progress is counted in tokens (transitions the model is trained on), not env steps.
-STEP_UNIT = "tokens"
-# What the code outside algos/ knows of this algorithm (runner, log, auto-scale, evaluate):
-# the progress line's terms (label, row key, format) and the summary's, what --auto-scale
-# sizes (sequences per update), that it takes no --policy (its network is AD's transformer),
-# and that a trained run is evaluated in context (incontext.py), not by playing episodes.
-CONSOLE = (("loss", "loss/cross_entropy", ".4f"), ("acc", "loss/accuracy", ".3f"))
-SUMMARY = ("loss/cross_entropy", "loss/accuracy")
-SIZE_OPTION = "ad_batch_size"
-TAKES_POLICY = False
-EVALUATED_BY = "in-context"
-
-
-def steady_state(cfg):
-    """`cfg` as a throughput probe times it (auto-scale, bench): as it trains."""
-    return cfg
 
 # Every field is identical on every device (see checkpoint.py); the dataset is not state.
 STATE_LAYOUT = {"params": REPLICATED, "opt_state": REPLICATED, "loss_scale": REPLICATED, "key": REPLICATED,
@@ -306,5 +290,14 @@ def algorithm(cfg, env, env_params, split: Split, par) -> Algorithm:
     """AD trains from a dataset of learning histories, loaded once onto the devices (this
     device's share of the tasks) and read by every update."""
     algo = make(cfg, env, env_params, split)
-    return Algorithm(algo.init, algo.update, STATE_LAYOUT, STEP_UNIT, steps_per_update(cfg), algo.policy,
+    return Algorithm(algo.init, algo.update, STATE_LAYOUT, SPEC.step_unit, steps_per_update(cfg), algo.policy,
                      data=(load_data(cfg, par),), parts=algo, episodic=False)
+
+
+# What the code outside algos/ reads of AD (algos/spec.py): progress in tokens (transitions the
+# model is trained on), not env steps; --auto-scale sizes the sequences per update; no --policy
+# (its network is AD's transformer); a trained run is evaluated in context (incontext.py).
+SPEC = Spec(name="ad", check=check, algorithm=algorithm, make=make, steps_per_update=steps_per_update,
+            step_unit="tokens", console=(("loss", "loss/cross_entropy", ".4f"), ("acc", "loss/accuracy", ".3f")),
+            summary=("loss/cross_entropy", "loss/accuracy"), size_option="ad_batch_size", takes_policy=False,
+            evaluated_by="in-context")

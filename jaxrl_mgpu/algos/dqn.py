@@ -68,6 +68,7 @@ import optax
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu.algos.base import Algorithm, Split
+from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu.algos.replay import Replay, SeqBatch, Transitions, replay_add, replay_init, replay_sample
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.config import ConfigError
@@ -89,17 +90,6 @@ class DQNState(NamedTuple):
     key: jax.Array         # the same on every device; split once per update
     update: jax.Array      # updates done so far (x num_steps = vector steps written to the replay)
     grad_steps: jax.Array  # gradient steps done so far (drives the target-network updates)
-
-
-STEP_UNIT = "env_steps"
-# What the code outside algos/ knows of this algorithm (runner, log, auto-scale, evaluate):
-# the progress line's terms (label, row key, format), what --auto-scale sizes, whether
-# --policy chooses its network, and how a trained run is evaluated (playing episodes).
-CONSOLE = (("td", "loss/td", ".4f"), ("eps", "epsilon", ".3f"))
-SUMMARY = ()
-SIZE_OPTION = "num_envs"
-TAKES_POLICY = True
-EVALUATED_BY = "episodes"
 
 
 def steady_state(cfg):
@@ -446,4 +436,10 @@ def make(cfg, env, env_params, split: Split) -> Algo:
 
 def algorithm(cfg, env, env_params, split: Split, par) -> Algorithm:
     algo = make(cfg, env, env_params, split)
-    return Algorithm(algo.init, algo.update, STATE_LAYOUT, STEP_UNIT, steps_per_update(cfg), algo.policy, parts=algo)
+    return Algorithm(algo.init, algo.update, STATE_LAYOUT, SPEC.step_unit, steps_per_update(cfg), algo.policy,
+                     parts=algo)
+
+
+# What the code outside algos/ reads of DQN (algos/spec.py).
+SPEC = Spec(name="dqn", check=check, algorithm=algorithm, make=make, steps_per_update=steps_per_update,
+            steady_state=steady_state, console=(("td", "loss/td", ".4f"), ("eps", "epsilon", ".3f")))

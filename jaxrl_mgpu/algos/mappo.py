@@ -16,7 +16,7 @@ What differs from single-agent PPO (ppo.py, whose GAE this reuses):
   for all epochs), so one update on D devices equals one update on one device;
 - metrics per team: mean episode return per agent, tags per episode, episode length.
 
-`--algo ppo` on a multi-agent env runs this (algos.module_for); `--policy transformer`,
+`--algo ppo` on a multi-agent env runs this (algos.spec.for_run); `--policy transformer`,
 `--normalize-reward` and the other algorithms are refused there (config.validate), as are
 `--normalize-obs`, `--reward-scale`, `--no-clip-value` and `--action-dist` (`check`).
 """
@@ -32,6 +32,7 @@ import optax
 
 from jaxrl_mgpu.algos import learner, ppo
 from jaxrl_mgpu.algos.base import Algorithm, Split
+from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.config import ConfigError
 from jaxrl_mgpu.envs import vec
@@ -39,12 +40,6 @@ from jaxrl_mgpu.nets import actor_critic, factory
 from jaxrl_mgpu.parallel import AXIS, all_sum, device_index, global_indices, split_evenly
 from jaxrl_mgpu.cli import count
 
-STEP_UNIT = ppo.STEP_UNIT
-# As PPO's (algos/ppo.py), and per team the return per agent, and the game's tags.
-CONSOLE = ppo.CONSOLE + (("taggers", "taggers/episode_return", ".2f"), ("runners", "runners/episode_return", ".2f"),
-                         ("tags", "tags_per_episode", ".2f"))
-SUMMARY, SIZE_OPTION, TAKES_POLICY, EVALUATED_BY = ppo.SUMMARY, ppo.SIZE_OPTION, ppo.TAKES_POLICY, ppo.EVALUATED_BY
-steady_state = ppo.steady_state
 steps_per_update = ppo.steps_per_update
 
 
@@ -330,11 +325,19 @@ def make(cfg, env, env_params, split: Split) -> Algo:
 
 def algorithm(cfg, env, env_params, split: Split, par) -> Algorithm:
     algo = make(cfg, env, env_params, split)
-    return Algorithm(algo.init, algo.update, STATE_LAYOUT, STEP_UNIT, steps_per_update(cfg), algo.policy,
+    return Algorithm(algo.init, algo.update, STATE_LAYOUT, SPEC.step_unit, steps_per_update(cfg), algo.policy,
                      parts=algo, agents_per_env=env.num_agents,
                      evaluation=lambda total, num_devices, greedy: (
                          make_match(algo.policy, env, env_params, total, num_devices, greedy),
                          lambda sums: summarize_match(sums, tuple(env.teams))))
+
+
+# What the code outside algos/ reads of multi-agent PPO (algos/spec.py): PPO's, and on the
+# progress line per team the return per agent, and the game's tags.
+SPEC = Spec(name="mappo", check=check, algorithm=algorithm, make=make, steps_per_update=steps_per_update,
+            console=ppo.SPEC.console + (("taggers", "taggers/episode_return", ".2f"),
+                                        ("runners", "runners/episode_return", ".2f"),
+                                        ("tags", "tags_per_episode", ".2f")))
 
 
 # -- evaluation: trained teams, and each against a uniform-random opponent --------------------

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 
 from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu.algos.base import Algorithm, Split
+from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.config import ConfigError
@@ -84,23 +85,6 @@ def rollout_unroll(env) -> int:
     if jax.default_backend() != "gpu" or getattr(env, "heavy_step", False):
         return 1
     return GPU_ROLLOUT_UNROLL
-
-
-STEP_UNIT = "env_steps"
-# What the code outside algos/ knows of this algorithm (runner, log, auto-scale, evaluate):
-# the progress line's terms (label, row key, format), what --auto-scale sizes, whether
-# --policy chooses its network, and how a trained run is evaluated (playing episodes).
-CONSOLE = (("policy", "loss/policy", ".3f"), ("value", "loss/value", ".3f"), ("kl", "loss/approx_kl", ".4f"),
-           ("clip", "loss/clip_frac", ".3f"))
-SUMMARY = ()
-SIZE_OPTION = "num_envs"
-TAKES_POLICY = True
-EVALUATED_BY = "episodes"
-
-
-def steady_state(cfg):
-    """`cfg` as a throughput probe times it (auto-scale, bench): as it trains."""
-    return cfg
 
 
 def steps_per_update(cfg) -> int:
@@ -458,4 +442,12 @@ def make(cfg, env, env_params, split: Split) -> Algo:
 
 def algorithm(cfg, env, env_params, split: Split, par) -> Algorithm:
     algo = make(cfg, env, env_params, split)
-    return Algorithm(algo.init, algo.update, STATE_LAYOUT, STEP_UNIT, steps_per_update(cfg), algo.policy, parts=algo)
+    return Algorithm(algo.init, algo.update, STATE_LAYOUT, SPEC.step_unit, steps_per_update(cfg), algo.policy,
+                     parts=algo)
+
+
+# What the code outside algos/ reads of PPO (algos/spec.py); algos/__init__.py registers it, with
+# multi-agent PPO (mappo.py) for the multi-agent games.
+SPEC = Spec(name="ppo", check=check, algorithm=algorithm, make=make, steps_per_update=steps_per_update,
+            console=(("policy", "loss/policy", ".3f"), ("value", "loss/value", ".3f"),
+                     ("kl", "loss/approx_kl", ".4f"), ("clip", "loss/clip_frac", ".3f")))

@@ -1,0 +1,73 @@
+"""What the host reads of an algorithm: one frozen `Spec` per algorithm, registered by name.
+
+An algorithm is a module of per-device functions (algos/ppo.py, dqn.py, ...) and the `Spec`
+that tells the rest of the program how to run it: how its batch splits over the devices, how
+to build it, how its progress is counted and shown, what --auto-scale varies, how it is
+evaluated. `register(name, spec)` makes it `--algo NAME`; `for_run(cfg, env)` is the one place
+that picks the spec a run trains with (PPO on a multi-agent game is multi-agent PPO).
+
+Adding an algorithm is a module and a `register` call (examples/custom_algo.py does it from
+outside the package).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from jaxrl_mgpu.algos.base import Algorithm, Split
+from jaxrl_mgpu.cli import ConfigError
+from jaxrl_mgpu.envs import is_multi_agent
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """Everything the host reads of one algorithm. The callables take the validated config
+    (`cfg`); none holds state."""
+    name: str                                   # what the banner and messages call it
+    # (cfg, data devices) -> how the batch splits over them ({what: (global, per device)}), or
+    # a ConfigError naming the option that does not split
+    check: Callable[[Any, int], Split]
+    # (cfg, env, env_params, split, par) -> what the trainer runs (algos/base.Algorithm)
+    algorithm: Callable[..., Algorithm]
+    # (cfg, env, env_params, split) -> its per-device functions, `.policy` for evaluation
+    make: Callable[..., Any]
+    # cfg -> progress per update over all devices, in `step_unit`
+    steps_per_update: Callable[[Any], int]
+    # cfg -> the config whose update auto-scale times (DQN: past its warm-up), often cfg itself
+    steady_state: Callable[[Any], Any] = lambda cfg: cfg
+    step_unit: str = "env_steps"                # what progress is counted in
+    console: tuple[tuple[str, str, str], ...] = ()  # (label, metric key, format) on the progress line
+    summary: tuple[str, ...] = ()               # metric keys the summary carries
+    size_option: str = "num_envs"               # the option --auto-scale chooses
+    takes_policy: bool = True                   # whether --policy (mlp | transformer) shapes it
+    evaluated_by: str = "episodes"              # "episodes" (evaluate) or "in-context" (incontext)
+    multi_agent: "Spec | None" = None           # the spec that trains it on a multi-agent game
+
+
+_SPECS: dict[str, Spec] = {}
+
+
+def register(name: str, spec: Spec) -> None:
+    """`--algo name` trains with `spec`."""
+    if not isinstance(spec, Spec):
+        raise ConfigError(f"algos.register({name!r}, ...): the second argument is an algos.Spec, not a "
+                          f"{type(spec).__name__}")
+    _SPECS[name] = spec
+
+
+def names() -> list[str]:
+    return list(_SPECS)
+
+
+def get(name: str) -> Spec:
+    if name not in _SPECS:
+        raise ConfigError(f"--algo {name}: no such algorithm; choose from {', '.join(_SPECS)}")
+    return _SPECS[name]
+
+
+def for_run(algo: str, env) -> Spec:
+    """The spec `--algo algo` trains `env` with: its multi-agent spec on a multi-agent game (the
+    one place that choice is made)."""
+    spec = get(algo)
+    return spec.multi_agent if spec.multi_agent is not None and is_multi_agent(env) else spec
