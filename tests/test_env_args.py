@@ -128,8 +128,8 @@ def rollout(env, params, steps=8, games=4):
 def test_a_factory_without_a_table_takes_its_named_parameters(monkeypatch):
     """The generic path another suite's factory takes: names from its signature, values any
     number or boolean; a declared probability is checked to lie in [0, 1]."""
-    monkeypatch.setattr(envs, "_OWN", dict(envs._OWN))
-    monkeypatch.setattr(envs, "check_env_step", lambda *args: None)  # stand-ins, not environments
+    monkeypatch.setattr(envs.registry, "_OWN", dict(envs.registry._OWN))
+    monkeypatch.setattr(envs.registry, "check_env_step", lambda *args: None)  # stand-ins, not environments
 
     def make_plain(size=3, *, noise=0.0, **ignored):
         return ("plain", size, noise), None

@@ -23,8 +23,8 @@ SMALL = ["--num-envs", "8", "--num-steps", "8", "--total-timesteps", "640", "--h
 @pytest.fixture(autouse=True)
 def unregister():
     yield
-    envs._OWN.pop(NAME, None)
-    envs._made.cache_clear()
+    envs.registry._OWN.pop(NAME, None)
+    envs.registry._made.cache_clear()
 
 
 class FourValues(Corridor):
@@ -87,7 +87,7 @@ def test_register_checks_the_name_and_the_table_at_once(name, factory, args, wor
     with pytest.raises(envs.EnvError, match=None) as raised:
         envs.register(name, factory, args)
     assert words in str(raised.value), raised.value
-    assert name not in envs._OWN
+    assert name not in envs.registry._OWN
 
 
 @pytest.mark.parametrize("kind", ["int", list])

@@ -255,8 +255,8 @@ def test_the_jumanji_tasks_offered_are_those_of_one_discrete_choice():
     """The table of refused tasks against the suite: every registered task is offered or refused,
     every offered one takes one discrete choice, and a few refused ones (quick to make; the
     others build their generators for seconds) do not."""
-    offered, registered = set(envs._SUITES["jumanji"].tasks()), set(jumanji.registered_environments())
-    refused = {task for task in registered if envs._SUITES["jumanji"].refuse(task)}
+    offered, registered = set(envs.registry._SUITES["jumanji"].tasks()), set(jumanji.registered_environments())
+    refused = {task for task in registered if envs.registry._SUITES["jumanji"].refuse(task)}
     assert offered == registered - refused and len(offered) == 9
     for task in sorted(offered) + ["Minesweeper-v0", "RubiksCube-v0", "SearchAndRescue-v0"]:
         assert isinstance(jumanji.make(task).action_spec, specs.DiscreteArray) == (task in offered), task

@@ -26,8 +26,9 @@ def import_graph() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module
                             for a in node.names}
-        # A module imports its own package's __init__ on the way; that is not a dependency edge.
-        graph[name] = {t for t in targets if t in files and t != name and not name.startswith(t + ".")}
+        # A submodule that imports its own package back (a registry in the package's __init__)
+        # is a cycle too: the package's __init__ imports its submodules.
+        graph[name] = {t for t in targets if t in files and t != name}
     return graph
 
 
@@ -61,6 +62,10 @@ def test_the_package_has_no_import_cycle():
 def test_the_cycle_check_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_a_submodule_importing_its_package_back_is_a_cycle():
+    assert find_cycle({"p": {"p.a"}, "p.a": {"p"}}) == ["p", "p.a", "p"]
 
 
 def test_the_graph_sees_imports_inside_functions():

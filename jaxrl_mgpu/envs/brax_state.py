@@ -13,7 +13,7 @@ that have it:
 Such an environment has `reset(rng) -> State` and `step(state, action) -> State`, the State
 holding `obs`, `reward`, `done`, `info` and `metrics`, and its `done` says only that the
 episode terminated. `BraxStateEnv` adds what the project's environment API needs
-(envs/__init__.py):
+(envs/registry.py):
 
 - the time limit, as Brax's EpisodeWrapper keeps it: an episode lasts `episode_length` of the
   suite's steps, `ceil(episode_length / action_repeat)` of ours (`params.max_steps_in_episode`);
@@ -64,7 +64,7 @@ from gymnax.environments import environment, spaces
 from jax import lax
 
 from jaxrl_mgpu.cli import UserError
-from jaxrl_mgpu.envs import COUNT, FLAG, Arg, EnvError, Suite, register_suite
+from jaxrl_mgpu.envs.registry import COUNT, FLAG, Arg, EnvError, Suite, register_suite
 
 # Brax's physics pipelines (brax.envs.base.PipelineEnv); `mjx` is its trainer's default
 # (brax.training.learner's --backend).

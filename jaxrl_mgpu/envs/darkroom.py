@@ -28,7 +28,7 @@ import numpy as np
 from flax import struct
 from gymnax.environments import environment, spaces
 
-from jaxrl_mgpu.envs import EnvError, register
+from jaxrl_mgpu.envs.registry import EnvError, register
 
 MOVES = jnp.array([[0, 1], [0, -1], [1, 0], [-1, 0], [0, 0]], jnp.int32)  # (dx, dy) per action
 SPLITS = ("train", "test")

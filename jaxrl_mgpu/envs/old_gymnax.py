@@ -34,7 +34,7 @@ import numpy as np
 from flax import struct
 from gymnax.environments import environment, spaces
 
-from jaxrl_mgpu.envs import INT32_MAX, Suite, register_suite
+from jaxrl_mgpu.envs.registry import INT32_MAX, Suite, register_suite
 
 # What craftax 1.6.1's `make_craftax_env_from_name` builds without auto-reset (this adapter
 # resets episodes itself); its "-AutoReset-v1" names are the same tasks.

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 from gymnax.environments import spaces
 from gymnax.environments.classic_control.cartpole import CartPole
 
-from jaxrl_mgpu.envs import register
+from jaxrl_mgpu.envs.registry import register
 
 
 class CartPoleNoVelocity(CartPole):

@@ -49,7 +49,7 @@ import numpy as np
 from flax import struct
 from gymnax.environments import environment, spaces
 
-from jaxrl_mgpu.envs import COUNT, FLAG, POSITIVE, REAL, Arg, register
+from jaxrl_mgpu.envs.registry import COUNT, FLAG, POSITIVE, REAL, Arg, register
 
 TAGGER, RUNNER = 0, 1
 TWO_PI = np.float32(2.0 * math.pi)

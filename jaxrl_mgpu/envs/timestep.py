@@ -43,7 +43,7 @@ import numpy as np
 from flax import struct
 from gymnax.environments import environment, spaces
 
-from jaxrl_mgpu.envs import EnvError, Suite, register_suite
+from jaxrl_mgpu.envs.registry import EnvError, Suite, register_suite
 
 # dm_env's (and Jumanji's, XLand-MiniGrid's) StepType.LAST; Navix's ends.
 LAST = 2

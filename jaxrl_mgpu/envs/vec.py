@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from gymnax.environments import environment
 from jax import lax
 
-from jaxrl_mgpu.envs import EnvError, check_episode_metrics, episode_metrics, is_multi_agent
+from jaxrl_mgpu.envs.registry import EnvError, check_episode_metrics, episode_metrics, is_multi_agent
 from jaxrl_mgpu.parallel import all_sum
 
 
