@@ -712,7 +712,26 @@ def parse_given(argv: list[str] | None = None) -> Given:
     one; options it does not set are absent."""
     p = parser()
     args = vars(p.parse_args(_values_attached(sys.argv[1:] if argv is None else list(argv), p)))
-    given = Given({k: _coerce(k, v, "command line") for k, v in args.items() if v is not None})
+    return _over_preset({k: _coerce(k, v, "command line") for k, v in args.items() if v is not None})
+
+
+def given_from(options: dict) -> Given:
+    """The options a Python caller sets, as keyword arguments named as the command line's flags
+    are (`num_envs=64`, `config="cartpole"` for a preset), checked as a command line is."""
+    unknown = sorted(k for k in options if k not in FIELDS)
+    if unknown:
+        raise ConfigError(f"{unknown[0]!r} is not an option (options are named as the flags are, num_envs for "
+                          f"--num-envs; python -m jaxrl_mgpu.train --help-all lists them)")
+    def flag_value(name, value):  # resume=True as a bare --resume (its const); False as leaving it out
+        const = OPTIONS[name].const
+        return (const if value else None) if const is not None and isinstance(value, bool) else value
+
+    options = {k: flag_value(k, v) for k, v in options.items()}
+    return _over_preset({k: _coerce(k, v, "option") for k, v in options.items() if v is not None})
+
+
+def _over_preset(given: dict) -> Given:
+    """`given` over its preset's options (it wins); `flags`: what `given` itself sets."""
     if given.get("auto_scale") and given.keys() & {"num_envs", "ad_batch_size"}:
         size = "--num-envs" if "num_envs" in given else "--ad-batch-size"
         raise ConfigError(f"--auto-scale chooses {size} itself; give one or the other")

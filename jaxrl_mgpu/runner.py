@@ -11,6 +11,7 @@ import dataclasses
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import jax
 
@@ -23,6 +24,7 @@ from jaxrl_mgpu.cli import count
 from jaxrl_mgpu.log import RunLog
 from jaxrl_mgpu.loop import Callbacks, Loop, OnDevice
 from jaxrl_mgpu.parallel import Parallel
+from jaxrl_mgpu.result import Result
 from jaxrl_mgpu.rundir import check_writable, ending, plan_run_dir, prepare, start
 from jaxrl_mgpu.stop import StopSignal
 from jaxrl_mgpu.tracing import Profile
@@ -72,13 +74,13 @@ def banner(cfg, par: Parallel, split: Split, per_update: str) -> dict:
 
 
 def run(cfg, par: Parallel, split: Split, notes: list[str], started: float, asynchronous=None,
-        auto_scale_s: float = 0.0) -> int:
+        auto_scale_s: float = 0.0, on_row: Callable[[dict], None] | None = None) -> Result:
     """Trains in the run directory, from its newest whole checkpoint with `--resume`: `--mode
     both`, or a `--mode learn` learner fed by `asynchronous` (asynchronous/dqn.py or ad.py).
     `notes`: lines said under the banner (what a resume changed, what followed the log points);
     `started`: the `time.monotonic()` the launch began at, the zero of the start-up times;
-    `auto_scale_s`: the seconds --auto-scale searched before this (the summary's own line).
-    Returns the exit code."""
+    `auto_scale_s`: the seconds --auto-scale searched before this (the summary's own line);
+    `on_row`: a caller's, given each log row."""
     entered = time.monotonic()
     run_dir, step = plan_run_dir(cfg)
     if cfg.profile:
@@ -93,7 +95,7 @@ def run(cfg, par: Parallel, split: Split, notes: list[str], started: float, asyn
 
     begun = start(cfg, run_dir, step, build, from_store)
     if begun is None:
-        return 0  # already complete
+        return Result(0, str(run_dir))  # already complete
     cfg, trainer, state, step = begun.cfg, begun.trainer, begun.state, begun.update
     prepare(cfg, run_dir, step)
     log = open_log(cfg, trainer, run_dir, split, asynchronous.per_update(cfg) if from_store else None,
@@ -108,7 +110,7 @@ def run(cfg, par: Parallel, split: Split, notes: list[str], started: float, asyn
     if auto_scale_s:
         log.timeline["auto_scale_s"] = auto_scale_s
     log.timeline["setup_s"] = time.monotonic() - entered  # algorithm, initial state, restore, log files
-    return train(cfg, trainer, state, step, log, split, asynchronous if from_store else None)
+    return train(cfg, trainer, state, step, log, split, asynchronous if from_store else None, on_row)
 
 
 def open_log(cfg, trainer: Trainer, run_dir: Path, split: Split, per_update: str | None, notes: list[str]) -> RunLog:
@@ -122,21 +124,28 @@ def open_log(cfg, trainer: Trainer, run_dir: Path, split: Split, per_update: str
     return log
 
 
-def train(cfg, trainer: Trainer, state, step: int | None, log: RunLog, split: Split, asynchronous=None) -> int:
+def train(cfg, trainer: Trainer, state, step: int | None, log: RunLog, split: Split, asynchronous=None,
+          on_row: Callable[[dict], None] | None = None) -> Result:
     """The loop from checkpoint `step` (None: the start), the last checkpoint and the summary;
-    a learner's feed (`asynchronous`'s, for the batch `split`) is its source. Returns the exit
-    code."""
+    a learner's feed (`asynchronous`'s, for the batch `split`) is its source; `on_row` gets
+    each row written."""
     run_dir, par, start_update = Path(cfg.run_dir), trainer.par, step or 0
     ckpts = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
+
+    def write(row: dict) -> None:
+        log.write(row)
+        if on_row is not None and parallel.is_main():
+            on_row(dict(row))
+
     stop = StopSignal(log, kept=ckpts.any_complete)
     t_start, feed = time.perf_counter(), None
     try:
         if asynchronous is not None:
             feed = asynchronous.source(cfg, par, split, trainer.algo, ckpts, log, step, state)
-            source, callbacks = feed, Callbacks(log=lambda row, updates: log.write(feed.log_row(row, updates)),
+            source, callbacks = feed, Callbacks(log=lambda row, updates: write(feed.log_row(row, updates)),
                                                 checkpoint=feed.checkpoint, dispatched=feed.ran, stop=stop)
         else:
-            source, callbacks = OnDevice(), both_callbacks(cfg, trainer, ckpts, log, stop)
+            source, callbacks = OnDevice(), both_callbacks(cfg, trainer, ckpts, write, stop)
         callbacks = callbacks._replace(profile=profile(cfg, start_update, trainer.end(cfg.stop_at_update), log))
         # A resumed run's diverged runs (their frozen state is in the checkpoint) keep the update
         # where they went non-finite, from the rows logged before it.
@@ -155,7 +164,7 @@ def train(cfg, trainer: Trainer, state, step: int | None, log: RunLog, split: Sp
         where = (f"the last good checkpoint is at update {last_good}; continue from it with --resume and a smaller "
                  f"--lr" if last_good is not None else "no checkpoint was saved before it")
         print(f"error: {e}; stopped, {where}", file=sys.stderr)
-        return 1
+        return Result(1, str(run_dir))
     finally:
         if feed is not None:
             feed.close()
@@ -169,7 +178,7 @@ def train(cfg, trainer: Trainer, state, step: int | None, log: RunLog, split: Sp
     else:
         unit, steps = trainer.step_unit, last.get(trainer.step_unit, cfg.steps_at(done, trainer.steps_per_update))
     ending(cfg, log, last, done, unit, steps, time.perf_counter() - t_start, run_dir, trainer.runs)
-    return 0
+    return Result(0, str(run_dir), state, last, done)
 
 
 def profile(cfg, start_update: int, end: int, log: RunLog) -> Profile | None:
@@ -182,7 +191,8 @@ def profile(cfg, start_update: int, end: int, log: RunLog) -> Profile | None:
     return Profile(cfg.profile, first, first + 2 * cfg.log_every, start_update, end, log)
 
 
-def both_callbacks(cfg, trainer: Trainer, ckpts: Checkpoints, log: RunLog, stop: StopSignal) -> Callbacks:
+def both_callbacks(cfg, trainer: Trainer, ckpts: Checkpoints, write: Callable[[dict], None],
+                   stop: StopSignal) -> Callbacks:
     """What `--mode both` does between chunks: logs, checkpoints, and evaluations that also keep
     the best parameters so far (checkpoints/best)."""
     unit, per_update, par = trainer.step_unit, trainer.steps_per_update, trainer.par
@@ -203,5 +213,5 @@ def both_callbacks(cfg, trainer: Trainer, ckpts: Checkpoints, log: RunLog, stop:
         more = {f"eval/{k}": v for k, v in result.items() if k not in ("mean_return", "std_return", "episodes")}
         return {"eval/episode_return": result["mean_return"], "eval/episode_return_std": result["std_return"], **more}
 
-    return Callbacks(log=lambda row, updates: log.write(row), checkpoint=checkpoint,
+    return Callbacks(log=lambda row, updates: write(row), checkpoint=checkpoint,
                      evaluate=evaluate if cfg.eval_every else None, stop=stop)
