@@ -64,7 +64,7 @@ from jaxrl_mgpu import parallel
 from jaxrl_mgpu.algos import spec_for
 from jaxrl_mgpu.chunks import Trainer
 from jaxrl_mgpu.cli import count
-from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.log import RunLog
 
 MIN_PER_DEVICE = 2 ** 8  # the smallest size the search compiles, unless the run's updates need fewer

@@ -40,7 +40,7 @@ import numpy as np
 from jaxrl_mgpu import cli, incontext, multirun, parallel, video
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import mappo, spec_for
-from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.episodes import make_episodes, summarize
 from jaxrl_mgpu.runs import load_params, load_run, params_template, readable_params  # noqa: F401  (load_params: for callers)
 

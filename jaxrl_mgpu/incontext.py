@@ -40,7 +40,7 @@ from jaxrl_mgpu.asynchronous import ad as async_ad
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import ad, spec_for
-from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.data import rlds
 from jaxrl_mgpu.envs import darkroom, vec
 from jaxrl_mgpu.nets import actor_critic

@@ -31,7 +31,8 @@ import numpy as np
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos.base import Algorithm, all_finite
 from jaxrl_mgpu.checkpoint import PER_DEVICE, REPLICATED, Layout
-from jaxrl_mgpu.config import ConfigError, parse_sweep
+from jaxrl_mgpu.cli import ConfigError
+from jaxrl_mgpu.config import parse_sweep
 from jaxrl_mgpu.parallel import Parallel
 
 

@@ -22,7 +22,7 @@ from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel, runstats
 from jaxrl_mgpu.algos import spec_for
 from jaxrl_mgpu.checkpoint import CheckpointMismatch, Checkpoints, DamagedCheckpoint
-from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.log import RunLog, truncate_metrics
 
 

@@ -12,7 +12,7 @@ from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import spec_for
 from jaxrl_mgpu.checkpoint import Checkpoints, DamagedCheckpoint
-from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.cli import ConfigError
 
 
 def load_run(run_dir: str):

@@ -21,7 +21,7 @@ from jaxrl_mgpu import compile_cache
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.cli import USER_ERRORS, fail, count
-from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.log import RunLog
 from jaxrl_mgpu.result import Result
 from jaxrl_mgpu.stop import StopSignal

@@ -15,7 +15,7 @@ from jaxrl_mgpu import autoscale, parallel
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import log as log_lib
 from jaxrl_mgpu.algos import spec_for
-from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.log import RunLog
 
 from helpers import run

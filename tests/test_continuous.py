@@ -12,7 +12,7 @@ from helpers import assert_trees_close, make_trainer
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs, parallel
 from jaxrl_mgpu.algos import ad, dqn, ppo
-from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.evaluate import make_episodes
 from jaxrl_mgpu.nets import actor_critic, factory, obs_norm
 

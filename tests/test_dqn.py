@@ -14,7 +14,7 @@ from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import train
 from jaxrl_mgpu.algos import dqn
 from jaxrl_mgpu.algos.replay import Replay, replay_gather, replay_sample, replay_window
-from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.cli import ConfigError
 
 SMALL = dict(algo="dqn", num_envs=16, num_steps=4, buffer_size=16 * 32, replay_batch_size=64, learning_starts=128,
              updates_per_step=0.5, target_update_every=3, hidden_size=32, activation="relu",

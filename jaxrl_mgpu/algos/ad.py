@@ -40,7 +40,7 @@ from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu.algos.base import Algorithm, Split
 from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu.checkpoint import REPLICATED
-from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.data import rlds
 from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.nets import actor_critic, factory

@@ -71,7 +71,7 @@ from jaxrl_mgpu.algos.base import Algorithm, Split
 from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu.algos.replay import Replay, SeqBatch, Transitions, replay_add, replay_init, replay_sample
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
-from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.nets import actor_critic, factory
 from jaxrl_mgpu.nets.actor_critic import Memory, Policy

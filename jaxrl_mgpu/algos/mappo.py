@@ -34,7 +34,7 @@ from jaxrl_mgpu.algos import learner, ppo
 from jaxrl_mgpu.algos.base import Algorithm, Split
 from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
-from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.nets import actor_critic, factory
 from jaxrl_mgpu.parallel import AXIS, all_sum, device_index, global_indices, split_evenly

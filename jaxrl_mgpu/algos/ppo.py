@@ -39,7 +39,7 @@ from jaxrl_mgpu.algos.base import Algorithm, Split
 from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
-from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.nets import actor_critic, factory, obs_norm
 from jaxrl_mgpu.parallel import all_mean, all_sum, device_index, global_indices, split_evenly

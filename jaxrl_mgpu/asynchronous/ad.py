@@ -55,7 +55,7 @@ from jaxrl_mgpu.asynchronous.collector import COLLECTOR_LOG_S, Pacer, collector_
 from jaxrl_mgpu.asynchronous.source import StoreSource
 from jaxrl_mgpu.asynchronous.store import Store, waited_meta
 from jaxrl_mgpu.checkpoint import Checkpoints
-from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.data import rlds
 from jaxrl_mgpu.envs import darkroom
 from jaxrl_mgpu.parallel import Parallel

@@ -66,7 +66,7 @@ from jaxrl_mgpu.asynchronous.source import StoreSource
 from jaxrl_mgpu.asynchronous.store import Segments, Shard, Store, read_segments, write_job
 from jaxrl_mgpu.asynchronous.workers import Pool, default_workers
 from jaxrl_mgpu.checkpoint import REPLICATED, Checkpoints
-from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.parallel import Parallel, device_index, global_indices
 from jaxrl_mgpu.runs import params_template

@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 from gymnax.environments import spaces
 
-from jaxrl_mgpu.config import ConfigError
+from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.nets import factory, obs_norm
 from jaxrl_mgpu.nets.transformer import KVCache
 

@@ -1,0 +1,155 @@
+"""The checks of a whole config that need more than one option, once, before anything is
+built: `validate`, the many-runs options (`--sweep`), the log grid, the kernels, the platform."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxrl_mgpu.cli import ConfigError
+from jaxrl_mgpu.config.options import Config, FIELDS, OPTIONS, check_value, flag, sweepable
+
+
+def parse_sweep(cfg: Config) -> tuple[tuple[str, tuple[float, ...]], ...]:
+    """--sweep as ((name, values), ...) in the order given, or a ConfigError naming the bad part."""
+    allowed = sweepable(cfg.algo)
+    out: dict[str, tuple[float, ...]] = {}
+    for item in (cfg.sweep or "").split():
+        name, eq, text = item.partition("=")
+        name = name.lstrip("-").replace("-", "_")
+        flag = "--" + name.replace("_", "-")
+        if not eq or not text:
+            raise ConfigError(f"--sweep {item!r}: write NAME=v1,v2,... (e.g. lr=1e-3,3e-4)")
+        if name not in OPTIONS or OPTIONS[name].internal or name in ("sweep", "config"):
+            raise ConfigError(f"--sweep {name}: no such option; --algo {cfg.algo} sweeps {', '.join(allowed)}")
+        if name not in allowed:
+            raise ConfigError(f"--sweep {name}: {flag} changes the compiled program (its shapes or code) or is not "
+                              f"used by --algo {cfg.algo}; sweepable: {', '.join(allowed)}; run other values of "
+                              f"{flag} as separate programs")
+        if name in out:
+            raise ConfigError(f"--sweep {name} is given twice")
+        try:
+            values = tuple(float(v) for v in text.split(","))
+        except ValueError:
+            raise ConfigError(f"--sweep {name}={text}: the values must be numbers separated by commas") from None
+        for v in values:
+            try:
+                check_value(name, v)
+            except ConfigError as e:
+                raise ConfigError(f"--sweep {name}={text}: {e}") from None
+        if len(set(values)) < len(values):
+            raise ConfigError(f"--sweep {name}={text}: a value is repeated")
+        out[name] = values
+    return tuple(out.items())
+
+
+def check_multirun(cfg: Config) -> None:
+    """What --num-seeds / --sweep train (multirun.py): --mode both PPO (MLP) and DQN runs."""
+    if cfg.num_seeds == 1 and not cfg.sweep:
+        return
+    what = "--num-seeds / --sweep"
+    if cfg.algo == "ad":
+        raise ConfigError(f"{what}: --algo ad distils one dataset into one model and is not multi-run; run it once "
+                          f"per seed")
+    if cfg.mode != "both":
+        raise ConfigError(f"{what} train in --mode both; --mode {cfg.mode} processes share one run")
+    if cfg.auto_scale:
+        raise ConfigError(f"{what}: --auto-scale sizes one run; give --num-envs (per run)")
+    if cfg.policy == "transformer":
+        raise ConfigError(f"{what}: --policy transformer is not supported for many runs yet (untested); use "
+                          f"--policy mlp")
+    if cfg.eval_every:
+        raise ConfigError(f"{what}: --eval-every is not supported for many runs yet; evaluate the runs after "
+                          f"training with python -m jaxrl_mgpu.evaluate")
+    parse_sweep(cfg)
+
+
+def validate(cfg: Config) -> Config:
+    """Checks that do not need the devices (the per-device split is the algorithm's `check`)."""
+    from jaxrl_mgpu import envs  # local import: envs pulls in jax
+
+    envs.check(cfg.env)
+    env, _ = envs.make(cfg.env, cfg.env_args)  # builds nothing on a device; checks --env-args
+    if envs.is_multi_agent(env) and (cfg.algo, cfg.policy, cfg.mode, cfg.normalize_reward) != ("ppo", "mlp", "both", False):
+        raise ConfigError(f"--env {cfg.env} is a multi-agent game: it trains with --algo ppo --policy mlp "
+                          f"(one network per team) in --mode both, without --normalize-reward")
+    for name in FIELDS:
+        check_value(name, getattr(cfg, name))
+    for name in GRID:
+        if getattr(cfg, name) % cfg.log_every:
+            raise ConfigError(f"{flag(name)} {getattr(cfg, name)} must be 0 or a multiple of --log-every "
+                              f"{cfg.log_every} (checkpoints and evaluations happen between compiled chunks, at log "
+                              f"points)")
+    if cfg.mode != "both" and cfg.algo not in ("dqn", "ad"):
+        raise ConfigError(f"--mode {cfg.mode} needs an off-policy learner: use --algo dqn, or --algo ad on a "
+                          f"Dark Room (not {cfg.algo})")
+    if cfg.auto_scale and cfg.mode != "both":
+        raise ConfigError(f"--auto-scale sizes a --mode both run; --mode {cfg.mode} processes share one run's "
+                          f"sizes: give --num-envs")
+    if cfg.resume and not cfg.run_dir:
+        raise ConfigError("--resume needs --run-dir: the directory of the run to continue")
+    if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 2:
+        raise ConfigError(f"--d-model {cfg.d_model} / --n-heads {cfg.n_heads} must be an even whole number "
+                          f"(the head size)")
+    check_kernels(cfg)
+    check_multirun(cfg)
+    if cfg.total_updates < 1:
+        raise ConfigError(f"--total-timesteps {cfg.total_timesteps} is less than one update of "
+                          f"{cfg.batch_size} steps (--num-envs x --num-steps)")
+    return cfg
+
+
+GRID = ("checkpoint_every", "eval_every")  # options that act between chunks, on multiples of --log-every
+
+
+def follow_log_grid(cfg: Config, flags: set[str] | frozenset[str]) -> tuple[Config, list[str]]:
+    """Checkpoints and evaluations happen at log points, so their intervals are multiples of
+    --log-every. One the user did not give on this command line (its default, a preset's or
+    the resumed run's) follows the grid: the first multiple at or after it, with a line that
+    says so; one the user gave that is off the grid is a ConfigError."""
+    notes, changes = [], {}
+    for name in GRID:
+        value = getattr(cfg, name)
+        if not value or value % cfg.log_every == 0:
+            continue
+        if name in flags:
+            raise ConfigError(f"{flag(name)} {value} must be 0 or a multiple of --log-every {cfg.log_every} "
+                              f"(checkpoints and evaluations happen between compiled chunks, at log points)")
+        changes[name] = -(-value // cfg.log_every) * cfg.log_every
+        notes.append(f"{flag(name)} {changes[name]}: its value {value} is not a multiple of --log-every "
+                     f"{cfg.log_every}, so it follows the log points")
+    return dataclasses.replace(cfg, **changes), notes
+
+
+def check_kernels(cfg: Config) -> None:
+    """--attention / --mlp: what the fused kernels take (they run in bf16/fp16 only)."""
+    import jax  # local import: a process must start jax.distributed before jax's backend
+
+    from jaxrl_mgpu.nets import fused_attention, fused_mlp  # local import: pulls in jax
+
+    if cfg.attention == "cudnn" and jax.default_backend() != "gpu":  # before the precision: it would not help
+        raise ConfigError(f"--attention cudnn is cuDNN's flash attention, for NVIDIA GPUs; this run's devices are "
+                          f"{jax.default_backend()}: use --attention xla")
+    if (cfg.attention, cfg.mlp) != ("xla", "xla") and cfg.precision == "fp32":
+        raise ConfigError(f"--attention {cfg.attention} / --mlp {cfg.mlp}: the fused kernels compute in "
+                          f"bf16 or fp16; add --precision bf16")
+    if cfg.mlp == "pallas" and not fused_mlp.supported(cfg.d_model, 4 * cfg.d_model):
+        raise ConfigError(f"--mlp pallas needs --d-model a power of 2 from 16 to {fused_mlp.MAX_D_MODEL}, "
+                          f"got {cfg.d_model}")
+    if cfg.attention == "pallas":
+        if cfg.algo != "ad":
+            raise ConfigError("--attention pallas fuses the cache-free learner of --algo ad; PPO and DQN "
+                              "learners attend over a key/value prefix: use --attention xla or cudnn")
+        if not fused_attention.supported(cfg.n_transit, cfg.d_model // cfg.n_heads, cfg.d_model):
+            raise ConfigError(f"--attention pallas takes windows of at most {fused_attention.MAX_LEN} tokens, "
+                              f"--d-model a power of 2 from 16 to {fused_attention.MAX_D_MODEL} and a head size "
+                              f"(--d-model / --n-heads) that is a multiple of 32 up to 128; got {cfg.n_transit} "
+                              f"tokens, d_model {cfg.d_model} and head size {cfg.d_model // cfg.n_heads}")
+
+
+def check_platform(cfg: Config, platform: str) -> None:
+    """What the devices must be for --attention (checked once they are known: asking jax for them
+    any earlier would initialise it before jax.distributed). The Pallas kernels run anywhere
+    (the Pallas interpreter off GPUs: correct, slow); cuDNN's flash attention needs NVIDIA GPUs."""
+    if cfg.attention == "cudnn" and platform != "gpu":
+        raise ConfigError(f"--attention cudnn is cuDNN's flash attention, for NVIDIA GPUs; this run's devices "
+                          f"are {platform}: use --attention xla")
