@@ -1,52 +1,16 @@
-"""`--auto-scale`: size the per-device work to the device before training, from XLA's own
-memory analysis of the real training chunk and, in `throughput` mode, a short timed probe.
+"""`--auto-scale`: size the per-device work (environments per device; AD: sequences per device)
+before training, from XLA's own memory analysis of the real training chunk and, in `throughput`
+mode, short timed probes; minibatch count, epochs and the learning rate stay as configured.
 
-What is sized: the environments per device (PPO with either policy, multi-agent PPO, DQN), or
-AD's sequences per device (`--ad-batch-size`). Everything else that depends on the batch
-follows one rule: the number of minibatches, epochs and the learning rate stay as configured,
-so each minibatch grows with the batch (the same number of gradient steps per update, each on
-more data). DQN's replay batch stays as configured too.
-
-How (no out-of-memory trial ever runs):
-0. The run must still learn. A bigger batch is fewer updates of the same --total-timesteps, so
-   no size is taken that leaves the run fewer than `--auto-scale-min-updates` updates (PPO and
-   DQN; AD trains --num-updates at any size): the search stays at or below the largest power of
-   2 per device that leaves that many (`ceiling`), down to 1 per device, which is taken, and
-   said, where even it leaves fewer. The run keeps the --total-timesteps it was given.
-1. Memory from the compiler. The per-device training chunk is compiled for ONE device of this
-   host at two sizes (1,024 and 16,384, or the ceiling where lower; 4,096 or 256 where those do
-   not fit) and `compiled.memory_analysis()` gives its argument + output + temporary - aliased
-   bytes (the state is donated, so its input and output share buffers). Bytes grow linearly
-   with the size; a least-squares line through the compiled sizes predicts the others, and no
-   size is compiled whose prediction exceeds `--auto-scale-memory` of the device's memory
-   (`memory_stats()['bytes_limit']`, XLA's allocator limit); a compile confirms each. A backend
-   without a memory limit (the CPU) uses the rule printed with the table: host RAM / local
-   devices.
-2. Throughput (`--auto-scale` = `--auto-scale throughput`, the default mode): steps/s
-   saturates long before memory is full, and a bigger batch then buys nothing but fewer
-   updates. Each compile costs seconds to tens of seconds on a GPU (much of it XLA's autotuning
-   of GEMMs and convolutions at each size's shapes; measurements: experiments/RESULTS.md),
-   so the search climbs rather than compiling every size. Each size gets a short steady-state
-   probe (DQN in its learning phase: `steady_state`): about PROBE_S, or one update where one
-   takes longer, and no size is tried whose one update would take over PROBE_CAP_S (predicted
-   from the sizes probed), so a slow device (a CPU) is not held for minutes per size. The next
-   size up is where a model of an update's time (a fixed part plus a part per environment,
-   through the sizes probed) puts steps/s at 95% of their limit, 4x to 16x the largest so far
-   (2x where the model says the largest is there already; half that where it does not fit,
-   split or probe); the climb goes on while each step up is more than 5% faster than every
-   smaller size, or more than 2.5% per doubling. Then the sizes below the choice whose
-   interpolated steps/s might be within 5% of the fastest are probed too, and the run takes the
-   smallest size within 5% of the fastest. `memory` mode takes the largest size that fits
-   (powers of 2, confirmed by its compile).
-3. Time. No size is started that would take the search past `--auto-scale-seconds` (the time
-   spent, plus the longest compile so far and the size's predicted probe); the best size found
-   by then is taken, and the table says so. The first sizes' compiles and one probe always run.
-   Each size is printed as it starts compiling and when its compile and its probe end, and a
-   compile or probe that takes HEARTBEAT_S says it is still under way (log.RunLog.waiting).
-
-The per-device program is the same on every device of a data-parallel run (weak scaling), so
-one device is probed. Process 0 decides, prints and broadcasts its choice; the choice is written
-into the run's config.json (`--num-envs` or `--ad-batch-size`), so a resumed run reuses it.
+The rules, in the order they bind: no size that leaves the run fewer than
+`--auto-scale-min-updates` updates (`ceiling`); no size whose predicted bytes (a least-squares
+line through the compiled sizes' `memory_analysis()`) pass `--auto-scale-memory` of the device
+(`memory_limit`), each confirmed by its compile; no size started that would take the search past
+`--auto-scale-seconds`. Within those, `throughput` climbs (`next_size`: a fixed-plus-per-env
+model of an update's time) while bigger is faster, and takes the smallest size within 5% of the
+fastest (`smallest_within`); `memory` takes the largest that fits. One device is probed (the
+program is the same on every device); process 0 decides and broadcasts, and the choice goes into
+config.json, so a resume keeps it. The guide: docs/auto-scale.md.
 """
 
 from __future__ import annotations

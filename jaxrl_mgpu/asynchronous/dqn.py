@@ -1,44 +1,18 @@
 """Asynchronous DQN: episodes collected by any number of collectors, learned by one learner,
 both built from DQN's own parts (algos/dqn.py: the network, the epsilon-greedy actor, the
-gradient step; algos/replay.py: the replay and the n-step targets).
+gradient step; algos/replay.py: the replay and the n-step targets). The guide, with the
+commands: docs/asynchronous.md.
 
-    python -m jaxrl_mgpu.train --config cartpole-dqn --mode learn   --run-dir R                 # one learner
-    CUDA_VISIBLE_DEVICES=1 python -m jaxrl_mgpu.train --config cartpole-dqn --mode collect --run-dir R   # any number,
-    CUDA_VISIBLE_DEVICES=2 python -m jaxrl_mgpu.train --config cartpole-dqn --mode collect --run-dir R   # any time
-
-The learner (any number of devices, one or many hosts) trains DQN from the run's trajectory
-store (`store.py`, `<run-dir>/store/`) and publishes its newest params after its chunks
-(`policy.py`, `<run-dir>/policy.msgpack`). Collectors follow them, roll out on their own devices,
-and append every environment's steps to the store once a rollout ends (episodes in segments)
-as atomically written shards (encoded by writer processes, workers.py, while the next rollout
-runs). They can be started, killed and restarted at any time; nothing else notices but the
-learner's data rate.
-
-The learner is the loop (loop.py, as for --mode both) with this module's `ReplaySource` as its
-data source, asked between compiled chunks how many may run (and taking in data, steps 1-2,
-while they run):
-  1. take the shards a background thread (`reader.ShardReader`, with decoder processes) has
-     read since, oldest first, as --mode both's n-step transitions (`read_transitions`), and
-     queue them (ingest.py: only while its queue has room, so a learner that falls behind
-     stops its reader; collectors pause while more than `--max-data-lag` iterations' worth is
-     on its way, rate.py);
-  2. copy queued transitions to the devices in fixed-size blocks on a copier thread (while a
-     chunk runs), and between chunks insert the blocks that have arrived into the on-device
-     replay (`replay.TransitionRing`; at most ingest.INSERT_BUDGET transitions per device
-     between two chunks, so ingest never crowds out learning);
-  3. allow as many iterations as the rate limiter (rate.py: `--samples-per-insert` with
-     `--samples-per-insert-tolerance`) leaves room for, once the replay holds
-     `--learning-starts` transitions; the loop runs them in one compiled chunk, each
-     iteration `num_steps x updates_per_step` gradient steps (the double-DQN step of
-     `--mode both`, gradients `pmean`-ed over devices). The learner publishes its counts
-     (rate.PROGRESS) and collectors pause while it is behind;
-  4. after each chunk, the params are offered to the collectors (policy.ParamsPublisher: at
-     most every PUBLISH_S, on a thread of its own);
-  5. the loop logs (with the source's data counts), publishes a checkpoint every
-     `--checkpoint-every` iterations and evicts the oldest shards beyond
-     `--store-max-episodes` (the learner is the only one who deletes), both on a thread of
-     their own (source.StoreSource.checkpoint).
-The replay is not checkpointed: a restarted learner refills it from the store's shards.
+The learner is the loop (loop.py) with this module's `ReplaySource` as its data source. Between
+chunks it inserts what the store's reader (`reader.ShardReader`) delivered, as --mode both's
+n-step transitions, into the on-device replay (at most ingest.INSERT_BUDGET a device between two
+chunks, copied to the devices while a chunk runs); it allows as many iterations as the rate
+limiter (rate.py: `--samples-per-insert`) leaves room for once the replay holds
+`--learning-starts`; after each chunk it offers its params to the collectors (policy.py) and,
+every `--checkpoint-every`, publishes a checkpoint and evicts consumed shards beyond
+`--store-max-episodes` (source.StoreSource.checkpoint). Collectors pause while more than
+`--max-data-lag` iterations' worth is on its way. The replay is not checkpointed: a restarted
+learner refills it from the store's shards.
 """
 
 from __future__ import annotations
