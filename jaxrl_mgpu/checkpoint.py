@@ -38,6 +38,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from jaxrl_mgpu import parallel
+from jaxrl_mgpu.cli import one_line
 from jaxrl_mgpu.parallel import Parallel
 
 DELETED = "deleted"  # where Orbax moves the steps it drops, inside each manager's directory
@@ -121,12 +122,6 @@ class DamagedCheckpoint(Exception):
     def __init__(self, step: int, why: str):
         super().__init__(f"the checkpoint at update {step} cannot be read ({why})")
         self.step, self.why = step, why
-
-
-def _why(error: BaseException) -> str:
-    """An Orbax or TensorStore error in one line: its first line, without the traceback."""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else 'no message'}"
 
 
 class _Dropped(logging.Filter):
@@ -287,7 +282,7 @@ class Checkpoints:
             raise
         except Exception as e:  # noqa: BLE001  (Orbax and TensorStore raise many kinds)
             _quiet_failed_read()
-            raise DamagedCheckpoint(step, _why(e)) from e
+            raise DamagedCheckpoint(step, one_line(e)) from e
 
     def set_aside(self, step: int) -> Path:
         """Moves a damaged checkpoint out of the listing, to `<run-dir>/damaged/checkpoints-<step>`

@@ -37,6 +37,13 @@ def count(n: int, noun: str) -> str:
     return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
+def one_line(error: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message (a library's error
+    may carry a traceback of its own in the message)."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else 'no message'}"
+
+
 def fail(error: Exception | str) -> None:
     """Bad input: one line naming the problem, exit code 2, no traceback."""
     print(f"error: {error}", file=sys.stderr)

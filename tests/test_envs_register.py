@@ -44,6 +44,11 @@ class WrongSpace(Corridor):
         return spaces.Box(0.0, 1.0, (3,), jnp.float32)
 
 
+class DictObs(Corridor):
+    def get_obs(self, state, params):
+        return {"position": super().get_obs(state, params)}
+
+
 class InfoList(Corridor):
     def step(self, key, state, action, params=None):
         return super().step(key, state, action, params)[:5] + ([],)
@@ -63,6 +68,7 @@ def needs_size(size):
     (lambda: (VectorReward(), VectorReward().default_params), "its step's reward has shape (2,); it must be a scalar"),
     (lambda: (WrongSpace(), WrongSpace().default_params), "its observation space's (3,): they must agree"),
     (lambda: (InfoList(), InfoList().default_params), "its step's info is a list; it must be a dict"),
+    (lambda: (DictObs(), DictObs().default_params), "its observations are dicts; they must be arrays"),
     (lambda: (object(), None), "its factory's env (object) has no reset, step, action_space, observation_space"),
 ])
 def test_a_wrongly_registered_environment_is_one_line_before_anything_is_written(factory, words, tmp_path, capsys):

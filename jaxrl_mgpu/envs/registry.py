@@ -55,7 +55,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
 
-from jaxrl_mgpu.cli import ConfigError
+from jaxrl_mgpu.cli import ConfigError, one_line
 
 # Own environments register a factory here: name -> (factory, its arguments' table or None).
 _OWN: dict[str, tuple[Callable[..., tuple[Any, Any]], dict[str, Arg] | None]] = {}
@@ -345,11 +345,6 @@ def check_episode_metrics(env, info: dict, step_shape: tuple = ()) -> None:
                            f"shape is {tuple(info[name].shape[len(step_shape):])}")
 
 
-def _one_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else 'no message'}"
-
-
 def check_env_step(name: str, env, params) -> None:
     """An EnvError unless `env` has the interface (module docstring): one reset and one step
     from it are traced (not run), and what they return is checked: arity, the observation's
@@ -366,7 +361,7 @@ def check_env_step(name: str, env, params) -> None:
             returned = jax.eval_shape(lambda k: env.step_env(k, env.reset(k, params)[1], _an_action(env, params, k),
                                                              params), key)
         except Exception as e:  # noqa: BLE001  (a user's code may raise anything while traced)
-            raise EnvError(f"--env {name}: tracing its reset and step_env failed: {_one_line(e)}") from None
+            raise EnvError(f"--env {name}: tracing its reset and step_env failed: {one_line(e)}") from None
         if not (isinstance(returned, tuple) and len(returned) == 5):
             raise EnvError(f"--env {name}: its step_env returns {_described(returned)}; it must return (obs, state, "
                            f"reward, terminated, info)")
@@ -374,15 +369,17 @@ def check_env_step(name: str, env, params) -> None:
         (obs0, _), step = jax.eval_shape(lambda k: (env.reset(k, params), env.step(
             k, env.reset(k, params)[1], _an_action(env, params, k), params)), key)
     except Exception as e:  # noqa: BLE001
-        raise EnvError(f"--env {name}: tracing its reset and step failed: {_one_line(e)}") from None
+        raise EnvError(f"--env {name}: tracing its reset and step failed: {one_line(e)}") from None
     if not (isinstance(step, tuple) and len(step) == 6):
         raise EnvError(f"--env {name}: its step returns {_described(step)}; it must return (obs, state, reward, "
                        f"terminated, truncated, info)")
     obs, _, reward, terminated, truncated, info = step
     shape = getattr(env.observation_space(params), "shape", None)
-    if not hasattr(obs, "shape") or obs.shape != obs0.shape or (shape is not None and tuple(shape) != obs.shape):
-        raise EnvError(f"--env {name}: its step's observation has shape {getattr(obs, 'shape', type(obs).__name__)}, "
-                       f"its reset's {obs0.shape}, its observation space's {shape}: they must agree")
+    if not (hasattr(obs, "shape") and hasattr(obs0, "shape")):
+        raise EnvError(f"--env {name}: its observations are {type(obs0).__name__}s; they must be arrays")
+    if obs.shape != obs0.shape or (shape is not None and tuple(shape) != obs.shape):
+        raise EnvError(f"--env {name}: its step's observation has shape {obs.shape}, its reset's {obs0.shape}, its "
+                       f"observation space's {tuple(shape)}: they must agree")
     rewards_shape = (_num_agents(env),) if is_multi_agent(env) else ()
     for what, value, want in (("reward", reward, rewards_shape), ("terminated", terminated, ()),
                               ("truncated", truncated, ())):
