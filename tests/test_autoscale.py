@@ -1,4 +1,4 @@
-"""--auto-scale on CPU (autoscale.py): the choice from the compiled chunk's memory analysis,
+"""--auto-scale on CPU (autoscale/): the choice from the compiled chunk's memory analysis,
 the throughput probe, the minimum of updates and the time budget, the lines printed as it
 searches, the same choice on every device and process, resume, bad input."""
 
