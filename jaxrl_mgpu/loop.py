@@ -67,6 +67,8 @@ class Callbacks(NamedTuple):
     dispatched: Callable[[int, Any, tuple | None], None] | None = None  # (updates, state, (returned, began) | None)
     profile: Any = None                                     # Profile: at(update, state), close(update, state)
     stop: StopSignal | None = None
+    # many runs: (run, the update where it went non-finite, runs diverged so far), once per run
+    diverged: Callable[[int, int, int], None] | None = None
 
 
 class ChunkSizer:
@@ -152,12 +154,9 @@ class Loop:
         now = time.perf_counter()
         if chunk.length:
             self.sizer.done(chunk.length, chunk.dispatched_at, now)
-        for run in list(self.diverged)[known:]:
-            who = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
-                            for k, v in trainer.runs.describe(run).items())
-            self.log.print(f"  {who}: non-finite loss or parameters at update {self.diverged[run]}; this run stops "
-                           f"learning there (its last finite parameters go on acting), the other "
-                           f"{trainer.runs.count - len(self.diverged)} go on")
+        if self.cb.diverged is not None:
+            for run in list(self.diverged)[known:]:
+                self.cb.diverged(run, self.diverged[run], len(self.diverged))
         self.log.timeline.setdefault("first_chunk_s", now - self.clock["start"])
         if chunk.row_due:
             unit, per_update = trainer.step_unit, trainer.steps_per_update
@@ -165,8 +164,6 @@ class Loop:
             self.last_row = {"update": chunk.last, unit: self.cfg.steps_at(chunk.last, per_update), **row,
                              "sps": updates * per_update / (now - self.clock["prev"]),
                              "time": now - self.clock["start"]}
-            if trainer.algorithm.agents_per_env > 1:
-                self.last_row["agent_sps"] = self.last_row["sps"] * trainer.algorithm.agents_per_env
             self.clock["prev"] = now
 
     def write(self, update: int) -> None:

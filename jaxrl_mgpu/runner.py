@@ -132,10 +132,20 @@ def train(cfg, trainer: Trainer, state, step: int | None, log: RunLog, split: Sp
     run_dir, par, start_update = Path(cfg.run_dir), trainer.par, step or 0
     ckpts = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
 
+    agents = trainer.algorithm.agents_per_env
+
     def write(row: dict) -> None:
+        if agents > 1:  # a multi-agent game's env step is `agents` agent steps
+            row["agent_sps"] = row["sps"] * agents
         log.write(row)
         if on_row is not None and parallel.is_main():
             on_row(dict(row))
+
+    def diverged(run: int, update: int, so_far: int) -> None:
+        who = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                        for k, v in trainer.runs.describe(run).items())
+        log.print(f"  {who}: non-finite loss or parameters at update {update}; this run stops learning there (its "
+                  f"last finite parameters go on acting), the other {trainer.runs.count - so_far} go on")
 
     stop = StopSignal(log, kept=ckpts.any_complete)
     t_start, feed = time.perf_counter(), None
@@ -146,7 +156,8 @@ def train(cfg, trainer: Trainer, state, step: int | None, log: RunLog, split: Sp
                                                 checkpoint=feed.checkpoint, dispatched=feed.ran, stop=stop)
         else:
             source, callbacks = OnDevice(), both_callbacks(cfg, trainer, ckpts, write, stop)
-        callbacks = callbacks._replace(profile=profile(cfg, start_update, trainer.end(cfg.stop_at_update), log))
+        callbacks = callbacks._replace(profile=profile(cfg, start_update, trainer.end(cfg.stop_at_update), log),
+                                       diverged=diverged if trainer.runs else None)
         # A resumed run's diverged runs (their frozen state is in the checkpoint) keep the update
         # where they went non-finite, from the rows logged before it.
         diverged = runstats.diverged_runs(runstats.read_rows(run_dir / "metrics.jsonl")) if trainer.runs else {}
