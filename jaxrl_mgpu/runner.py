@@ -131,7 +131,6 @@ def train(cfg, trainer: Trainer, state, step: int | None, log: RunLog, split: Sp
     each row written."""
     run_dir, par, start_update = Path(cfg.run_dir), trainer.par, step or 0
     ckpts = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
-
     agents = trainer.algorithm.agents_per_env
 
     def write(row: dict) -> None:
@@ -141,7 +140,7 @@ def train(cfg, trainer: Trainer, state, step: int | None, log: RunLog, split: Sp
         if on_row is not None and parallel.is_main():
             on_row(dict(row))
 
-    def diverged(run: int, update: int, so_far: int) -> None:
+    def say_diverged(run: int, update: int, so_far: int) -> None:
         who = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
                         for k, v in trainer.runs.describe(run).items())
         log.print(f"  {who}: non-finite loss or parameters at update {update}; this run stops learning there (its "
@@ -157,7 +156,7 @@ def train(cfg, trainer: Trainer, state, step: int | None, log: RunLog, split: Sp
         else:
             source, callbacks = OnDevice(), both_callbacks(cfg, trainer, ckpts, write, stop)
         callbacks = callbacks._replace(profile=profile(cfg, start_update, trainer.end(cfg.stop_at_update), log),
-                                       diverged=diverged if trainer.runs else None)
+                                       diverged=say_diverged if trainer.runs else None)
         # A resumed run's diverged runs (their frozen state is in the checkpoint) keep the update
         # where they went non-finite, from the rows logged before it.
         diverged = runstats.diverged_runs(runstats.read_rows(run_dir / "metrics.jsonl")) if trainer.runs else {}
