@@ -21,7 +21,7 @@ import numpy as np
 from jaxrl_mgpu import compile_cache, multirun, parallel
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import spec_for
-from jaxrl_mgpu.algos.base import Algorithm, Split, all_finite
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, all_finite
 from jaxrl_mgpu.episodes import make_episodes, summarize
 from jaxrl_mgpu.parallel import Parallel
 
@@ -84,7 +84,7 @@ class Trainer:
     """An algorithm (algos/base.Algorithm: by default `--algo`'s) on a config and device set,
     and the one compiled chunk that runs it."""
 
-    def __init__(self, cfg, par: Parallel, algorithm: Algorithm | None = None, split: Split | None = None):
+    def __init__(self, cfg, par: Parallel, algorithm: Algorithm | None = None, split: BatchSplit | None = None):
         # --num-seeds / --sweep: many runs, vmapped over a runs axis (multirun.py)
         self.runs = multirun.Runs.of(cfg)
         par = multirun.setup(cfg, par)

@@ -17,7 +17,7 @@ import jax
 
 from jaxrl_mgpu import compile_cache, multirun, parallel, runstats
 from jaxrl_mgpu.algos import spec_for
-from jaxrl_mgpu.algos.base import Split
+from jaxrl_mgpu.algos.base import BatchSplit
 from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.chunks import NonFinite, Trainer
 from jaxrl_mgpu.cli import count
@@ -30,9 +30,9 @@ from jaxrl_mgpu.stop import StopSignal
 from jaxrl_mgpu.tracing import Profile
 
 
-def banner(cfg, par: Parallel, split: Split, per_update: str) -> dict:
+def banner(cfg, par: Parallel, split: BatchSplit, per_update: str) -> dict:
     """The start-up summary of the distributed setup. `split` is the algorithm's
-    {what: (global, per device)} split of the batch (its `check`)."""
+    split of the batch over the devices (its spec's `check`), a line per quantity."""
     device, spec = par.devices[0], spec_for(cfg)
     rows = {
         "jaxrl_mgpu": f"{cfg.algo} on {cfg.env}" + (f", policy {cfg.policy}" if spec.takes_policy else "")
@@ -51,7 +51,7 @@ def banner(cfg, par: Parallel, split: Split, per_update: str) -> dict:
             rows["sweep"] = cfg.sweep
     each = "" if runs is None else " per run"
     rows.update({what: f"{total} global{each}, {per_device} per device{each}"
-                 for what, (total, per_device) in split.items()})
+                 for what, (total, per_device) in split.rows().items()})
     if cfg.auto_scale:
         size = spec.size_option
         rows["auto-scale"] = (f"{cfg.auto_scale}: --{size.replace('_', '-')} {getattr(cfg, size)} chosen at the "
@@ -73,7 +73,7 @@ def banner(cfg, par: Parallel, split: Split, per_update: str) -> dict:
     return rows
 
 
-def run(cfg, par: Parallel, split: Split, notes: list[str], started: float, asynchronous=None,
+def run(cfg, par: Parallel, split: BatchSplit, notes: list[str], started: float, asynchronous=None,
         auto_scale_s: float = 0.0, on_row: Callable[[dict], None] | None = None) -> Result:
     """Trains in the run directory, from its newest whole checkpoint with `--resume`: `--mode
     both`, or a `--mode learn` learner fed by `asynchronous` (asynchronous/dqn.py or ad.py).
@@ -113,7 +113,7 @@ def run(cfg, par: Parallel, split: Split, notes: list[str], started: float, asyn
     return train(cfg, trainer, state, step, log, split, asynchronous if from_store else None, on_row)
 
 
-def open_log(cfg, trainer: Trainer, run_dir: Path, split: Split, per_update: str | None, notes: list[str]) -> RunLog:
+def open_log(cfg, trainer: Trainer, run_dir: Path, split: BatchSplit, per_update: str | None, notes: list[str]) -> RunLog:
     """The run's log (process 0 writes it), its banner and the lines under it."""
     runs = None if trainer.runs is None else [trainer.runs.describe(i) for i in range(trainer.runs.count)]
     log = RunLog(run_dir, cfg.steps_at(cfg.total_updates, trainer.steps_per_update), unit=trainer.step_unit,
@@ -124,7 +124,7 @@ def open_log(cfg, trainer: Trainer, run_dir: Path, split: Split, per_update: str
     return log
 
 
-def train(cfg, trainer: Trainer, state, step: int | None, log: RunLog, split: Split, asynchronous=None,
+def train(cfg, trainer: Trainer, state, step: int | None, log: RunLog, split: BatchSplit, asynchronous=None,
           on_row: Callable[[dict], None] | None = None) -> Result:
     """The loop from checkpoint `step` (None: the start), the last checkpoint and the summary;
     a learner's feed (`asynchronous`'s, for the batch `split`) is its source; `on_row` gets

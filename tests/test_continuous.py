@@ -651,7 +651,7 @@ def test_brax_scale_presets_have_brax_batches(preset, envs, batch, minibatches, 
     assert (cfg.normalize_obs, cfg.action_dist, cfg.clip_value) == (True, "tanh_normal", False)
     stand_in = config_lib.validate(dataclasses.replace(cfg, env="Pendulum-v1"))
     for devices in (1, 8):
-        assert ppo.check(stand_in, devices)["minibatch"][0] == batch * unroll
+        assert ppo.check(stand_in, devices).minibatch.total == batch * unroll
     assert factory.hidden_layers(stand_in) == ((32,) * 4, (256,) * 5)
 
 
@@ -660,12 +660,12 @@ def test_the_tiny_preset_has_brax_settings_at_a_cpu_batch():
     assert (cfg.env, cfg.batch_size, cfg.total_updates, cfg.reward_scale, cfg.gamma, cfg.unroll_length) == (
         "brax:inverted_pendulum", 256 * 40, 60, 10.0, 0.97, 5)
     stand_in = config_lib.validate(dataclasses.replace(cfg, env="Pendulum-v1"))
-    assert ppo.check(stand_in, 8)["minibatch"][0] == 1280
+    assert ppo.check(stand_in, 8).minibatch.total == 1280
 
 
 def test_the_craftax_preset_is_the_craftax_baseline():
     cfg = config_lib.Config(**config_lib.load_preset("craftax-classic"))
     assert cfg.env == "craftax:Craftax-Classic-Symbolic-v1" and cfg.total_updates == 1_000_000_000 // (1024 * 64)
     stand_in = config_lib.validate(dataclasses.replace(cfg, env="CartPole-v1"))
-    assert ppo.check(stand_in, 8)["minibatch"][0] == 1024 * 64 // 8
+    assert ppo.check(stand_in, 8).minibatch.total == 1024 * 64 // 8
     assert factory.hidden_layers(stand_in) == ((512,) * 3, (512,) * 3)

@@ -235,7 +235,7 @@ def test_presets_validate():
         cfg = config_lib.from_args(["--config", name])
         assert cfg.algo == "dqn"
         layout = dqn.check(cfg, 1)
-        assert layout["minibatch"] == (cfg.replay_batch_size, cfg.replay_batch_size)
+        assert layout.minibatch == (cfg.replay_batch_size, cfg.replay_batch_size)
 
 
 @pytest.mark.slow

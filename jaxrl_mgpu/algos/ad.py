@@ -29,6 +29,7 @@ source's episodes begin: input observation = [o_t, episode_start_t].
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -37,7 +38,7 @@ import numpy as np
 
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import learner
-from jaxrl_mgpu.algos.base import Algorithm, Split
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share
 from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu.checkpoint import REPLICATED
 from jaxrl_mgpu.cli import ConfigError
@@ -153,7 +154,7 @@ def load_data(cfg, par) -> Steps:
 
 # -- checks --------------------------------------------------------------------------------
 
-def check_batch(cfg, num_devices: int) -> Split:
+def check_batch(cfg, num_devices: int) -> BatchSplit:
     """The checks of the model and its batch over `num_devices` (no dataset: `--mode learn`
     fills its histories from the run's store, asynchronous/ad.py); the batch layout, or a ConfigError."""
     if cfg.num_updates is None:
@@ -173,10 +174,10 @@ def check_batch(cfg, num_devices: int) -> Split:
     per_device = cfg.ad_batch_size // num_devices
     if per_device % cfg.grad_accum:
         raise ConfigError(f"--grad-accum {cfg.grad_accum} does not divide the {per_device} windows per device")
-    return Split(num_devices, {"windows": (cfg.ad_batch_size, per_device)})
+    return BatchSplit(num_devices, windows=Share(cfg.ad_batch_size, per_device))
 
 
-def check(cfg, num_devices: int) -> Split:
+def check(cfg, num_devices: int) -> BatchSplit:
     """The batch layout over `num_devices` and, for --mode both, a checked dataset; or a
     ConfigError. (A --mode learn run's histories are its store's: asynchronous/ad.py.)"""
     layout = check_batch(cfg, num_devices)
@@ -190,7 +191,7 @@ def check(cfg, num_devices: int) -> Split:
     if cfg.n_transit > steps // cfg.ad_episode_stride:
         raise ConfigError(f"--n-transit {cfg.n_transit} is longer than the learning histories ({steps} steps, "
                           f"every {cfg.ad_episode_stride}-th episode kept: --ad-episode-stride)")
-    return layout.with_(tasks=(tasks // num_devices * num_devices, tasks // num_devices))
+    return dataclasses.replace(layout, tasks=Share(tasks // num_devices * num_devices, tasks // num_devices))
 
 
 # -- the algorithm ---------------------------------------------------------------------------
@@ -249,11 +250,11 @@ def make_policy(net: TransformerActorCritic, obs_size: int) -> actor_critic.Poli
     return actor_critic.Policy(init_params, init_memory, act, remember, inputs, evaluate, sequences=True)
 
 
-def make(cfg, env, env_params, split: Split) -> Algo:
+def make(cfg, env, env_params, split: BatchSplit) -> Algo:
     net = make_net(cfg, env, env_params)
     policy = make_policy(net, int(np.prod(env.observation_space(env_params).shape)))
     tx = learner.adam(cfg, cfg.total_updates)  # one optimizer step per update
-    windows = split.per_device("windows")
+    windows = split.windows.per_device
 
     def init(key: jax.Array) -> ADState:
         params_key, key = jax.random.split(key)
@@ -286,7 +287,7 @@ def make(cfg, env, env_params, split: Split) -> Algo:
                 lambda data, key, n: sample(data, key, n, cfg.n_transit), learn)
 
 
-def algorithm(cfg, env, env_params, split: Split, par) -> Algorithm:
+def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
     """AD trains from a dataset of learning histories, loaded once onto the devices (this
     device's share of the tasks) and read by every update."""
     algo = make(cfg, env, env_params, split)

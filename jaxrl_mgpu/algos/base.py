@@ -9,7 +9,7 @@ parallel code is the collectives on parallel.AXIS.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -41,17 +41,31 @@ def all_finite(*trees) -> Any:
     return jnp.all(jnp.array([jnp.isfinite(x).all() for t in trees for x in jax.tree.leaves(t)]))
 
 
-class Split(dict):
-    """How a config's batch splits over the devices, {what: (global, per device)}: checked once,
-    by the algorithm's `check(cfg, num_devices)` (a ConfigError naming the option when it does
-    not split), then read by the algorithm's `make`, the start-up banner and bench."""
+class Share(NamedTuple):
+    """One quantity of the batch: over all devices, and on each device."""
+    total: int
+    per_device: int
 
-    def __init__(self, num_devices: int, sizes: dict[str, tuple[int, int]]):
-        super().__init__(sizes)
-        self.num_devices = num_devices
 
-    def per_device(self, what: str) -> int:
-        return self[what][1]
+@dataclasses.dataclass(frozen=True)
+class BatchSplit:
+    """How a config's batch splits over the devices: checked once, by the algorithm's spec's
+    `check(cfg, num_devices)` (a ConfigError naming the option where it does not split), then
+    read by the algorithm's `make`, the start-up banner and bench. An algorithm sets the
+    quantities it has."""
+    num_devices: int
+    environments: Share | None = None     # environments stepped at once (PPO, MAPPO, DQN)
+    minibatch: Share | None = None        # samples per gradient step
+    replay: Share | None = None           # DQN's replay, in transitions
+    windows: Share | None = None          # AD's sequences per update
+    tasks: Share | None = None            # AD's learning histories in its dataset
+    tasks_per_shard: Share | None = None  # an AD history collector's, per store shard
+    history_buffer: Share | None = None   # an asynchronous AD learner's buffer of histories
 
-    def with_(self, **more: tuple[int, int]) -> "Split":
-        return Split(self.num_devices, {**self, **{k.replace("_", " "): v for k, v in more.items()}})
+    def rows(self) -> dict[str, Share]:
+        """The quantities set, as the start-up banner names them."""
+        return {_LABELS.get(f.name, f.name): getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.name != "num_devices" and getattr(self, f.name) is not None}
+
+
+_LABELS = {"replay": "replay buffer", "tasks_per_shard": "tasks per shard", "history_buffer": "buffer (histories)"}

@@ -67,7 +67,7 @@ import optax
 
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import learner
-from jaxrl_mgpu.algos.base import Algorithm, Split
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share
 from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu.algos.replay import Replay, SeqBatch, Transitions, replay_add, replay_init, replay_sample
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
@@ -132,7 +132,7 @@ def grad_steps_per_update(cfg) -> int:
     return int(round(cfg.num_steps * cfg.updates_per_step))
 
 
-def check(cfg, num_devices: int) -> Split:
+def check(cfg, num_devices: int) -> BatchSplit:
     """The batch layout over `num_devices`, or a ConfigError naming the option that breaks it."""
     if not isinstance(actor_critic.distribution(*envs_lib.make(cfg.env, cfg.env_args)), actor_critic.Categorical):
         raise ConfigError(f"--algo dqn takes discrete actions (one Q-value each); --env {cfg.env} has continuous "
@@ -162,9 +162,9 @@ def check(cfg, num_devices: int) -> Split:
     if cfg.learning_starts >= cfg.total_timesteps:
         raise ConfigError(f"--learning-starts {cfg.learning_starts} is not below --total-timesteps "
                           f"{cfg.total_timesteps}: no gradient step would run")
-    return Split(num_devices, {"environments": (cfg.num_envs, envs_per_device),
-                               "minibatch": (cfg.replay_batch_size, batch_per_device),
-                               "replay buffer": (cfg.buffer_size, cfg.buffer_size // num_devices)})
+    return BatchSplit(num_devices, environments=Share(cfg.num_envs, envs_per_device),
+                      minibatch=Share(cfg.replay_batch_size, batch_per_device),
+                      replay=Share(cfg.buffer_size, cfg.buffer_size // num_devices))
 
 
 # -- what the replay stores --------------------------------------------------------------
@@ -361,12 +361,12 @@ def q_functions(cfg, net, env, obs_shape: tuple) -> QFunctions:
     return QFunctions(sequence, init_params, init_memory, act_q, remember, learner_q, policy)
 
 
-def make(cfg, env, env_params, split: Split) -> Algo:
+def make(cfg, env, env_params, split: BatchSplit) -> Algo:
     net = make_network(cfg, env, env_params)
     tx = learner.adam(cfg, gradient_steps(cfg))
-    envs_per_device = split.per_device("environments")
+    envs_per_device = split.environments.per_device
     rows = cfg.buffer_size // cfg.num_envs  # steps of each environment the replay holds
-    batch_per_device = split.per_device("minibatch")
+    batch_per_device = split.minibatch.per_device
     grad_steps = grad_steps_per_update(cfg)
     learn_from = first_learning_update(cfg)
     obs_shape = env.observation_space(env_params).shape
@@ -434,7 +434,7 @@ def make(cfg, env, env_params, split: Split) -> Algo:
     return Algo(init, update, rollout, init_params, policy, learn, train_step)
 
 
-def algorithm(cfg, env, env_params, split: Split, par) -> Algorithm:
+def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
     algo = make(cfg, env, env_params, split)
     return Algorithm(algo.init, algo.update, STATE_LAYOUT, SPEC.step_unit, steps_per_update(cfg), algo.policy,
                      parts=algo)

@@ -31,7 +31,7 @@ import numpy as np
 import optax
 
 from jaxrl_mgpu.algos import learner, ppo
-from jaxrl_mgpu.algos.base import Algorithm, Split
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share
 from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.cli import ConfigError
@@ -76,7 +76,7 @@ class Algo(NamedTuple):
     teams: dict           # {team: (first agent, end)}
 
 
-def check(cfg, num_devices: int) -> Split:
+def check(cfg, num_devices: int) -> BatchSplit:
     unsupported = [flag for flag, given in (("--normalize-obs", cfg.normalize_obs),
                                             ("--reward-scale", cfg.reward_scale != 1.0),
                                             ("--no-clip-value", not cfg.clip_value),
@@ -96,9 +96,8 @@ def check(cfg, num_devices: int) -> Split:
     if (per_device_batch // cfg.num_minibatches) % cfg.grad_accum:
         raise ConfigError(f"--grad-accum {cfg.grad_accum} does not divide the per-device minibatch of "
                               f"{per_device_batch // cfg.num_minibatches} game steps")
-    return Split(num_devices, {"environments": (cfg.num_envs, envs_per_device),
-                               "minibatch": (cfg.batch_size // cfg.num_minibatches,
-                                             per_device_batch // cfg.num_minibatches)})
+    return BatchSplit(num_devices, environments=Share(cfg.num_envs, envs_per_device),
+                      minibatch=Share(cfg.batch_size // cfg.num_minibatches, per_device_batch // cfg.num_minibatches))
 
 
 def team_policy(cfg, env, env_params) -> actor_critic.Policy:
@@ -194,14 +193,14 @@ def by_agent(x: jax.Array, teams: dict) -> jax.Array:
     return jnp.concatenate([jnp.repeat(x[..., k:k + 1], b - a, -1) for k, (a, b) in enumerate(teams.values())], -1)
 
 
-def make(cfg, env, env_params, split: Split) -> Algo:
+def make(cfg, env, env_params, split: BatchSplit) -> Algo:
     policy = team_policy(cfg, env, env_params)
     teams, num_agents = env.teams, env.num_agents
     dist = action_distribution(env)
     steps_per_team = cfg.total_updates * cfg.update_epochs * cfg.num_minibatches
     tx = optax.multi_transform({name: learner.adam(cfg, steps_per_team) for name in teams},
                                {name: name for name in teams})
-    envs_per_device = split.per_device("environments")
+    envs_per_device = split.environments.per_device
     unroll = ppo.rollout_unroll(env)
 
     def init(key: jax.Array) -> State:
@@ -323,7 +322,7 @@ def make(cfg, env, env_params, split: Split) -> Algo:
     return Algo(init, update, rollout, policy.init_params, policy, teams)
 
 
-def algorithm(cfg, env, env_params, split: Split, par) -> Algorithm:
+def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
     algo = make(cfg, env, env_params, split)
     return Algorithm(algo.init, algo.update, STATE_LAYOUT, SPEC.step_unit, steps_per_update(cfg), algo.policy,
                      parts=algo, agents_per_env=env.num_agents,

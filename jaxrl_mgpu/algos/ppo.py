@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_mgpu.algos import learner
-from jaxrl_mgpu.algos.base import Algorithm, Split
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share
 from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
@@ -140,7 +140,7 @@ class Algo(NamedTuple):
     policy: Any       # nets.actor_critic.Policy
 
 
-def check(cfg, num_devices: int) -> Split:
+def check(cfg, num_devices: int) -> BatchSplit:
     """The batch layout over `num_devices`, or a ConfigError naming the option that breaks it."""
     # A ConfigError for an unsupported action space (or one --action-dist cannot act in)
     dist = actor_critic.distribution(*envs_lib.make(cfg.env, cfg.env_args), cfg.action_dist)
@@ -177,8 +177,8 @@ def check(cfg, num_devices: int) -> Split:
                                       (envs_per_device // cfg.num_minibatches) % cfg.grad_accum):
         raise ConfigError(f"--grad-accum {cfg.grad_accum} does not divide the per-device minibatch "
                           f"({minibatch} transitions, {envs_per_device // cfg.num_minibatches} environments)")
-    return Split(num_devices, {"environments": (cfg.num_envs, envs_per_device),
-                               "minibatch": (cfg.batch_size // cfg.num_minibatches, minibatch)})
+    return BatchSplit(num_devices, environments=Share(cfg.num_envs, envs_per_device),
+                      minibatch=Share(cfg.batch_size // cfg.num_minibatches, minibatch))
 
 
 def learning_targets(cfg, traj: Rollout, last_value: jax.Array, return_stats, returns):
@@ -303,11 +303,11 @@ def normalize_per_minibatch(adv: jax.Array) -> jax.Array:
     return (adv - mean.reshape(shape)) / (jnp.sqrt(var).reshape(shape) + 1e-8)
 
 
-def make(cfg, env, env_params, split: Split) -> Algo:
+def make(cfg, env, env_params, split: BatchSplit) -> Algo:
     policy = actor_critic.make(cfg, env, env_params)
     dist = policy.dist
     tx = learner.adam(cfg, cfg.total_updates * cfg.update_epochs * cfg.num_minibatches)
-    envs_per_device = split.per_device("environments")
+    envs_per_device = split.environments.per_device
     unroll = rollout_unroll(env)
 
     def init(key: jax.Array) -> PPOState:
@@ -440,7 +440,7 @@ def make(cfg, env, env_params, split: Split) -> Algo:
     return Algo(init, update, rollout, policy.init_params, policy)
 
 
-def algorithm(cfg, env, env_params, split: Split, par) -> Algorithm:
+def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
     algo = make(cfg, env, env_params, split)
     return Algorithm(algo.init, algo.update, STATE_LAYOUT, SPEC.step_unit, steps_per_update(cfg), algo.policy,
                      parts=algo)

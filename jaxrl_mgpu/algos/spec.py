@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from jaxrl_mgpu.algos.base import Algorithm, Split
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.envs import is_multi_agent
 
@@ -25,9 +25,9 @@ class Spec:
     """Everything the host reads of one algorithm. The callables take the validated config
     (`cfg`); none holds state."""
     name: str                                   # what the banner and messages call it
-    # (cfg, data devices) -> how the batch splits over them ({what: (global, per device)}), or
+    # (cfg, data devices) -> how the batch splits over them (base.BatchSplit), or
     # a ConfigError naming the option that does not split
-    check: Callable[[Any, int], Split]
+    check: Callable[[Any, int], BatchSplit]
     # (cfg, env, env_params, split, par) -> what the trainer runs (algos/base.Algorithm)
     algorithm: Callable[..., Algorithm]
     # (cfg, env, env_params, split) -> its per-device functions, `.policy` for evaluation

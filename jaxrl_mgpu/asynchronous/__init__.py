@@ -29,7 +29,7 @@ from jaxrl_mgpu.asynchronous import ad, dqn
 
 class LearnAndCollect(NamedTuple):
     """What --mode learn and --mode collect run for one --algo."""
-    check: Callable       # (cfg, num_devices) -> Split, or a ConfigError
+    check: Callable       # (cfg, num_devices) -> BatchSplit, or a ConfigError
     per_update: Callable  # cfg -> what one learner iteration does, in words (the banner)
     algorithm: Callable   # (cfg, par, split) -> Algorithm: the learner's update
     source: Callable      # (cfg, par, split, Algorithm.parts, ckpts, log, resume_step, state) -> its loop.Source

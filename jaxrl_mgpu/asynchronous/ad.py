@@ -49,7 +49,7 @@ import numpy as np
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import histories
 from jaxrl_mgpu.algos import ad
-from jaxrl_mgpu.algos.base import Algorithm, Split
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share
 from jaxrl_mgpu.asynchronous.checkpoints import learner_done
 from jaxrl_mgpu.asynchronous.collector import COLLECTOR_LOG_S, Pacer, collector_name, collector_seed
 from jaxrl_mgpu.asynchronous.source import StoreSource
@@ -70,7 +70,7 @@ SAMPLES_PER_INSERT = 100.0
 SHARED_WITH_LEARNER = ("algo", "env", "ad_history_steps")
 
 
-def check(cfg, num_devices: int) -> Split:
+def check(cfg, num_devices: int) -> BatchSplit:
     if cfg.env not in darkroom.ROOMS:
         raise ConfigError(f"--mode {cfg.mode} --algo ad runs the tabular source learner of the Dark Rooms: use "
                           f"--env {' or '.join(darkroom.ROOMS)} (not {cfg.env})")
@@ -94,7 +94,7 @@ def check(cfg, num_devices: int) -> Split:
             if differ:
                 raise ConfigError(f"--run-dir {cfg.run_dir}: its learner has a different {', '.join(differ)} and "
                                   f"could not use these histories")
-        return Split(num_devices, {"tasks per shard": (cfg.ad_history_tasks, -(-cfg.ad_history_tasks // num_devices))})
+        return BatchSplit(num_devices, tasks_per_shard=Share(cfg.ad_history_tasks, -(-cfg.ad_history_tasks // num_devices)))
     layout = ad.check_batch(cfg, num_devices)
     length = _slot(cfg).action.shape[0]
     if cfg.n_transit > length:
@@ -106,7 +106,7 @@ def check(cfg, num_devices: int) -> Split:
         raise ConfigError(f"--store-max-episodes {cfg.store_max_episodes} holds {cfg.store_max_episodes // per_history} "
                           f"learning histories of {per_history} episodes, fewer than the {count(num_devices, 'device')}: "
                           f"every device needs room for one")
-    return layout.with_(**{"buffer (histories)": (per_device * num_devices, per_device)})
+    return dataclasses.replace(layout, history_buffer=Share(per_device * num_devices, per_device))
 
 
 def per_update(cfg) -> str:
@@ -165,7 +165,7 @@ def filled(buffer: Buffer) -> jax.Array:
 
 # -- the learner -----------------------------------------------------------------------------
 
-def algorithm(cfg, par: Parallel, split: Split) -> Algorithm:
+def algorithm(cfg, par: Parallel, split: BatchSplit) -> Algorithm:
     """What the loop trains in --mode learn: AD's update on the windows of the source's buffer
     (its filled slots only); one optimizer step per update."""
     env, env_params = histories.darkroom_env(cfg.env)
@@ -183,10 +183,10 @@ class HistorySource(StoreSource):
 
     memory, counts = "buffer", COUNTS
 
-    def __init__(self, cfg, par: Parallel, split: Split, parts, ckpts: Checkpoints, log, resume_step: int | None,
+    def __init__(self, cfg, par: Parallel, split: BatchSplit, parts, ckpts: Checkpoints, log, resume_step: int | None,
                  state):
         # (`parts`, the algorithm's own functions, are not needed: the buffer's are this module's)
-        self.slot, self.per_device, self.devices = _slot(cfg), split.per_device("buffer (histories)"), par.num_devices
+        self.slot, self.per_device, self.devices = _slot(cfg), split.history_buffer.per_device, par.num_devices
         key = par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed)))
         self.buffer = par.map(lambda _: new_buffer(self.slot, self.per_device))(key)
         self.insert = par.map(insert, donate=True)
@@ -284,7 +284,7 @@ class HistorySource(StoreSource):
 
 # -- the history collector -----------------------------------------------------------------
 
-def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
+def collect(cfg, par: Parallel, split: BatchSplit, log, stop) -> int:
     """A history collector's loop: batches of source learning histories into the store, until
     the learner is done or a stop signal. Returns the env steps collected."""
     run_dir = Path(cfg.run_dir)

@@ -28,7 +28,7 @@ import numpy as np
 
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import dqn
-from jaxrl_mgpu.algos.base import Algorithm, Split
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
 from jaxrl_mgpu.algos.learner import LossScale, adam
 from jaxrl_mgpu.algos.replay import Transitions, TransitionRing, ring_init, ring_insert, ring_sample, \
     segment_transitions
@@ -56,7 +56,7 @@ WAITING_LOG_S = 60.0          # a collector waiting for the learner's first para
 STAGES = ("params", "rollout", "write", "read", "insert")
 
 
-def check(cfg, num_devices: int) -> Split:
+def check(cfg, num_devices: int) -> BatchSplit:
     if cfg.policy != "mlp":
         raise ConfigError(f"--mode {cfg.mode} trains a feedforward Q-network: use --policy mlp (the store holds "
                           f"episodes, not the windows a --policy {cfg.policy} learner would need)")
@@ -95,7 +95,7 @@ class LearnerFunctions(NamedTuple):
     obs_shape: tuple
 
 
-def algorithm(cfg, par: Parallel, split: Split) -> Algorithm:
+def algorithm(cfg, par: Parallel, split: BatchSplit) -> Algorithm:
     """What the loop trains in --mode learn: one update is one learner iteration of
     num_steps x updates_per_step gradient steps on the replay (the source's data), --mode
     both's double-DQN step on samples of the ring."""
@@ -105,7 +105,7 @@ def algorithm(cfg, par: Parallel, split: Split) -> Algorithm:
     grad_steps = dqn.grad_steps_per_update(cfg)
     tx = adam(cfg, max(cfg.total_updates * grad_steps, 1))
     _, train_step = dqn.make_train_step(cfg, qf.learner, tx)
-    capacity, batch = split.per_device("replay buffer"), split.per_device("minibatch")
+    capacity, batch = split.replay.per_device, split.minibatch.per_device
 
     def init(key):
         params = qf.init_params(key)
@@ -157,7 +157,7 @@ class ReplaySource(StoreSource):
 
     memory, counts = "replay", COUNTS
 
-    def __init__(self, cfg, par: Parallel, split: Split, functions: LearnerFunctions, ckpts: Checkpoints, log,
+    def __init__(self, cfg, par: Parallel, split: BatchSplit, functions: LearnerFunctions, ckpts: Checkpoints, log,
                  resume_step: int | None, state):
         self.functions = functions
         # decoded into --mode both's n-step transitions (cfg.n_step, cfg.gamma) by the reader's processes
@@ -290,12 +290,12 @@ class ReplaySource(StoreSource):
 
 # -- the collector -------------------------------------------------------------------------
 
-def _rollout(cfg, par: Parallel, split: Split, seed: jax.Array):
+def _rollout(cfg, par: Parallel, split: BatchSplit, seed: jax.Array):
     """A collector's rollout over its devices, `rollout(envs, params, key, eps) -> envs,
     trajectory [shard_steps, envs, ...]` (--mode both's epsilon-greedy step, the environments'
     states donated), and its environments' first states, from `seed`."""
     env, env_params = envs_lib.make(cfg.env, cfg.env_args)
-    envs_per_device = split.per_device("environments")
+    envs_per_device = split.environments.per_device
     qf = dqn.q_functions(cfg, dqn.make_network(cfg, env, env_params), env, env.observation_space(env_params).shape)
     act = dqn.make_actor(env, env_params, qf, envs_per_device)
     obs_dtype = dqn.stored_obs_dtype(cfg)
@@ -318,7 +318,7 @@ def _rollout(cfg, par: Parallel, split: Split, seed: jax.Array):
     return par.map(rollout, donate=True), par.map(reset)(par.replicate(np.asarray(seed)))
 
 
-def collect(cfg, par: Parallel, split: Split, log, stop) -> int:
+def collect(cfg, par: Parallel, split: BatchSplit, log, stop) -> int:
     """A collector's loop: follow the learner's newest params, roll out, append the rollout's
     segments of episodes to the store, until the learner is done or a stop signal. Returns the
     env steps collected."""
