@@ -131,6 +131,12 @@ def _parameters(factory) -> dict[str, inspect.Parameter] | None:
     return dict(parameters)
 
 
+def _required(parameters: dict[str, inspect.Parameter], given) -> list[str]:
+    """The parameters without a default that `given` (names) does not hold."""
+    return [p.name for p in parameters.values() if p.default is inspect.Parameter.empty
+            and p.kind is not inspect.Parameter.VAR_POSITIONAL and p.name not in given]
+
+
 def _check_table(name: str, factory, args) -> None:
     if not isinstance(args, dict):
         raise EnvError(f"envs.register({name!r}, ...): its arguments' table is a dict of name -> envs.Arg, not a "
@@ -148,8 +154,7 @@ def _check_table(name: str, factory, args) -> None:
     if unknown:
         raise EnvError(f"envs.register({name!r}, ...): the table names {', '.join(map(repr, unknown))}, which its "
                        f"factory does not take (it takes {', '.join(takes) or 'no keyword arguments'})")
-    never = [p.name for p in parameters.values() if p.default is inspect.Parameter.empty and p.name not in args
-             and p.kind not in (inspect.Parameter.VAR_POSITIONAL,)]
+    never = _required(parameters, args)
     if never:
         raise EnvError(f"envs.register({name!r}, ...): its factory requires {', '.join(never)}, which the table does "
                        f"not declare (so --env-args could never give it): add it, or give it a default")
@@ -201,8 +206,7 @@ def _made(name: str, args: str | None) -> tuple[Any, Any]:
     factory = _OWN[name][0]
     parameters = _parameters(factory)
     if parameters is not None:
-        missing = [p.name for p in parameters.values() if p.default is inspect.Parameter.empty
-                   and p.kind is not inspect.Parameter.VAR_POSITIONAL and p.name not in kwargs]
+        missing = _required(parameters, kwargs)
         if missing:
             raise EnvError(f"--env {name} needs {', '.join(missing)}: give {'them' if len(missing) > 1 else 'it'} with "
                            f"--env-args {','.join(m + '=VALUE' for m in missing)}")
