@@ -31,7 +31,8 @@ import optax
 
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import autoscale, chunks, parallel, reference_ppo
-from jaxrl_mgpu.algos import learner, spec_for
+from jaxrl_mgpu import plan as plan_lib
+from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu import cli
 from jaxrl_mgpu.cli import USER_ERRORS, fail
 from jaxrl_mgpu.nets import factory
@@ -103,8 +104,8 @@ def trace_dir(profile: str | None, name: str) -> str | None:
 
 
 def measure(cfg, devices: int, updates: int, repeats: int, profile: str | None = None) -> dict:
-    par = parallel.setup(cfg.parallel, devices)
-    trainer = chunks.Trainer(cfg, par)  # checks the batch split over the devices
+    trainer = chunks.Trainer(plan_lib.on_devices(cfg, parallel.setup(cfg.parallel, devices)))  # checks the split
+    par = trainer.par
     state = trainer.init_state()
     t = time.perf_counter()
     chunk = trainer.chunk_fn(updates, state)
@@ -290,16 +291,17 @@ def main(argv=None) -> int:
         base = dataclasses.replace(base, attention=args.attention[0], mlp=args.mlp[0])  # the policy's kernels
         config_lib.check_platform(base, jax.devices()[0].platform)
         device_counts = args.devices or [len(jax.local_devices())]
+        spec = plan_lib.of_config(config_lib.validate(base)).spec  # the algorithm, chosen once
         runs = []
         for d in device_counts:
             parallel.setup(base.parallel, d)  # validates --devices before any work
             envs = [e * d for e in args.envs_per_device] if args.envs_per_device else (args.num_envs or [base.num_envs])
-            runs += [(d, autoscale.steady_state(dataclasses.replace(base, num_envs=e,
-                                                                    total_timesteps=e * base.num_steps * args.updates)))
+            runs += [(d, spec.steady_state(dataclasses.replace(base, num_envs=e,
+                                                               total_timesteps=e * base.num_steps * args.updates)))
                      for e in envs]
         for _, cfg in runs:
             config_lib.validate(cfg)
-        if args.baseline and (base.algo, base.policy) != ("ppo", "mlp") or args.baseline and spec_for(base).name == "mappo":
+        if args.baseline and (base.algo, base.policy) != ("ppo", "mlp") or args.baseline and spec.name == "mappo":
             raise config_lib.ConfigError("--baseline is the single-agent PPO of reference_ppo.py: it takes --algo ppo "
                                          "--policy mlp on a single-agent env")
     except USER_ERRORS as e:

@@ -18,10 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_mgpu import compile_cache, multirun, parallel
-from jaxrl_mgpu import envs as envs_lib
-from jaxrl_mgpu.algos import spec_for
-from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, all_finite
+from jaxrl_mgpu import compile_cache, parallel
+from jaxrl_mgpu.algos.base import Algorithm, all_finite
 from jaxrl_mgpu.episodes import make_episodes, summarize
 from jaxrl_mgpu.parallel import Parallel
 
@@ -81,22 +79,13 @@ def make_chunk(update: Callable, finite: Callable | None = None) -> tuple[Callab
 
 
 class Trainer:
-    """An algorithm (algos/base.Algorithm: by default `--algo`'s) on a config and device set,
-    and the one compiled chunk that runs it."""
+    """A plan's algorithm (plan.Plan: its config, devices and runs; by default the algorithm
+    `plan.algorithm()` builds) and the one compiled chunk that runs it."""
 
-    def __init__(self, cfg, par: Parallel, algorithm: Algorithm | None = None, split: BatchSplit | None = None):
-        # --num-seeds / --sweep: many runs, vmapped over a runs axis (multirun.py)
-        self.runs = multirun.Runs.of(cfg)
-        par = multirun.setup(cfg, par)
-        self.cfg, self.par = cfg, par
-        if algorithm is None:
-            spec = spec_for(cfg)
-            split = spec.check(cfg, par.data_devices) if split is None else split
-            self.env, self.env_params = envs_lib.make(cfg.env, cfg.env_args)
-            algorithm = (spec.algorithm(cfg, self.env, self.env_params, split, par) if self.runs is None else
-                         multirun.algorithm(cfg, spec, self.env, self.env_params, split, par, self.runs))
-        self.algorithm = algorithm
-        self.algo = algorithm.parts  # the algorithm's own functions (rollout, learn, ...)
+    def __init__(self, plan, algorithm: Algorithm | None = None):
+        self.plan, self.cfg, self.par, self.runs = plan, plan.cfg, plan.par, plan.runs
+        self.env, self.env_params = plan.env, plan.env_params
+        self.algorithm = algorithm = plan.algorithm() if algorithm is None else algorithm
         self.layout, self.data = algorithm.layout, algorithm.data
         self.step_unit, self.steps_per_update = algorithm.step_unit, algorithm.steps_per_update
         self._compiled = None

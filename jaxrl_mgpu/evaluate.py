@@ -37,12 +37,13 @@ import sys
 import jax
 import numpy as np
 
-from jaxrl_mgpu import cli, incontext, multirun, parallel, video
+from jaxrl_mgpu import cli, incontext, parallel, video
 from jaxrl_mgpu import envs as envs_lib
-from jaxrl_mgpu.algos import mappo, spec_for
+from jaxrl_mgpu import plan as plan_lib
+from jaxrl_mgpu.algos import mappo
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.episodes import make_episodes, summarize
-from jaxrl_mgpu.runs import load_params, load_run, params_template, readable_params  # noqa: F401  (load_params: for callers)
+from jaxrl_mgpu.runs import load_params, load_run, readable_params  # noqa: F401  (load_params: for callers)
 
 
 def _args(argv):
@@ -81,18 +82,18 @@ def main(argv=None) -> int:
         if args.episodes < 1:
             raise ConfigError(f"--episodes must be at least 1, got {args.episodes}")
         cfg, ckpts = load_run(args.run_dir)
-        if spec_for(cfg).evaluated_by == "in-context":
+        plan = plan_lib.of_config(cfg)
+        if plan.spec.evaluated_by == "in-context":
             raise ConfigError(f"--run-dir {args.run_dir} is an --algo ad run: it acts from its context of past "
                               f"episodes, so evaluate it with --in-context")
-        env, env_params = envs_lib.make(cfg.env, cfg.env_args)
+        env, env_params, runs = plan.env, plan.env_params, plan.runs
         if args.video is not None:
             video.check_env(cfg.env, env)
         par = None if args.video is not None else parallel.setup(args.parallel, args.devices)
-        runs = multirun.Runs.of(cfg)
         if args.run is not None and not (runs is not None and 0 <= args.run < runs.count):
             raise ConfigError(f"--run {args.run}: the run directory holds " +
                               ("one run (no --num-seeds or --sweep)" if runs is None else f"runs 0..{runs.count - 1}"))
-        template = params_template(cfg)
+        template = plan.params_shapes()
         if runs is not None:  # every run's params, [runs, ...]
             template = jax.tree.map(lambda x: jax.ShapeDtypeStruct((runs.count,) + x.shape, x.dtype), template)
         step, params = readable_params(ckpts, args.run_dir, template, args.step, args.best)
@@ -100,29 +101,28 @@ def main(argv=None) -> int:
     except cli.USER_ERRORS as e:
         cli.fail(e)
 
-    spec = spec_for(cfg)
     if args.video is not None:
         try:
-            record_video(cfg, runs, spec, env, env_params, params, step, args)
+            record_video(plan, params, step, args)
         except cli.USER_ERRORS as e:
             cli.fail(e)
         return 0
     if runs is not None:
-        evaluate_runs(cfg, runs, spec, env, env_params, params, step, par, args)
+        evaluate_runs(plan, params, step, par, args)
         return 0
-    algo = spec.make(cfg, env, env_params, spec.check(cfg, par.num_devices))
+    policy = plan.policy()
     params, key = par.replicate(params), par.replicate(np.asarray(jax.random.PRNGKey(args.seed)))
     if envs_lib.is_multi_agent(env):
         # Every pairing of trained and uniform-random teams, on the same games (the same key).
         for random_teams in itertools.product(*[((), (name,)) for name in env.teams]):
             random_teams = sum(random_teams, ())
-            run = par.map(mappo.make_match(algo.policy, env, env_params, args.episodes, par.num_devices, args.greedy,
+            run = par.map(mappo.make_match(policy, env, env_params, args.episodes, par.num_devices, args.greedy,
                                            random_teams))
             result = mappo.summarize_match(par.first(run(params, key)), tuple(env.teams))
             sides = {name: "random" if name in random_teams else "trained" for name in env.teams}
             print(json.dumps({**sides, **result, "step": step, "greedy": args.greedy}), flush=True)
         return 0
-    run = par.map(make_episodes(algo.policy, env, env_params, args.episodes, par.num_devices, args.greedy))
+    run = par.map(make_episodes(policy, env, env_params, args.episodes, par.num_devices, args.greedy))
     totals = run(params, key)
     print(json.dumps({**summarize(par.first(totals)), "step": step, "greedy": args.greedy}))
     return 0
@@ -147,17 +147,16 @@ def check_video_args(args) -> None:
     video.headless()
 
 
-def record_video(cfg, runs, spec, env, env_params, params, step: int, args) -> None:
+def record_video(plan, params, step: int, args) -> None:
     """One episode of the checkpoint's policy (of run `--run`, default 0, in a many-run
     directory: `params` holds every run's), drawn into `--video`; one JSON line says what it
     shows."""
-    which = {}
+    cfg, runs, env, env_params, which = plan.cfg, plan.runs, plan.env, plan.env_params, {}
     if runs is not None:
         run = 0 if args.run is None else args.run
         cfg, which = dataclasses.replace(cfg, **runs.hparams(run)), runs.describe(run)
         params = jax.tree.map(lambda x: x[run], params)
-    algo = spec.make(cfg, env, env_params, spec.check(cfg, 1))
-    episode = video.record(algo.policy, env, env_params, params, jax.random.PRNGKey(args.seed), args.greedy,
+    episode = video.record(plan.policy(cfg), env, env_params, params, jax.random.PRNGKey(args.seed), args.greedy,
                            args.video_stride)
     frames, fps = video.frames(cfg.env, env, env_params, episode)
     video.write(args.video, frames, fps)
@@ -165,17 +164,17 @@ def record_video(cfg, runs, spec, env, env_params, params, step: int, args) -> N
                       **video.summary(env, episode), "step": step, "greedy": args.greedy}), flush=True)
 
 
-def evaluate_runs(cfg, runs: multirun.Runs, spec, env, env_params, params, step: int, par, args) -> None:
+def evaluate_runs(plan, params, step: int, par, args) -> None:
     """Every run of a many-run directory (or `--run`), one JSON line each, on the same episodes;
     `params`: every run's, [runs, ...]."""
+    cfg, runs, env, env_params = plan.cfg, plan.runs, plan.env, plan.env_params
     key = par.replicate(np.asarray(jax.random.PRNGKey(args.seed)))
     episodes = {}  # per configuration: its swept values may shape the policy (DQN's --eps-end)
     for i in range(runs.count) if args.run is None else (args.run,):
         config = runs.config_index(i)
         if config not in episodes:
             run_cfg = dataclasses.replace(cfg, **runs.hparams(i))
-            algo = spec.make(run_cfg, env, env_params, spec.check(run_cfg, par.num_devices))
-            episodes[config] = par.map(make_episodes(algo.policy, env, env_params, args.episodes, par.num_devices,
+            episodes[config] = par.map(make_episodes(plan.policy(run_cfg), env, env_params, args.episodes, par.num_devices,
                                                      args.greedy))
         totals = episodes[config](par.replicate(jax.tree.map(lambda x: x[i], params)), key)
         print(json.dumps({**runs.describe(i), **summarize(par.first(totals)), "step": step, "greedy": args.greedy}),

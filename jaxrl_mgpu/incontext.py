@@ -36,16 +36,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mgpu import chunks, cli, histories, parallel
-from jaxrl_mgpu.asynchronous import ad as async_ad
+from jaxrl_mgpu.algos import ad_async as async_ad
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import envs as envs_lib
-from jaxrl_mgpu.algos import ad, spec_for
+from jaxrl_mgpu import plan as plan_lib
+from jaxrl_mgpu.algos import ad
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.data import rlds
 from jaxrl_mgpu.envs import darkroom, vec
 from jaxrl_mgpu.nets import actor_critic
 from jaxrl_mgpu.parallel import AXIS, global_indices
-from jaxrl_mgpu.runs import load_run, params_template, readable_params
+from jaxrl_mgpu.runs import load_run, readable_params
 
 
 def make_incontext(policy, env, goals: np.ndarray, envs_per_goal: int, episodes: int, num_devices: int,
@@ -182,23 +182,23 @@ def evaluate(argv=None) -> int:
         if args.episodes < 1 or args.envs_per_goal < 1:
             raise ConfigError("--episodes and --envs-per-goal must be at least 1")
         cfg, ckpts = load_run(args.run_dir)
-        if spec_for(cfg).evaluated_by != "in-context":
+        plan = plan_lib.of_config(cfg)
+        if plan.spec.evaluated_by != "in-context":
             raise ConfigError(f"--in-context evaluates --algo ad runs; the run in {args.run_dir} is --algo {cfg.algo}")
         meta, h, where = source_histories(cfg, args.run_dir)  # the goal split and seed, the source's curve
         goals = darkroom.goals(cfg.env, args.goals, meta.get("seed", 0))
         par = parallel.setup(args.parallel, args.devices)
-        step, params = readable_params(ckpts, args.run_dir, params_template(cfg), args.step)
+        step, params = readable_params(ckpts, args.run_dir, plan.params_shapes(), args.step)
         ckpts.close()
     except cli.USER_ERRORS as e:
         cli.fail(e)
 
-    env, env_params = envs_lib.make(cfg.env, cfg.env_args)
-    algo = ad.make(cfg, env, env_params, ad.check_batch(cfg, par.num_devices))
+    env, policy = plan.env, plan.policy()
     params = par.replicate(params)
     key = par.replicate(np.asarray(jax.random.PRNGKey(args.seed)))
     envs = len(goals) * args.envs_per_goal
     run = lambda uniform: par.first(par.map(make_incontext(  # noqa: E731
-        algo.policy, env, goals, args.envs_per_goal, args.episodes, par.num_devices, uniform, args.greedy))(
+        policy, env, goals, args.envs_per_goal, args.episodes, par.num_devices, uniform, args.greedy))(
         params, key))[:envs]
     returns, random = run(False), run(True)
 
@@ -243,8 +243,8 @@ def throughput(argv=None, repeats: int = 5) -> int:
         parallel.initialize(cfg.coordinator_address, cfg.num_processes, cfg.process_id, cfg.local_device_ids,
                             cfg.failure_timeout)
         cfg = config_lib.validate(cfg)
-        par = parallel.setup(cfg.parallel, cfg.devices)
-        split = ad.check(cfg, par.num_devices)
+        plan = plan_lib.on_devices(cfg, parallel.setup(cfg.parallel, cfg.devices))
+        par = plan.par
     except cli.USER_ERRORS as e:
         cli.fail(e)
 
@@ -257,7 +257,7 @@ def throughput(argv=None, repeats: int = 5) -> int:
     read_s = time.perf_counter() - t0
     steps_read = h.num_tasks * h.num_steps
 
-    trainer = chunks.Trainer(cfg, par, split=split)  # loads the data onto the devices
+    trainer = chunks.Trainer(plan)  # loads the data onto the devices
     state = trainer.init_state()
     chunk = trainer.chunk_fn(cfg.log_every, state)
     state, out = chunk(state)  # warm-up

@@ -28,7 +28,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos.base import Algorithm, all_finite
 from jaxrl_mgpu.checkpoint import PER_DEVICE, REPLICATED, Layout
 from jaxrl_mgpu.cli import ConfigError
@@ -130,9 +129,6 @@ def setup(cfg, par: Parallel) -> Parallel:
 
 def algorithm(cfg, spec, env, env_params, split, par: Parallel, runs: Runs) -> Algorithm:
     """`spec`'s algorithm (algos.Spec) for every run `par`'s devices hold, vmapped over them."""
-    if envs_lib.is_multi_agent(env):
-        raise ConfigError(f"--num-seeds / --sweep: --env {cfg.env} is a multi-agent game; its teams train one "
-                          f"run at a time")
     base = spec.algorithm(cfg, env, env_params, split, par)
     if base.data:
         raise ConfigError(f"--num-seeds / --sweep: --algo {cfg.algo} reads a dataset in its update and trains one "

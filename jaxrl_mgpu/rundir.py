@@ -20,7 +20,6 @@ import jax
 
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel, runstats
-from jaxrl_mgpu.algos import spec_for
 from jaxrl_mgpu.checkpoint import CheckpointMismatch, Checkpoints, DamagedCheckpoint
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.log import RunLog, truncate_metrics
@@ -64,7 +63,7 @@ def plan_run_dir(cfg) -> tuple[Path, int | None]:
     path = Path(cfg.run_dir or f"runs/{cfg.env}-{cfg.algo}-{stamp}")  # the same name on every process
     # A learner may start in a directory its collectors began to fill (collectors may start
     # first): a store alone is not a run.
-    collected_only = cfg.mode == "learn" and path.is_dir() and {p.name for p in path.iterdir()} <= {"store"}
+    collected_only = path.is_dir() and {p.name for p in path.iterdir()} <= {"store"}
     occupied = path.exists() and (not path.is_dir() or any(path.iterdir())) and not collected_only
     if not cfg.resume:
         if occupied:
@@ -138,34 +137,32 @@ class Start(NamedTuple):
     set_aside: list[str]
 
 
-def start(cfg, run_dir: Path, step: int | None, build: Callable, from_store: bool) -> Start | None:
+def start(cfg, run_dir: Path, step: int | None, build: Callable, unit: str, steps_per_update: int) -> Start | None:
     """The run's start from checkpoint `step` or, where that one does not read back whole,
     from the newest one that does (`step` None: a fresh start). `build(cfg) -> (trainer, state
-    or None)` makes the trainer (a learner from the store builds its initial state too). None
-    where the run is already complete (said in a line)."""
+    or None)` makes the trainer (and, where the run needs it before compiling, its initial
+    state); progress is counted in `unit`, `steps_per_update` of it per update. None where the
+    run is already complete (said in a line)."""
     set_aside: list[str] = []
     while True:
         try:
-            return _start_at(cfg, run_dir, step, build, from_store, set_aside)
+            return _start_at(cfg, run_dir, step, build, unit, steps_per_update, set_aside)
         except DamagedCheckpoint as e:
             step, note = _set_aside(run_dir, e)
             set_aside.append(note)
 
 
-def _start_at(cfg, run_dir: Path, step: int | None, build: Callable, from_store: bool, set_aside: list[str]):
+def _start_at(cfg, run_dir: Path, step: int | None, build: Callable, unit: str, steps_per_update: int,
+              set_aside: list[str]):
     if step is not None:
-        if from_store:
-            _reading(run_dir, lambda r: r.meta(step))
-        else:
-            spec = spec_for(cfg)
-            done = _reading(run_dir, lambda r: saved_steps(r, step, spec.step_unit, spec.steps_per_update(cfg)))
-            cfg = dataclasses.replace(cfg, resumed_update=step, resumed_steps=done)
+        done = _reading(run_dir, lambda r: saved_steps(r, step, unit, steps_per_update))
+        cfg = dataclasses.replace(cfg, resumed_update=step, resumed_steps=done)
         if cfg.stop_at_update is not None and cfg.stop_at_update <= step < cfg.total_updates:
             raise ConfigError(f"--stop-at-update {cfg.stop_at_update}: the run is already at update {step}")
         if step >= cfg.total_updates:
             for line in set_aside:
                 print(line)
-            ended = "" if from_store else f", {cfg.resumed_steps:,} {spec_for(cfg).step_unit}"
+            ended = "" if unit == "update" else f", {cfg.resumed_steps:,} {unit}"
             print(f"the run in {run_dir} is already complete (update {step} of {cfg.total_updates}{ended}); nothing "
                   f"to do. To train it further, resume with a larger "
                   f"{'--num-updates' if cfg.num_updates is not None else '--total-timesteps'}")
@@ -176,7 +173,7 @@ def _start_at(cfg, run_dir: Path, step: int | None, build: Callable, from_store:
     if step is not None:
         # Restored before process 0 rewrites config.json and metrics.jsonl, so that a checkpoint
         # this version cannot read leaves the run directory as it was.
-        target = state if from_store else trainer.init_state()
+        target = state if state is not None else trainer.init_state()
         state, recreated = _reading(run_dir, lambda r: r.restore(step, target, trainer.layout, trainer.par))
     return Start(cfg, trainer, state, step, recreated, set_aside)
 
@@ -191,10 +188,10 @@ def prepare(cfg, run_dir: Path, resume_step: int | None) -> None:
     parallel.barrier("run directory ready")
 
 
-def summary(cfg, log: RunLog, last: dict, done: int, unit: str, steps: int | None, seconds: float,
+def summary(plan, log: RunLog, last: dict, done: int, unit: str, steps: int | None, seconds: float,
             run_dir: Path) -> dict:
     """What a user wants to know at the end of a run (also written to summary.json)."""
-    best = log.best
+    cfg, best = plan.cfg, log.best
     values = {
         "status": "complete" if done >= cfg.total_updates else f"stopped at update {done} (continue with --resume)",
         "updates": done,
@@ -206,7 +203,7 @@ def summary(cfg, log: RunLog, last: dict, done: int, unit: str, steps: int | Non
         values["best_return"] = best.get("episode_return", (None,))[0]
         if "eval/episode_return" in best:
             values["best_eval_return"] = best["eval/episode_return"][0]
-    for key in spec_for(cfg).summary:
+    for key in plan.spec.summary:
         if last.get(key) is not None:
             values[key.split("/")[1]] = last[key]
     values["startup"] = {k: round(v, 2) for k, v in log.timeline.items()}
@@ -222,11 +219,12 @@ def summary(cfg, log: RunLog, last: dict, done: int, unit: str, steps: int | Non
     return values
 
 
-def ending(cfg, log: RunLog, last: dict, done: int, unit: str, steps: int | None, seconds: float,
-           run_dir: Path, runs) -> None:
+def ending(plan, log: RunLog, last: dict, done: int, unit: str, steps: int | None, seconds: float,
+           run_dir: Path) -> None:
     """The run's summary (console and summary.json), with many runs their rows across seeds
     (runs_summary.json, learning curves)."""
-    values = summary(cfg, log, last, done, unit, steps, seconds, run_dir)
+    cfg, runs = plan.cfg, plan.runs
+    values = summary(plan, log, last, done, unit, steps, seconds, run_dir)
     stopped_runs = [f"run {i} at update {r['diverged_at']}" for i, r in enumerate(last.get("runs", []))
                     if "diverged_at" in r]
     if stopped_runs:  # many runs: where each run that went non-finite did

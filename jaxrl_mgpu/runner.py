@@ -1,8 +1,7 @@
 """A training run, put together: the run directory and its start (rundir.py), the trainer
-(chunks.py), the loop (loop.py) with what it does between chunks, and the summary.
-
-`--mode both` rolls out and learns on the devices; a `--mode learn` learner learns from what
-collectors send (asynchronous/), through the same loop: its feed is the loop's data source.
+(chunks.py), the loop (loop.py) with what the plan's session (session.py) does between chunks,
+and the summary. One path for every mode: a `--mode learn` learner differs only in its session,
+whose data source is fed by collectors (asynchronous/).
 """
 
 from __future__ import annotations
@@ -15,25 +14,25 @@ from typing import Callable
 
 import jax
 
-from jaxrl_mgpu import compile_cache, multirun, parallel, runstats
-from jaxrl_mgpu.algos import spec_for
-from jaxrl_mgpu.algos.base import BatchSplit
+from jaxrl_mgpu import compile_cache, parallel, runstats, session as session_lib
 from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.chunks import NonFinite, Trainer
 from jaxrl_mgpu.cli import count
 from jaxrl_mgpu.log import RunLog
-from jaxrl_mgpu.loop import Callbacks, Loop, OnDevice
-from jaxrl_mgpu.parallel import Parallel
+from jaxrl_mgpu.loop import Loop
+from jaxrl_mgpu.plan import Plan
 from jaxrl_mgpu.result import Result
 from jaxrl_mgpu.rundir import check_writable, ending, plan_run_dir, prepare, start
+from jaxrl_mgpu.session import Session
 from jaxrl_mgpu.stop import StopSignal
 from jaxrl_mgpu.tracing import Profile
 
 
-def banner(cfg, par: Parallel, split: BatchSplit, per_update: str) -> dict:
-    """The start-up summary of the distributed setup. `split` is the algorithm's
-    split of the batch over the devices (its spec's `check`), a line per quantity."""
-    device, spec = par.devices[0], spec_for(cfg)
+def banner(plan: Plan, per_update: str) -> dict:
+    """The start-up summary of the distributed setup: a line per quantity of the algorithm's
+    split of the batch over the devices (its spec's `check`)."""
+    cfg, par, spec, runs = plan.cfg, plan.par, plan.spec, plan.runs
+    device = par.devices[0]
     rows = {
         "jaxrl_mgpu": f"{cfg.algo} on {cfg.env}" + (f", policy {cfg.policy}" if spec.takes_policy else "")
                       + ("" if cfg.mode == "both" else f", --mode {cfg.mode}"),
@@ -42,7 +41,6 @@ def banner(cfg, par: Parallel, split: BatchSplit, per_update: str) -> dict:
                    f"{getattr(device, 'device_kind', device.platform)} ({device.platform})",
         "parallel": f"{par.backend} over axis '{parallel.AXIS}'",
     }
-    runs = multirun.Runs.of(cfg)
     if runs is not None:
         rows["runs"] = (f"{runs.count}: {len(runs.grid)} configuration(s) x {runs.seeds} seed(s) from {cfg.seed}; "
                         f"{count(par.groups, 'group')} of {count(par.data_devices, 'device')} on axis '{parallel.RUNS}', "
@@ -51,7 +49,7 @@ def banner(cfg, par: Parallel, split: BatchSplit, per_update: str) -> dict:
             rows["sweep"] = cfg.sweep
     each = "" if runs is None else " per run"
     rows.update({what: f"{total} global{each}, {per_device} per device{each}"
-                 for what, (total, per_device) in split.rows().items()})
+                 for what, (total, per_device) in plan.split.rows().items()})
     if cfg.auto_scale:
         size = spec.size_option
         rows["auto-scale"] = (f"{cfg.auto_scale}: --{size.replace('_', '-')} {getattr(cfg, size)} chosen at the "
@@ -73,63 +71,55 @@ def banner(cfg, par: Parallel, split: BatchSplit, per_update: str) -> dict:
     return rows
 
 
-def run(cfg, par: Parallel, split: BatchSplit, notes: list[str], started: float, asynchronous=None,
-        auto_scale_s: float = 0.0, on_row: Callable[[dict], None] | None = None) -> Result:
-    """Trains in the run directory, from its newest whole checkpoint with `--resume`: `--mode
-    both`, or a `--mode learn` learner fed by `asynchronous` (asynchronous/dqn.py or ad.py).
-    `notes`: lines said under the banner (what a resume changed, what followed the log points);
+def run(plan: Plan, started: float, on_row: Callable[[dict], None] | None = None) -> Result:
+    """Trains the plan in its run directory, from its newest whole checkpoint with `--resume`.
     `started`: the `time.monotonic()` the launch began at, the zero of the start-up times;
-    `auto_scale_s`: the seconds --auto-scale searched before this (the summary's own line);
     `on_row`: a caller's, given each log row."""
     entered = time.monotonic()
-    run_dir, step = plan_run_dir(cfg)
-    if cfg.profile:
-        check_writable(Path(cfg.profile), "--profile")
-    cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
-    from_store = cfg.mode == "learn"
+    run_dir, step = plan_run_dir(plan.cfg)
+    if plan.cfg.profile:
+        check_writable(Path(plan.cfg.profile), "--profile")
+    plan = dataclasses.replace(plan, cfg=dataclasses.replace(plan.cfg, run_dir=str(run_dir)))
+    session = session_lib.for_plan(plan)
 
     def build(cfg):
-        trainer = Trainer(cfg, par, asynchronous.algorithm(cfg, par, split) if from_store else None, split)
-        # A learner publishes its initial state for the collectors before it compiles.
-        return trainer, trainer.init_state() if from_store else None
+        trainer = Trainer(dataclasses.replace(plan, cfg=cfg))
+        return trainer, trainer.init_state() if session.eager_state else None
 
-    begun = start(cfg, run_dir, step, build, from_store)
+    begun = start(plan.cfg, run_dir, step, build, session.unit, session.steps_per_update(plan.cfg))
     if begun is None:
         return Result(0, str(run_dir))  # already complete
-    cfg, trainer, state, step = begun.cfg, begun.trainer, begun.state, begun.update
-    prepare(cfg, run_dir, step)
-    log = open_log(cfg, trainer, run_dir, split, asynchronous.per_update(cfg) if from_store else None,
-                   notes + begun.set_aside)
-    if step is None and cfg.resume == "auto":
+    trainer, state, step = begun.trainer, begun.state, begun.update
+    plan = trainer.plan
+    prepare(plan.cfg, run_dir, step)
+    log = open_log(plan, trainer, run_dir, session.per_update(plan), list(plan.notes) + begun.set_aside)
+    if step is None and plan.cfg.resume == "auto":
         log.print("  --resume auto: no checkpoint yet, starting fresh")
-    if step is not None and not from_store:  # (a learner says where it resumed: asynchronous/checkpoints.py)
-        log.print(f"  resumed from the checkpoint at update {step} ({cfg.resumed_steps:,} {trainer.step_unit})"
-                  + (f"; re-created {', '.join(begun.recreated)} (the saved ones do not fit "
-                     f"{count(trainer.par.num_devices, 'device')} x {cfg.num_envs} envs)" if begun.recreated else ""))
-    log.timeline["imports_and_devices_s"] = entered - started - auto_scale_s
-    if auto_scale_s:
-        log.timeline["auto_scale_s"] = auto_scale_s
+    log.timeline["imports_and_devices_s"] = entered - started - plan.auto_scale_s
+    if plan.auto_scale_s:
+        log.timeline["auto_scale_s"] = plan.auto_scale_s
     log.timeline["setup_s"] = time.monotonic() - entered  # algorithm, initial state, restore, log files
-    return train(cfg, trainer, state, step, log, split, asynchronous if from_store else None, on_row)
+    return train(plan, session, trainer, state, step, begun.recreated, log, on_row)
 
 
-def open_log(cfg, trainer: Trainer, run_dir: Path, split: BatchSplit, per_update: str | None, notes: list[str]) -> RunLog:
+def open_log(plan: Plan, trainer: Trainer, run_dir: Path, per_update: str | None, notes: list[str]) -> RunLog:
     """The run's log (process 0 writes it), its banner and the lines under it."""
-    runs = None if trainer.runs is None else [trainer.runs.describe(i) for i in range(trainer.runs.count)]
+    cfg, runs = plan.cfg, plan.runs
+    described = None if runs is None else [runs.describe(i) for i in range(runs.count)]
     log = RunLog(run_dir, cfg.steps_at(cfg.total_updates, trainer.steps_per_update), unit=trainer.step_unit,
-                 episodic=trainer.algorithm.episodic, runs=runs, console=spec_for(cfg).console)
-    log.banner(banner(cfg, trainer.par, split, per_update or f"{trainer.steps_per_update:,} {trainer.step_unit}"))
+                 episodic=trainer.algorithm.episodic, runs=described, console=plan.spec.console)
+    log.banner(banner(plan, per_update or f"{trainer.steps_per_update:,} {trainer.step_unit}"))
     for note in notes:
         log.print(f"  {note}")
     return log
 
 
-def train(cfg, trainer: Trainer, state, step: int | None, log: RunLog, split: BatchSplit, asynchronous=None,
-          on_row: Callable[[dict], None] | None = None) -> Result:
-    """The loop from checkpoint `step` (None: the start), the last checkpoint and the summary;
-    a learner's feed (`asynchronous`'s, for the batch `split`) is its source; `on_row` gets
-    each row written."""
-    run_dir, par, start_update = Path(cfg.run_dir), trainer.par, step or 0
+def train(plan: Plan, session: Session, trainer: Trainer, state, step: int | None, recreated: list[str],
+          log: RunLog, on_row: Callable[[dict], None] | None = None) -> Result:
+    """The loop from checkpoint `step` (None: the start) with the session's source and callbacks,
+    the session's end and the summary; `on_row` gets each row written."""
+    cfg = plan.cfg
+    run_dir, start_update, runs = Path(cfg.run_dir), step or 0, plan.runs
     ckpts = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
     agents = trainer.algorithm.agents_per_env
 
@@ -141,34 +131,25 @@ def train(cfg, trainer: Trainer, state, step: int | None, log: RunLog, split: Ba
             on_row(dict(row))
 
     def say_diverged(run: int, update: int, so_far: int) -> None:
-        who = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
-                        for k, v in trainer.runs.describe(run).items())
+        who = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in runs.describe(run).items())
         log.print(f"  {who}: non-finite loss or parameters at update {update}; this run stops learning there (its "
-                  f"last finite parameters go on acting), the other {trainer.runs.count - so_far} go on")
+                  f"last finite parameters go on acting), the other {runs.count - so_far} go on")
 
     stop = StopSignal(log, kept=ckpts.any_complete)
-    t_start, feed = time.perf_counter(), None
+    t_start, opened = time.perf_counter(), None
     try:
-        if asynchronous is not None:
-            feed = asynchronous.source(cfg, par, split, trainer.algo, ckpts, log, step, state)
-            source, callbacks = feed, Callbacks(log=lambda row, updates: write(feed.log_row(row, updates)),
-                                                checkpoint=feed.checkpoint, dispatched=feed.ran, stop=stop)
-        else:
-            source, callbacks = OnDevice(), both_callbacks(cfg, trainer, ckpts, write, stop)
-        callbacks = callbacks._replace(profile=profile(cfg, start_update, trainer.end(cfg.stop_at_update), log),
-                                       diverged=say_diverged if trainer.runs else None)
+        opened = session.open(plan, trainer, ckpts, log, write, stop, step, state, recreated)
+        callbacks = opened.callbacks._replace(profile=profile(cfg, start_update, trainer.end(cfg.stop_at_update), log),
+                                              diverged=say_diverged if runs else None)
         # A resumed run's diverged runs (their frozen state is in the checkpoint) keep the update
         # where they went non-finite, from the rows logged before it.
-        diverged = runstats.diverged_runs(runstats.read_rows(run_dir / "metrics.jsonl")) if trainer.runs else {}
-        # A fresh learner has published its initial state already (asynchronous/checkpoints.py).
-        saved = step if step is not None or feed is None else 0
-        state, last, done = Loop(trainer, log, source, callbacks, start_update, cfg.stop_at_update, diverged,
-                                 saved).run(state)
-        if feed is not None:  # the last checkpoint, and unless stopped the marker that ends the collectors
-            feed.finish(done, state, stopped=done < cfg.total_updates)
+        diverged = runstats.diverged_runs(runstats.read_rows(run_dir / "metrics.jsonl")) if runs else {}
+        state, last, done = Loop(trainer, log, opened.source, callbacks, start_update, cfg.stop_at_update, diverged,
+                                 opened.saved).run(state)
+        opened.finish(done, state, done < cfg.total_updates)
     except NonFinite as e:
-        if feed is not None:
-            feed.close()  # its last publication, on a thread of its own, is in the checkpoints
+        if opened is not None:
+            opened.close()  # a publication in flight, on a thread of its own, is in the checkpoints
         ckpts.wait()
         last_good = ckpts.latest_step()
         where = (f"the last good checkpoint is at update {last_good}; continue from it with --resume and a smaller "
@@ -176,18 +157,15 @@ def train(cfg, trainer: Trainer, state, step: int | None, log: RunLog, split: Ba
         print(f"error: {e}; stopped, {where}", file=sys.stderr)
         return Result(1, str(run_dir))
     finally:
-        if feed is not None:
-            feed.close()
+        if opened is not None:
+            opened.close()
         stop.restore()
         log.close()
         ckpts.close()  # waits for the asynchronous saves
     if done < cfg.total_updates:
         log.print(f"stopped at update {done} of {cfg.total_updates} with a checkpoint; continue with --resume")
-    if feed is not None:  # what it learned from: the env steps the collectors sent
-        unit, steps = "env_steps", last.get("env_steps", feed.ledger.env_steps)
-    else:
-        unit, steps = trainer.step_unit, last.get(trainer.step_unit, cfg.steps_at(done, trainer.steps_per_update))
-    ending(cfg, log, last, done, unit, steps, time.perf_counter() - t_start, run_dir, trainer.runs)
+    unit, steps = opened.progress(last, done)
+    ending(plan, log, last, done, unit, steps, time.perf_counter() - t_start, run_dir)
     return Result(0, str(run_dir), state, last, done)
 
 
@@ -199,29 +177,3 @@ def profile(cfg, start_update: int, end: int, log: RunLog) -> Profile | None:
     first = (start_update + cfg.log_every - start_update % cfg.log_every if cfg.profile_from is None
              else cfg.profile_from)
     return Profile(cfg.profile, first, first + 2 * cfg.log_every, start_update, end, log)
-
-
-def both_callbacks(cfg, trainer: Trainer, ckpts: Checkpoints, write: Callable[[dict], None],
-                   stop: StopSignal) -> Callbacks:
-    """What `--mode both` does between chunks: logs, checkpoints, and evaluations that also keep
-    the best parameters so far (checkpoints/best)."""
-    unit, per_update, par = trainer.step_unit, trainer.steps_per_update, trainer.par
-    best = {"return": float("-inf")}
-
-    def meta(update):
-        return {"update": update, unit: cfg.steps_at(update, per_update), "num_envs": cfg.num_envs,
-                "config": cfg.to_dict()}
-
-    def checkpoint(update, state):
-        ckpts.save(update, state, trainer.layout, par, meta(update))
-
-    def evaluate(update, state):
-        result = trainer.evaluate(state.params, update)
-        if result["mean_return"] > best["return"]:
-            best["return"] = result["mean_return"]
-            ckpts.save_best(update, state.params, par, {**meta(update), "eval": result})
-        more = {f"eval/{k}": v for k, v in result.items() if k not in ("mean_return", "std_return", "episodes")}
-        return {"eval/episode_return": result["mean_return"], "eval/episode_return_std": result["std_return"], **more}
-
-    return Callbacks(log=lambda row, updates: write(row), checkpoint=checkpoint,
-                     evaluate=evaluate if cfg.eval_every else None, stop=stop)

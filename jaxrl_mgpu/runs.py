@@ -6,11 +6,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import jax
 
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import envs as envs_lib
-from jaxrl_mgpu.algos import spec_for
+from jaxrl_mgpu import plan as plan_lib
 from jaxrl_mgpu.checkpoint import Checkpoints, DamagedCheckpoint
 from jaxrl_mgpu.cli import ConfigError
 
@@ -72,18 +70,10 @@ def readable_params(ckpts, run_dir: str, template, step: int | None = None, best
                       f"{', '.join(str(e.step) for e in passed)}; the latest: {passed[0].why})")
 
 
-def params_template(cfg):
-    """Shapes and dtypes of the run's params (no device axis), from its config."""
-    env, env_params = envs_lib.make(cfg.env, cfg.env_args)
-    spec = spec_for(cfg)
-    algo = spec.make(cfg, env, env_params, spec.check(cfg, 1))
-    return jax.eval_shape(algo.init_params, jax.random.PRNGKey(0))
-
-
 def load_params(run_dir: str, step: int | None = None, best: bool = False):
     """`(step, params)` of a checkpoint (default: the latest) as host numpy arrays."""
     cfg, ckpts = load_run(run_dir)
     try:
-        return readable_params(ckpts, run_dir, params_template(cfg), step, best)
+        return readable_params(ckpts, run_dir, plan_lib.of_config(cfg).params_shapes(), step, best)
     finally:
         ckpts.close()

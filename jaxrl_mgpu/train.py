@@ -11,7 +11,6 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Callable
 
 import jaxrl_mgpu
@@ -21,7 +20,6 @@ from jaxrl_mgpu import compile_cache
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.cli import USER_ERRORS, fail, count
-from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.log import RunLog
 from jaxrl_mgpu.result import Result
 from jaxrl_mgpu.stop import StopSignal
@@ -52,42 +50,24 @@ def run(given: config_lib.Given, started: float, on_row: Callable[[dict], None] 
     parallel.initialize(cfg.coordinator_address, cfg.num_processes, cfg.process_id, cfg.local_device_ids,
                         cfg.failure_timeout)
     parallel.start_backend()  # on a thread, while the rest is imported
-    from jaxrl_mgpu import asynchronous, autoscale, multirun, rundir, runner  # after jax.distributed (see above)
-    from jaxrl_mgpu.algos import spec_for
-    cfg, changes = rundir.resolve(cfg, given)
-    cfg, grid = config_lib.follow_log_grid(cfg, given.flags)
-    notes = [f"--resume: {change}" for change in changes] + grid  # said under the banner
-    cfg = config_lib.validate(cfg)
-    config_lib.check_applicable(cfg, given)
-    # --mode learn|collect: DQN from episodes, or AD from learning histories, in the run's store
-    par = parallel.setup(cfg.parallel, cfg.devices)
-    config_lib.check_platform(cfg, par.devices[0].platform)
-    learn_collect = asynchronous.for_algo(cfg.algo)
-    resuming = bool(cfg.resume and cfg.run_dir and (Path(cfg.run_dir) / "config.json").exists())
-    searched_s = 0.0  # the summary's auto_scale_s, apart from the imports and devices before it
-    if cfg.auto_scale and not resuming:  # a resumed run keeps the size its config.json holds
-        t = time.monotonic()
-        cfg, _ = autoscale.choose(cfg, par, spec_for(cfg))
-        searched_s = time.monotonic() - t
-    par = multirun.setup(cfg, par)  # --num-seeds / --sweep: a runs axis beside the data axis
-    split = (spec_for(cfg).check if cfg.mode == "both" else learn_collect.check)(cfg, par.data_devices)
-    if cfg.mode == "collect":
-        if not cfg.run_dir:
-            raise ConfigError("--mode collect needs --run-dir: the run whose store it fills")
-        return Result(collect(cfg, par, split, learn_collect), cfg.run_dir)
-    return runner.run(cfg, par, split, notes, started, learn_collect, auto_scale_s=searched_s, on_row=on_row)
+    from jaxrl_mgpu import plan as plan_lib, runner  # after jax.distributed (see above)
+    plan = plan_lib.resolve(cfg, given)
+    if plan.cfg.mode == "collect":
+        return Result(collect(plan), plan.cfg.run_dir)
+    return runner.run(plan, started, on_row)
 
 
-def collect(cfg, par, split, asynchronous) -> int:
+def collect(plan) -> int:
     """`--mode collect`: no run directory of its own; it adds episodes (or, for --algo ad,
     learning histories) to `--run-dir`'s store."""
+    cfg, par, asynchronous = plan.cfg, plan.par, plan.learner
     log = RunLog(None, 0)
     log.print(f"collector on {count(par.num_devices, par.devices[0].platform + ' device')}, "
               + asynchronous.collects(cfg)
               + f", store {cfg.run_dir}/store")
     stop = StopSignal(log)
     try:
-        total = asynchronous.collect(cfg, par, split, log, stop)
+        total = asynchronous.collect(cfg, par, plan.split, log, stop)
     finally:
         stop.restore()
     log.print(f"collector done: {total:,} env steps written")

@@ -117,8 +117,8 @@ def drawable() -> list[str]:
 
 def check_env(env_name: str, env) -> None:
     """A ConfigError (one line) unless `env_name` (`env`) can be drawn here."""
-    if env_name not in OWN_DRAWN and env_name not in DRAWN_AS and env_name not in GYMNAX_DRAWN and not callable(
-            getattr(env, "render_rgb", None)):
+    if env_name not in OWN_DRAWN and env_name not in DRAWN_AS and env_name not in GYMNAX_DRAWN and \
+            envs_lib.traits(env).render_rgb is None:
         raise ConfigError(f"--video: --env {env_name} has no renderer; these can be drawn: {', '.join(drawable())}, "
                           f"every SUITE:TASK, and an environment of your own that has a method render_rgb(state, "
                           f"params) -> uint8 [height, width, 3]")
@@ -252,17 +252,17 @@ def frames(env_name: str, env, env_params, episode: Episode) -> tuple[np.ndarray
 
 
 def _rendered_frames(env_name: str, env, env_params, episode: Episode) -> tuple[np.ndarray, float]:
-    """The environment's own drawing: `env.render_rgb(state, params)`, one state at a time."""
+    """The environment's own drawing: its render_rgb(state, params) (envs.Traits), one state at a time."""
     out = []
     for k, t in enumerate(episode.steps):
-        image = np.asarray(env.render_rgb(_kept_state(episode, k), env_params))
+        image = np.asarray(envs_lib.traits(env).render_rgb(_kept_state(episode, k), env_params))
         if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] != 3 or (out and image.shape != out[0].shape):
             raise UserError(f"--video: {env_name}'s render_rgb gave a {image.dtype} array of shape {image.shape}"
                             f"{f' after {out[0].shape}' if out else ''}; it must give uint8 [height, width, 3], the "
                             f"same shape for every state")
         out.append(image)
     return np.stack([_with_header(image, t) for image, t in zip(out, episode.steps)]), float(
-        getattr(env, "render_fps", RENDER_FPS))
+        envs_lib.traits(env).render_fps or RENDER_FPS)
 
 
 def _classic_control_frames(gym_name: str, env_params, episode: Episode) -> tuple[np.ndarray, float]:

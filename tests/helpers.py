@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import chunks, parallel, train
+from jaxrl_mgpu import chunks, parallel, plan, train
 
 
 def run(*argv):
@@ -43,7 +43,7 @@ def tensorboard_scalars(directory) -> dict:
 def make_trainer(devices: int, backend: str = "pmap", **overrides) -> chunks.Trainer:
     """A Trainer for a small config on the first `devices` CPU devices."""
     cfg = config_lib.validate(dataclasses.replace(config_lib.Config(), **overrides))
-    return chunks.Trainer(cfg, parallel.setup(backend, devices))
+    return chunks.Trainer(plan.on_devices(cfg, parallel.setup(backend, devices)))
 
 
 def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):

@@ -18,8 +18,8 @@ from helpers import spawn_train, wait_until
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.algos.replay import Transitions
-from jaxrl_mgpu.asynchronous import dqn as async_dqn
-from jaxrl_mgpu.asynchronous import ingest as async_ingest
+from jaxrl_mgpu.algos import dqn_async as async_dqn
+from jaxrl_mgpu.algos import dqn_ingest as async_ingest
 from jaxrl_mgpu.asynchronous import policy, rate
 from jaxrl_mgpu.asynchronous.store import Segments, Store
 from jaxrl_mgpu.checkpoint import Checkpoints
@@ -539,7 +539,7 @@ def test_shards_decoded_by_worker_processes_equal_the_thread_read_in_order_and_e
     """The DQN learner decodes shards in child processes (workers.Pool): the same transitions as
     a read on the thread, delivered oldest first by several workers at once; a damaged shard's
     error is raised in the parent; a dead child is an error, not a hang."""
-    from jaxrl_mgpu.asynchronous.dqn import read_transitions
+    from jaxrl_mgpu.algos.dqn_async import read_transitions
     from jaxrl_mgpu.asynchronous.reader import ShardReader
     from jaxrl_mgpu.asynchronous.workers import Pool, WorkerError
     from jaxrl_mgpu.data.rlds import DatasetError
@@ -601,7 +601,7 @@ def test_collector_segments_give_each_step_once_with_mode_boths_n_step_targets(t
     the final observation); and each ended episode's return and length, once."""
     import jax.numpy as jnp
     from jaxrl_mgpu.algos.replay import Replay, n_step_return
-    from jaxrl_mgpu.asynchronous.dqn import read_transitions
+    from jaxrl_mgpu.algos.dqn_async import read_transitions
     rng = np.random.default_rng(1)
     T, E, n_step, gamma = 7, 4, 3, 0.9
     par = types.SimpleNamespace(local=lambda tree: tree)  # one device's rollout, already on the host
@@ -674,7 +674,7 @@ def test_learner_transitions_are_the_n_step_transitions_of_mode_both(tmp_path):
     observation, terminations not at all)."""
     import jax.numpy as jnp
     from jaxrl_mgpu.algos.replay import Replay, n_step_return
-    from jaxrl_mgpu.asynchronous.dqn import read_transitions
+    from jaxrl_mgpu.algos.dqn_async import read_transitions
     rng = np.random.default_rng(2)
     episodes = [{"observation": rng.random((n, 2)).astype(np.float32), "action": rng.integers(0, 3, n),
                  "reward": rng.random(n).astype(np.float32), "terminated": term,

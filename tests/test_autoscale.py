@@ -11,14 +11,16 @@ import time
 import pytest
 
 import jaxrl_mgpu
-from jaxrl_mgpu import autoscale, parallel
+from jaxrl_mgpu import algos, autoscale, parallel
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import log as log_lib
-from jaxrl_mgpu.algos import spec_for
+from jaxrl_mgpu import plan as plan_lib
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.log import RunLog
 
 from helpers import run
+
+PPO = algos.get("ppo")
 
 # CartPole PPO, 8 steps per env: about 4 KiB of chunk memory per environment on a CPU, so a
 # small fraction of the host's memory makes the ceiling bind in the middle of the sizes. 200,000
@@ -35,7 +37,7 @@ def choose(capsys, **overrides):
     cfg = config_lib.validate(dataclasses.replace(
         config_lib.Config(), num_steps=8, hidden_size=16, **{"total_timesteps": LONG, **overrides}))
     capsys.readouterr()
-    chosen, rows = autoscale.choose(cfg, parallel.setup("pmap"), spec_for(cfg))
+    chosen, rows = autoscale.choose(plan_lib.of_config(cfg), parallel.setup("pmap"))
     out = capsys.readouterr().out
     assert out.count("<- chosen") == 1, out
     return chosen, {r.per_device: r for r in rows}, out
@@ -146,17 +148,17 @@ def test_the_climb_on_rates_measured_on_an_h200():
 
 def test_the_ceiling_leaves_the_run_its_minimum_of_updates():
     cfg = dataclasses.replace(config_lib.Config(), auto_scale="throughput")  # CartPole PPO: 3,000,000 steps of 128
-    assert autoscale.ceiling(cfg, 1) == 128  # 183 updates; 256 would leave 91
-    assert autoscale.ceiling(cfg, 2) == 64
-    assert autoscale.ceiling(dataclasses.replace(cfg, auto_scale_min_updates=1), 1) == 2 ** 14
-    assert autoscale.ceiling(dataclasses.replace(cfg, total_timesteps=10 ** 12), 1) == autoscale.MAX_PER_DEVICE
+    assert autoscale.ceiling(cfg, PPO, 1) == 128  # 183 updates; 256 would leave 91
+    assert autoscale.ceiling(cfg, PPO, 2) == 64
+    assert autoscale.ceiling(dataclasses.replace(cfg, auto_scale_min_updates=1), PPO, 1) == 2 ** 14
+    assert autoscale.ceiling(dataclasses.replace(cfg, total_timesteps=10 ** 12), PPO, 1) == autoscale.MAX_PER_DEVICE
     # Even 1 per device leaves fewer: 1, and the table says so; none at all is an error.
-    assert autoscale.ceiling(dataclasses.replace(cfg, total_timesteps=128 * 50), 1) == 1
+    assert autoscale.ceiling(dataclasses.replace(cfg, total_timesteps=128 * 50), PPO, 1) == 1
     with pytest.raises(ConfigError, match="less than one update even at 1 environment per device"):
-        autoscale.ceiling(dataclasses.replace(cfg, total_timesteps=1000), 8)
+        autoscale.ceiling(dataclasses.replace(cfg, total_timesteps=1000), PPO, 8)
     # AD trains --num-updates whatever its batch.
     ad = dataclasses.replace(cfg, algo="ad", num_updates=10)
-    assert autoscale.run_updates(ad, 64, 1) is None and autoscale.ceiling(ad, 1) == autoscale.MAX_PER_DEVICE
+    assert autoscale.run_updates(ad, algos.get('ad'), 64, 1) is None and autoscale.ceiling(ad, algos.get('ad'), 1) == autoscale.MAX_PER_DEVICE
 
 
 class Simulated(autoscale.Search):
@@ -177,7 +179,8 @@ class Simulated(autoscale.Search):
 
 def simulated_search(total: int):
     cfg = dataclasses.replace(config_lib.Config(), num_steps=8, total_timesteps=total, auto_scale="throughput")
-    search = Simulated(cfg, parallel.this_device(), None, RunLog(None, 0), 8)
+    plan = plan_lib.Plan(cfg, None, None, PPO, None)  # no environment: the search is simulated
+    search = Simulated(plan, parallel.this_device(), RunLog(None, 0), 8)
     search.first()
     chosen, stop = search.climb()
     return chosen, stop, search
@@ -193,7 +196,7 @@ def test_the_fastest_size_is_given_up_for_the_minimum_of_updates():
     assert chosen == 1024 and max(search.rates()) == 1024 and search.rows[1024].updates == 100
     assert stop == "2,048 leaves 50 updates, fewer than --auto-scale-min-updates 100"
     search.rows[chosen].chosen = True
-    table = autoscale.table(search.cfg, list(search.rows.values()), search.limit, search.source, 1.0, chosen, 8,
+    table = autoscale.table(search.cfg, search.what, list(search.rows.values()), search.limit, search.source, 1.0, chosen, 8,
                             search.phases, stop)
     assert "2,048        50" in table and table.count("fewer than --auto-scale-min-updates 100") == 2
     assert "1,024 per device" in table and "8,192 over 8 devices, 100 updates" in table

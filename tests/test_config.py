@@ -26,7 +26,7 @@ def test_an_option_left_false_or_none_is_not_given():
 @pytest.mark.parametrize("options, words", [
     ({"num_env": 3}, "'num_env' is not an option"),
     ({"num_envs": 0}, "option: num_envs must be at least 1, got 0"),
-    ({"algo": "sac"}, "option: algo 'sac' is not valid"),
+    ({"policy": "rnn"}, "option: policy 'rnn' is not valid"),
     ({"auto_scale": True, "num_envs": 64}, "--auto-scale chooses --num-envs itself"),
 ])
 def test_bad_keyword_options_are_one_line(options, words):

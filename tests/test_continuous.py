@@ -506,7 +506,7 @@ def test_observation_statistics_count_each_rollout_before_the_learner_uses_it():
     # its only minibatch would see the rollout's own policy (ratio exactly 1, KL exactly 0).
     trainer = make_trainer(1, normalize_obs=True, num_minibatches=1, **{**SMALL, "update_epochs": 1})
     state = trainer.init_state()
-    algo, par = trainer.algo, trainer.par
+    algo, par = trainer.algorithm.parts, trainer.par
 
     def first_rollout(state):
         _, rollout_key, _ = jax.random.split(state.key, 3)

@@ -17,7 +17,7 @@ def run_updates(trainer, n: int):
 
 def global_rollout(trainer, state):
     """One rollout from `state`, with each leaf laid out [T, global envs] in global env order."""
-    algo = trainer.algo
+    algo = trainer.algorithm.parts
     traj = trainer.par.map(lambda s: algo.rollout(s.params, s.envs, s.memory, s.key)[2])(state)
     local = trainer.par.local(traj)  # [devices, T, envs per device, ...]
     return jax.tree.map(lambda x: np.concatenate(list(x), axis=1), local)

@@ -51,7 +51,7 @@ def test_one_gradient_step_on_8_devices_equals_1_device_with_the_same_global_bat
     row = rng.integers(0, rows, batch).astype(np.int32)
 
     def steps(trainer):
-        d, algo = trainer.par.num_devices, trainer.algo
+        d, algo = trainer.par.num_devices, trainer.algorithm.parts
         local = lambda x: x.reshape((d, -1) + x.shape[1:])  # global leading axis -> [devices, share]
         env_local = env.reshape(d, -1) - (envs // d) * np.arange(d)[:, None]
 

@@ -6,7 +6,6 @@ import dataclasses
 import inspect
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

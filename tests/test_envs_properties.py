@@ -16,7 +16,7 @@ import pytest
 from helpers import assert_trees_close, make_trainer, run
 from jaxrl_mgpu import autoscale, evaluate, parallel
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu.algos import spec_for
+from jaxrl_mgpu import plan as plan_lib
 
 pytestmark = pytest.mark.slow  # every test here is slow: none is in the fast tier
 
@@ -80,7 +80,7 @@ def test_auto_scale_sizes_a_suites_task(capsys):
                                                 num_steps=8, hidden_size=16, total_timesteps=10 ** 9,
                                                 auto_scale_memory=2 ** 22 / autoscale.memory_limit(
                                                     parallel.this_device().devices[0])[0]))
-    chosen, rows = autoscale.choose(cfg, parallel.setup("pmap", 1), spec_for(cfg))
+    chosen, rows = autoscale.choose(plan_lib.of_config(cfg), parallel.setup("pmap", 1))
     assert chosen.num_envs >= 256 and any(r.chosen for r in rows)
     assert "auto-scale (memory)" in capsys.readouterr().out
 

@@ -48,7 +48,7 @@ def test_one_update_on_8_devices_equals_1_device(game):
 def test_a_tagged_runner_ends_its_episode_and_leaves_the_loss():
     trainer = make_trainer(2, num_minibatches=2, **CONTINUOUS, **SMALL)
     state = trainer.init_state()
-    algo = trainer.algo
+    algo = trainer.algorithm.parts
     traj, mask = trainer.par.map(lambda s: algo.rollout(s.params, s.envs, s.key)[1:3])(state)
     traj, mask = trainer.par.local((traj, mask))  # [devices, T, E, agents]
     terminated, truncated, mask = (np.asarray(x) for x in (traj.terminated, traj.truncated, mask))
@@ -99,7 +99,7 @@ def test_match_random_teams_act_uniformly():
     # Random against random: the networks' outputs must not matter. Params of two very
     # different inits give the same games.
     trainer = make_trainer(1, **GRID, **SMALL)
-    policy, env, env_params = trainer.algo.policy, trainer.env, trainer.env_params
+    policy, env, env_params = trainer.algorithm.parts.policy, trainer.env, trainer.env_params
     match = trainer.par.map(mappo.make_match(policy, env, env_params, 16, 1, False, ("taggers", "runners")))
     key = trainer.key(3)
     a = match(trainer.par.replicate(policy.init_params(jax.random.PRNGKey(0))), key)

@@ -20,7 +20,7 @@ def test_learner_recomputes_what_the_actor_saw(across):
     """Log-probs and values recorded while acting equal the learner's recomputation over the
     same steps, across episode boundaries and past the context window."""
     trainer = make_trainer(2, context_across_episodes=across, **TRANSFORMER)
-    algo, par = trainer.algo, trainer.par
+    algo, par = trainer.algorithm.parts, trainer.par
     state = trainer.init_state()
     # Random-ish params: the PPO init makes outputs nearly independent of the inputs.
     state = state._replace(params=jax.tree.map(

@@ -196,7 +196,7 @@ def test_help_lists_choices_presets_and_each_default_once():
     out = subprocess.run([sys.executable, "-m", "jaxrl_mgpu.train", "--help"], capture_output=True, text=True)
     assert out.returncode == 0
     text = " ".join(out.stdout.split())
-    assert "one of ppo, dqn, ad (default: ppo)" in text and "one of pmap, shard_map" in text
+    assert "algorithm: ppo, dqn, ad (default: ppo)" in text and "one of pmap, shard_map" in text
     assert "presets (--config NAME):" in text and "breakout-minatar-dqn" in text
     assert text.count("(default: 3000000)") == 1 and "(default: None)" not in text
 
@@ -335,9 +335,11 @@ def test_launch_relays_a_childs_error_to_stderr_once():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("argv, words", [([], "usage: python examples/custom_env.py {train,evaluate}"),
+@pytest.mark.parametrize("example", ["custom_env.py", "custom_algo.py"])
+@pytest.mark.parametrize("argv, words", [([], "usage: python examples/{} {{train,evaluate}}"),
                                          (["bench"], "unknown command 'bench'")])
-def test_the_custom_env_example_without_a_known_command_prints_its_usage(argv, words):
-    example = Path(__file__).resolve().parents[1] / "examples" / "custom_env.py"
+def test_the_examples_without_a_known_command_print_their_usage(example, argv, words):
+    words = words.format(example)
+    example = Path(__file__).resolve().parents[1] / "examples" / example
     out = subprocess.run([sys.executable, str(example), *argv], capture_output=True, text=True, timeout=240)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and words in out.stderr, out.stderr

@@ -63,7 +63,7 @@ for seed in sys.argv[2:]:
     rows = [r for r in rows if "grad_steps" in r]
     last, lags = rows[-1], [r["async/policy_lag"] for r in rows if r.get("async/policy_lag") is not None]
     inserted = [r["async/policy_lag_inserted"] for r in rows if r.get("async/policy_lag_inserted") is not None]
-    stages = ("params", "rollout", "write", "read", "insert")  # asynchronous/dqn.py: STAGES
+    stages = ("params", "rollout", "write", "read", "insert")  # algos/dqn_async.py: STAGES
     latency = {s: [r[f"async/latency_s/{s}"] for r in rows if r.get(f"async/latency_s/{s}") is not None] for s in stages}
     print(f"async{seed}: {last['env_steps']:,} env steps received, {last['grad_steps']:,} gradient steps, samples per "
           f"insert {last['async/samples_per_insert']:.2f}, {last['time']:.0f} s, mean policy lag "

@@ -16,7 +16,7 @@ import jax
 
 from jaxrl_mgpu import autoscale, parallel, rundir
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu.algos import module_for
+from jaxrl_mgpu import algos, plan as plan_lib
 from jaxrl_mgpu.chunks import Trainer
 
 mode, sizes = sys.argv[1], [int(s) for s in sys.argv[2].split(",")]
@@ -36,8 +36,8 @@ def cpu_s() -> float:
 
 def compile_at(n: int) -> None:
     """The search's program at n per device (autoscale's Search), lowered and compiled."""
-    c = autoscale.probe_config(cfg, n)
-    trainer = Trainer(c, one, split=module_for(c).check(c, 1))
+    c = autoscale.probe_config(cfg, algos.get(cfg.algo), n)
+    trainer = Trainer(plan_lib.on_devices(c, one))
     t = time.perf_counter()
     lowered = trainer.lower(trainer.abstract_state())
     t_lowered, cpu = time.perf_counter(), cpu_s()

@@ -1,7 +1,7 @@
 """The asynchronous DQN learner's host work per poll of its feed (issue 31), without a GPU:
 shards of Breakout-MinAtar's size (71k transitions of 10x10x4 bytes, as a 256-env collector
 writes them) arrive, and each poll takes its replay blocks from the queue
-(asynchronous/ingest.py: `_host_blocks`) and reads them as the copy to the device does. Prints the
+(algos/dqn_ingest.py: `_host_blocks`) and reads them as the copy to the device does. Prints the
 mean and the longest poll, and the mean of the polls in which a shard arrived.
     python experiments/gpu/ingest_host.py [--shards 8] [--polls-per-shard 5]"""
 import argparse

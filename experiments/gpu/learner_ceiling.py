@@ -15,12 +15,13 @@ import time
 import jax
 import numpy as np
 
+from jaxrl_mgpu import plan as plan_lib
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import chunks, parallel
 from jaxrl_mgpu.algos import dqn
 from jaxrl_mgpu.algos.replay import Transitions
-from jaxrl_mgpu.asynchronous import dqn as learner_lib
-from jaxrl_mgpu.asynchronous.ingest import LARGE_BLOCK
+from jaxrl_mgpu.algos import dqn_async as learner_lib
+from jaxrl_mgpu.algos.dqn_ingest import LARGE_BLOCK
 
 p = argparse.ArgumentParser()
 p.add_argument("--seconds", type=float, default=5.0)
@@ -32,7 +33,7 @@ par = parallel.setup(cfg.parallel, cfg.devices)
 split = learner_lib.check(cfg, par.data_devices)
 algorithm = learner_lib.algorithm(cfg, par, split)
 lrn = algorithm.parts
-trainer = chunks.Trainer(cfg, par, algorithm, split)
+trainer = chunks.Trainer(plan_lib.on_devices(cfg, par), algorithm)
 state = trainer.init_state()
 replay = lrn.init_replay(par.replicate(np.asarray(jax.random.PRNGKey(0))))
 

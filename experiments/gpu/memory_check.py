@@ -21,17 +21,18 @@ if args.cache:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
+from jaxrl_mgpu import algos, plan as plan_lib
 from jaxrl_mgpu import autoscale, chunks, config as config_lib, parallel  # noqa: E402
 
 cfg = config_lib.validate(config_lib.from_args(args.train_args + ["--compile-cache", "off"]))
-cfg = autoscale.probe_config(cfg, args.envs_per_device)
+cfg = autoscale.probe_config(cfg, algos.get(cfg.algo), args.envs_per_device)
 par = parallel.this_device()
 device = par.devices[0]
 stats = lambda: device.memory_stats() or {}  # None on the CPU
 peak = lambda: stats().get("peak_bytes_in_use")
 out = {"args": " ".join(args.train_args), "envs_per_device": args.envs_per_device, "cached": bool(args.cache),
        "device": device.device_kind, "limit": stats().get("bytes_limit")}
-trainer = chunks.Trainer(cfg, par)
+trainer = chunks.Trainer(plan_lib.on_devices(cfg, par))
 t = time.perf_counter()
 trainer.compile(trainer.abstract_state())
 out["compile_s"] = round(time.perf_counter() - t, 1)

@@ -25,13 +25,13 @@ if "pjr" in what:
     f = jax.jit(jax.vmap(make_train(config))).lower(keys).compile()
     timed("pjr", f, keys)
 for variant in [w for w in what if w.startswith("ours")]:
-    from jaxrl_mgpu import config as C, chunks, parallel
+    from jaxrl_mgpu import config as C, chunks, parallel, plan as plan_lib
     if variant == "ours_nounroll":
         from jaxrl_mgpu.algos import ppo; ppo.GPU_ROLLOUT_UNROLL = 1
     cfg = C.validate(C.from_args(["--config", "cartpole", "--num-envs", "4", "--num-steps", "128", "--num-seeds", str(K),
                                   "--total-timesteps", str(U * 512 * 10), "--devices", "1"]))
     par = parallel.setup(cfg.parallel, 1)
-    tr = chunks.Trainer(cfg, par)
+    tr = chunks.Trainer(plan_lib.on_devices(cfg, par))
     st = tr.init_state()
     ch = tr.chunk_fn(U, st)
     state = {"s": st}

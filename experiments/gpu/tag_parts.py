@@ -18,6 +18,7 @@ import time
 import jax
 import jax.numpy as jnp
 
+from jaxrl_mgpu import plan as plan_lib
 from jaxrl_mgpu import chunks, config as config_lib, envs, parallel
 from jaxrl_mgpu.envs import tag
 
@@ -106,7 +107,7 @@ def main():
             cfg = config_lib.validate(dataclasses.replace(base, update_epochs=epochs, num_minibatches=minibatches,
                                                           precision=precision))
             par = parallel.setup("pmap", 1)
-            trainer = chunks.Trainer(cfg, par)
+            trainer = chunks.Trainer(plan_lib.on_devices(cfg, par))
             state = trainer.init_state()
             chunk = trainer.chunk_fn(1, state)
             s, _ = timed(lambda st: chunk(st)[0], state)

@@ -1,23 +1,17 @@
 """Algorithms: each a module of per-device functions (ppo.py, dqn.py, ad.py, mappo.py) and the
 frozen `Spec` that says everything the host reads of it (spec.py), registered here by name as
-`--algo NAME`. Adding one is a module and a `register` call; `spec_for(cfg)` is the spec a run
-trains with (PPO on a multi-agent game is multi-agent PPO). The options that shape an
-algorithm's checkpointed state are declared with the options (config.state_keys)."""
+`--algo NAME`; DQN and AD also run as learners and collectors on a run's store (dqn_async.py,
+ad_async.py: their specs' `asynchronous`). Adding one is a module and a `register` call
+(docs/algorithms.md); `for_run(name, env)` is the spec a run trains with (PPO on a multi-agent
+game is multi-agent PPO), chosen once, in the run's plan (plan.py)."""
 
 import dataclasses
 
-from jaxrl_mgpu import envs
-from jaxrl_mgpu.algos import ad, dqn, mappo, ppo
-from jaxrl_mgpu.algos.spec import Spec, for_run, get, names, register
+from jaxrl_mgpu.algos import ad, ad_async, dqn, dqn_async, mappo, ppo
+from jaxrl_mgpu.algos.spec import Asynchronous, Spec, for_run, get, names, register
 
 register("ppo", dataclasses.replace(ppo.SPEC, multi_agent=mappo.SPEC))
-register("dqn", dqn.SPEC)
-register("ad", ad.SPEC)
+register("dqn", dataclasses.replace(dqn.SPEC, asynchronous=dqn_async.ASYNCHRONOUS))
+register("ad", dataclasses.replace(ad.SPEC, asynchronous=ad_async.ASYNCHRONOUS))
 
-
-def spec_for(cfg) -> Spec:
-    """The spec that trains `cfg`: `--algo`'s, for `--env`'s kind of game."""
-    return for_run(cfg.algo, envs.make(cfg.env, cfg.env_args)[0])
-
-
-__all__ = ["Spec", "get", "names", "register", "spec_for"]
+__all__ = ["Asynchronous", "Spec", "for_run", "get", "names", "register"]

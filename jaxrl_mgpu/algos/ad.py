@@ -156,7 +156,7 @@ def load_data(cfg, par) -> Steps:
 
 def check_batch(cfg, num_devices: int) -> BatchSplit:
     """The checks of the model and its batch over `num_devices` (no dataset: `--mode learn`
-    fills its histories from the run's store, asynchronous/ad.py); the batch layout, or a ConfigError."""
+    fills its histories from the run's store, algos/ad_async.py); the batch layout, or a ConfigError."""
     if cfg.num_updates is None:
         raise ConfigError("--algo ad trains for --num-updates gradient steps: give --num-updates")
     if cfg.n_transit > 2 ** 14:
@@ -179,7 +179,7 @@ def check_batch(cfg, num_devices: int) -> BatchSplit:
 
 def check(cfg, num_devices: int) -> BatchSplit:
     """The batch layout over `num_devices` and, for --mode both, a checked dataset; or a
-    ConfigError. (A --mode learn run's histories are its store's: asynchronous/ad.py.)"""
+    ConfigError. (A --mode learn run's histories are its store's: algos/ad_async.py.)"""
     layout = check_batch(cfg, num_devices)
     if cfg.mode != "both":
         return layout
@@ -201,7 +201,7 @@ def sample(data: Steps, key: jax.Array, windows: int, length: int, filled: jax.A
     start (a window may span several episodes, and starts at the history's beginning with the
     same chance as anywhere else). `filled` (traced; default: all rows): draw tasks only from
     the first `filled` rows, the filled slots of a fixed-capacity buffer that grows
-    (`--mode learn`, asynchronous/ad.py), so its shape, hence the compiled update, never changes."""
+    (`--mode learn`, algos/ad_async.py), so its shape, hence the compiled update, never changes."""
     tasks, steps = data.action.shape
     task_key, start_key = jax.random.split(key)
     task = jax.random.randint(task_key, (windows,), 0, tasks if filled is None else filled)
@@ -248,6 +248,11 @@ def make_policy(net: TransformerActorCritic, obs_size: int) -> actor_critic.Poli
         return logits, values
 
     return actor_critic.Policy(init_params, init_memory, act, remember, inputs, evaluate, sequences=True)
+
+
+def in_context_policy(cfg, env, env_params) -> actor_critic.Policy:
+    """The transformer that acts in context (the spec's `policy`)."""
+    return make_policy(make_net(cfg, env, env_params), int(np.prod(env.observation_space(env_params).shape)))
 
 
 def make(cfg, env, env_params, split: BatchSplit) -> Algo:
@@ -298,7 +303,7 @@ def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
 # What the code outside algos/ reads of AD (algos/spec.py): progress in tokens (transitions the
 # model is trained on), not env steps; --auto-scale sizes the sequences per update; no --policy
 # (its network is AD's transformer); a trained run is evaluated in context (incontext.py).
-SPEC = Spec(name="ad", check=check, algorithm=algorithm, make=make, steps_per_update=steps_per_update,
+SPEC = Spec(name="ad", check=check, algorithm=algorithm, policy=in_context_policy, steps_per_update=steps_per_update,
             step_unit="tokens", console=(("loss", "loss/cross_entropy", ".4f"), ("acc", "loss/accuracy", ".3f")),
             summary=("loss/cross_entropy", "loss/accuracy"), size_option="ad_batch_size", takes_policy=False,
             evaluated_by="in-context")

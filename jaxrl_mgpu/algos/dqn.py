@@ -225,7 +225,7 @@ def epsilon(cfg, env_steps: jax.Array) -> jax.Array:
 
 def make_train_step(cfg, q_values, tx, sequence: bool = False):
     """Double DQN's gradient step on a batch, and with the target network's update after it:
-    what --mode both runs on its replay and the asynchronous learner (asynchronous/dqn.py) on its
+    what --mode both runs on its replay and the asynchronous learner (algos/dqn_async.py) on its
     ring of the store's transitions. `q_values(params, x)`: Q-values [B, A] of a batch of inputs
     (observations, or with `sequence` the windows of a SeqBatch). Returns `learn(params,
     target_params, opt_state, loss_scale, batch) -> params, opt_state, loss_scale, stats` and
@@ -361,6 +361,11 @@ def q_functions(cfg, net, env, obs_shape: tuple) -> QFunctions:
     return QFunctions(sequence, init_params, init_memory, act_q, remember, learner_q, policy)
 
 
+def q_policy(cfg, env, env_params) -> Policy:
+    """The Q-network's epsilon-greedy (or greedy) policy (the spec's `policy`)."""
+    return q_functions(cfg, make_network(cfg, env, env_params), env, env.observation_space(env_params).shape).policy
+
+
 def make(cfg, env, env_params, split: BatchSplit) -> Algo:
     net = make_network(cfg, env, env_params)
     tx = learner.adam(cfg, gradient_steps(cfg))
@@ -441,5 +446,5 @@ def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
 
 
 # What the code outside algos/ reads of DQN (algos/spec.py).
-SPEC = Spec(name="dqn", check=check, algorithm=algorithm, make=make, steps_per_update=steps_per_update,
+SPEC = Spec(name="dqn", check=check, algorithm=algorithm, policy=q_policy, steps_per_update=steps_per_update,
             steady_state=steady_state, console=(("td", "loss/td", ".4f"), ("eps", "epsilon", ".3f")))

@@ -35,6 +35,7 @@ from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share
 from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.cli import ConfigError
+from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.nets import actor_critic, factory
 from jaxrl_mgpu.parallel import AXIS, all_sum, device_index, global_indices, split_evenly
@@ -180,7 +181,7 @@ class Factored:
 
 
 def action_distribution(env) -> Factored:
-    return Factored(getattr(env, "action_factors", (env.num_actions,)))
+    return Factored(envs_lib.traits(env).action_factors or (env.num_actions,))
 
 
 def team_sums(x: jax.Array, teams: dict) -> jax.Array:
@@ -333,7 +334,7 @@ def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
 
 # What the code outside algos/ reads of multi-agent PPO (algos/spec.py): PPO's, and on the
 # progress line per team the return per agent, and the game's tags.
-SPEC = Spec(name="mappo", check=check, algorithm=algorithm, make=make, steps_per_update=steps_per_update,
+SPEC = Spec(name="mappo", check=check, algorithm=algorithm, policy=team_policy, steps_per_update=steps_per_update,
             console=ppo.SPEC.console + (("taggers", "taggers/episode_return", ".2f"),
                                         ("runners", "runners/episode_return", ".2f"),
                                         ("tags", "tags_per_episode", ".2f")))

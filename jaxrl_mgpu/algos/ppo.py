@@ -82,7 +82,7 @@ def rollout_unroll(env) -> int:
     environment that says its step is heavy (`heavy_step = True`, e.g. a physics simulation:
     envs/brax_state.py). Such a step is many kernels and milliseconds long, so the loop's round
     trip is lost in it, while every unrolled copy is the whole simulator to compile again."""
-    if jax.default_backend() != "gpu" or getattr(env, "heavy_step", False):
+    if jax.default_backend() != "gpu" or envs_lib.traits(env).heavy_step:
         return 1
     return GPU_ROLLOUT_UNROLL
 
@@ -448,6 +448,6 @@ def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
 
 # What the code outside algos/ reads of PPO (algos/spec.py); algos/__init__.py registers it, with
 # multi-agent PPO (mappo.py) for the multi-agent games.
-SPEC = Spec(name="ppo", check=check, algorithm=algorithm, make=make, steps_per_update=steps_per_update,
+SPEC = Spec(name="ppo", check=check, algorithm=algorithm, policy=actor_critic.make, steps_per_update=steps_per_update,
             console=(("policy", "loss/policy", ".3f"), ("value", "loss/value", ".3f"),
                      ("kl", "loss/approx_kl", ".4f"), ("clip", "loss/clip_frac", ".3f")))

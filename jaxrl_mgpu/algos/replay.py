@@ -1,5 +1,5 @@
 """DQN's replay and its n-step targets: the one module `--mode both` (algos/dqn.py) and the
-asynchronous learner (asynchronous/dqn.py) take them from.
+asynchronous learner (algos/dqn_async.py) take them from.
 
 Two layouts of one device's transitions:
 - `Replay` (--mode both): a ring buffer of fixed-size arrays inside the training state (so it

@@ -5,9 +5,12 @@ that tells the rest of the program how to run it: how its batch splits over the 
 to build it, how its progress is counted and shown, what --auto-scale varies, how it is
 evaluated. `register(name, spec)` makes it `--algo NAME`; `for_run(cfg, env)` is the one place
 that picks the spec a run trains with (PPO on a multi-agent game is multi-agent PPO).
+An algorithm that also runs as `--mode learn` / `--mode collect` (DQN, AD) says how in its
+`asynchronous` record: the learner's update, its data source (loop.Source) fed from the run's
+store, and the collector.
 
 Adding an algorithm is a module and a `register` call (examples/custom_algo.py does it from
-outside the package).
+outside the package; docs/algorithms.md walks through it).
 """
 
 from __future__ import annotations
@@ -21,6 +24,20 @@ from jaxrl_mgpu.envs import is_multi_agent
 
 
 @dataclasses.dataclass(frozen=True)
+class Asynchronous:
+    """`--mode learn` and `--mode collect` of one algorithm (algos/dqn_async.py, ad_async.py)."""
+    check: Callable       # (cfg, num_devices) -> BatchSplit of the learner's memory, or a ConfigError
+    per_update: Callable  # cfg -> what one learner iteration does, in words (the banner)
+    algorithm: Callable   # (cfg, par, split) -> Algorithm: the learner's update, on the source's data
+    # (cfg, par, split, Algorithm, ckpts, log, resume_step, state) -> the learner's data source: a
+    # loop.Source that also logs (log_row), publishes checkpoints (checkpoint), counts chunks
+    # (ran), and ends (finish, close); its `ledger` counts the env steps it received
+    source: Callable
+    collect: Callable     # (cfg, par, split, log, stop) -> env steps a collector wrote to the store
+    collects: Callable    # cfg -> what one collector runs, in words (its start line)
+
+
+@dataclasses.dataclass(frozen=True)
 class Spec:
     """Everything the host reads of one algorithm. The callables take the validated config
     (`cfg`); none holds state."""
@@ -30,8 +47,9 @@ class Spec:
     check: Callable[[Any, int], BatchSplit]
     # (cfg, env, env_params, split, par) -> what the trainer runs (algos/base.Algorithm)
     algorithm: Callable[..., Algorithm]
-    # (cfg, env, env_params, split) -> its per-device functions, `.policy` for evaluation
-    make: Callable[..., Any]
+    # (cfg, env, env_params) -> its nets.actor_critic.Policy: parameter shapes (jax.eval_shape of
+    # `init_params`) and evaluation episodes, without building the algorithm
+    policy: Callable[..., Any]
     # cfg -> progress per update over all devices, in `step_unit`
     steps_per_update: Callable[[Any], int]
     # cfg -> the config whose update auto-scale times (DQN: past its warm-up), often cfg itself
@@ -42,7 +60,11 @@ class Spec:
     size_option: str = "num_envs"               # the option --auto-scale chooses
     takes_policy: bool = True                   # whether --policy (mlp | transformer) shapes it
     evaluated_by: str = "episodes"              # "episodes" (evaluate) or "in-context" (incontext)
+    # options declared for other algorithms (config/options.py) that it reads too: giving one
+    # is not refused as "only for --algo ppo" (an outside algorithm's --vf-coef, say)
+    reads: tuple[str, ...] = ()
     multi_agent: "Spec | None" = None           # the spec that trains it on a multi-agent game
+    asynchronous: Asynchronous | None = None    # --mode learn|collect (None: --mode both only)
 
 
 _SPECS: dict[str, Spec] = {}

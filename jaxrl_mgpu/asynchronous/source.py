@@ -1,4 +1,4 @@
-"""What the learners' data sources share (`StoreSource`, the base of asynchronous/dqn.py's and
+"""What the learners' data sources share (`StoreSource`, the base of algos/dqn_async.py's and
 ad.py's; each is the loop's `loop.Source`): the store, read on a background thread; the ledger
 and the checkpoints published with it; the rate limiter with the progress it publishes for
 the collectors; and the log's data and rate metrics."""

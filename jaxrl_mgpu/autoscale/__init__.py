@@ -26,7 +26,6 @@ import jax
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.autoscale.rules import (MIN_PER_DEVICE, WITHIN, between, doubling_gain, fit_line, next_size,
                                       smallest_within)
-from jaxrl_mgpu.algos import spec_for
 from jaxrl_mgpu.chunks import Trainer
 from jaxrl_mgpu.cli import count
 from jaxrl_mgpu.cli import ConfigError
@@ -53,9 +52,9 @@ class Row:
     chosen: bool = False
 
 
-def knob(cfg) -> str:
+def knob(spec) -> str:
     """The option auto-scaling sets: the algorithm's (environments; AD: sequences per update)."""
-    return spec_for(cfg).size_option
+    return spec.size_option
 
 
 def compiled_bytes(compiled) -> int | None:
@@ -79,47 +78,41 @@ def memory_limit(device) -> tuple[int, str]:
     return ram // max(len(jax.local_devices()), 1), "no device memory limit: host RAM / local devices"
 
 
-def steady_state(cfg):
-    """`cfg` as timed (the probes here, and `bench`): as the algorithm says (DQN learns from
-    its first update)."""
-    return spec_for(cfg).steady_state(cfg)
-
-
-def with_size(cfg, per_device: int, num_devices: int):
+def with_size(cfg, spec, per_device: int, num_devices: int):
     """`cfg` with `per_device` of the knob on each of `num_devices` devices; nothing else changes
     (the run keeps the --total-timesteps it was given)."""
-    return dataclasses.replace(cfg, **{knob(cfg): per_device * num_devices})
+    return dataclasses.replace(cfg, **{knob(spec): per_device * num_devices})
 
 
-def probe_config(cfg, per_device: int):
+def probe_config(cfg, spec, per_device: int):
     """The one-device config the search compiles and times at `per_device`: in its steady state,
     and with at least one update of training, so that the probe's programs exist where the run's
     total is less than one update at this size. Only this copy is raised: such a size leaves the
     run fewer than --auto-scale-min-updates (>= 1) updates, so `ceiling` keeps the run from it."""
-    cfg = steady_state(with_size(cfg, per_device, 1))
+    cfg = spec.steady_state(with_size(cfg, spec, per_device, 1))
     if cfg.num_updates is None and cfg.total_timesteps < cfg.batch_size:
         cfg = dataclasses.replace(cfg, total_timesteps=cfg.batch_size)
     return cfg
 
 
-def run_updates(cfg, per_device: int, num_devices: int) -> int | None:
+def run_updates(cfg, spec, per_device: int, num_devices: int) -> int | None:
     """The run's updates at `per_device` on `num_devices` devices, or None where it counts
     --num-updates (AD), which no size changes."""
-    return None if cfg.num_updates is not None else with_size(cfg, per_device, num_devices).total_updates
+    return None if cfg.num_updates is not None else with_size(cfg, spec, per_device, num_devices).total_updates
 
 
-def ceiling(cfg, num_devices: int) -> int:
+def ceiling(cfg, spec, num_devices: int) -> int:
     """The largest size per device the search may take: MAX_PER_DEVICE, or the largest power of
     2 that leaves the run --auto-scale-min-updates updates; 1 where even 1 leaves fewer (taken,
     and said in the table), unless it leaves none."""
     def too_few(n: int) -> bool:
-        updates = run_updates(cfg, n, num_devices)
+        updates = run_updates(cfg, spec, n, num_devices)
         return updates is not None and updates < cfg.auto_scale_min_updates
 
     n = MAX_PER_DEVICE
     while n > 1 and too_few(n):
         n //= 2
-    if run_updates(cfg, n, num_devices) == 0:
+    if run_updates(cfg, spec, n, num_devices) == 0:
         raise ConfigError(f"--auto-scale: --total-timesteps {cfg.total_timesteps:,} is less than one update even at 1 "
                           f"environment per device ({count(num_devices, 'device')} x --num-steps {cfg.num_steps})")
     return n
@@ -129,14 +122,16 @@ class Search:
     """One search, on process 0: a row per size considered, the programs compiled and not yet
     probed, and the clock. `first`, then `climb` (throughput) or `largest_fitting` (memory)."""
 
-    def __init__(self, cfg, one: parallel.Parallel, spec, log: RunLog, num_devices: int):
-        self.cfg, self.one, self.spec, self.log, self.num_devices = cfg, one, spec, log, num_devices
+    def __init__(self, plan, one: parallel.Parallel, log: RunLog, num_devices: int):
+        self.plan, self.cfg, self.spec, self.one, self.log = plan, plan.cfg, plan.spec, one, log
+        self.num_devices = num_devices
+        cfg, spec = self.cfg, self.spec
         self.device = one.devices[0]
         self.limit, self.source = memory_limit(self.device)
         self.memory = cfg.auto_scale_memory * self.limit  # the bytes a size's chunk may take
-        self.top = ceiling(cfg, num_devices)
+        self.top = ceiling(cfg, spec, num_devices)
         self.floor = min(MIN_PER_DEVICE, self.top)
-        self.what = "sequences" if knob(cfg) == "ad_batch_size" else "envs"
+        self.what = "sequences" if knob(spec) == "ad_batch_size" else "envs"
         self.rows: dict[int, Row] = {}
         self.trainers: dict[int, Trainer] = {}
         self.compiled: list[int] = []  # the sizes compiled within the memory budget, ascending
@@ -146,7 +141,7 @@ class Search:
 
     def row(self, n: int) -> Row:
         if n not in self.rows:
-            self.rows[n] = Row(n, updates=run_updates(self.cfg, n, self.num_devices))
+            self.rows[n] = Row(n, updates=run_updates(self.cfg, self.spec, n, self.num_devices))
         return self.rows[n]
 
     def rates(self) -> dict[int, float]:
@@ -179,14 +174,13 @@ class Search:
 
     def _compile_one(self, n: int) -> None:
         row = self.row(n)
-        c = probe_config(self.cfg, n)
         try:
-            split = self.spec.check(c, 1)
+            plan = self.plan.on(self.one, probe_config(self.cfg, self.spec, n))
         except ConfigError as e:
             row.note = "does not split"
             self.log.print(f"  auto-scale: {n:,} does not split: {e}")
             return
-        trainer = Trainer(c, self.one, split=split)
+        trainer = Trainer(plan)
         t = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the initial state's program beside it
             init = pool.submit(trainer.compile_init)
@@ -407,8 +401,8 @@ class Search:
         return chosen, self.stopped or (self.why_not(2 * chosen) if ceiling_decided else None)
 
 
-def choose(cfg, par, spec, log: RunLog | None = None):
-    """The config with the knob chosen (on process 0, broadcast to all), and the search's rows
+def choose(plan, par, log: RunLog | None = None):
+    """The plan's config (plan.Plan, without devices) with the knob chosen (on process 0, broadcast to all), and the search's rows
     (process 0's; the others have only the chosen one). `log` (a RunLog without a run directory
     where None) gets each size's lines as it goes, and the table."""
     t0 = time.perf_counter()
@@ -416,7 +410,8 @@ def choose(cfg, par, spec, log: RunLog | None = None):
     # A one-device run probes its own program (so training then finds the chosen size's chunk in
     # the compilation cache); otherwise one device of this host stands for each.
     one = par if par.num_devices == 1 else parallel.this_device()
-    search = Search(cfg, one, spec, log, par.num_devices)
+    cfg = plan.cfg
+    search = Search(plan, one, log, par.num_devices)
     chosen, stop = None, None
     if jax.process_index() == 0:
         log.print(search.header())
@@ -427,18 +422,18 @@ def choose(cfg, par, spec, log: RunLog | None = None):
     rows = search.rows
     if chosen in rows:
         rows[chosen].chosen = True
-    log.print(table(cfg, list(rows.values()), search.limit, search.source, time.perf_counter() - t0, chosen,
+    log.print(table(cfg, search.what, list(rows.values()), search.limit, search.source, time.perf_counter() - t0, chosen,
                     par.num_devices, search.phases, stop))
-    return with_size(cfg, chosen, par.num_devices), sorted(rows.values(), key=lambda r: r.per_device)
+    return with_size(cfg, plan.spec, chosen, par.num_devices), sorted(rows.values(), key=lambda r: r.per_device)
 
 
 def size_text(b: float | None) -> str:
     return "-" if b is None else f"{b / 2**30:.2f} GiB" if b >= 2**30 else f"{b / 2**20:.1f} MiB"
 
 
-def table(cfg, rows: list[Row], limit: int, source: str, search_s: float, chosen: int, devices: int,
+def table(cfg, what: str, rows: list[Row], limit: int, source: str, search_s: float, chosen: int, devices: int,
           phases: dict | None = None, stop: str | None = None) -> str:
-    what = "sequences" if knob(cfg) == "ad_batch_size" else "envs"
+    """The search's table: a row per size (`what` per device: envs, or AD's sequences)."""
     counted = cfg.num_updates is None  # PPO, DQN: the updates a size leaves the run
     lines = [f"auto-scale ({cfg.auto_scale}): {what} per device, memory budget {cfg.auto_scale_memory:g} x "
              f"{limit / 2**30:.1f} GiB ({source})",

@@ -79,9 +79,6 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"{flag(name)} {getattr(cfg, name)} must be 0 or a multiple of --log-every "
                               f"{cfg.log_every} (checkpoints and evaluations happen between compiled chunks, at log "
                               f"points)")
-    if cfg.mode != "both" and cfg.algo not in ("dqn", "ad"):
-        raise ConfigError(f"--mode {cfg.mode} needs an off-policy learner: use --algo dqn, or --algo ad on a "
-                          f"Dark Room (not {cfg.algo})")
     if cfg.auto_scale and cfg.mode != "both":
         raise ConfigError(f"--auto-scale sizes a --mode both run; --mode {cfg.mode} processes share one run's "
                           f"sizes: give --num-envs")

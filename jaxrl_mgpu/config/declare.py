@@ -8,7 +8,8 @@ from typing import Any, Callable, NamedTuple
 
 
 
-ALGOS = ("ppo", "dqn", "ad")
+ALGOS = ("ppo", "dqn", "ad")  # the package's own; others are registered with jaxrl_mgpu.algos.register
+EVERY_ALGO = ("*",)  # an Option's `state`: it shapes the checkpointed state of every algorithm, registered ones too
 POLICIES = ("mlp", "transformer")
 PRECISIONS = ("fp32", "bf16", "fp16")
 SOURCE_ALGOS = ("ucb", "q")  # exploration of AD's tabular Q-learning source (histories.py)
@@ -68,7 +69,7 @@ class Option:
     choices: tuple = ()
     applies: Applies | None = None  # None: every run uses it
     resume: str = RESUME_KEEPS
-    state: tuple[str, ...] = ()   # the algorithms whose checkpointed state it shapes (a resume never changes it)
+    state: tuple[str, ...] = ()   # the algorithms whose checkpointed state it shapes (a resume never changes it; EVERY_ALGO: all)
     sweep: tuple[str, ...] = ()   # the algorithms whose --sweep may vary it (an update reads it only as a number)
     nargs: str | None = None
     const: Any = None

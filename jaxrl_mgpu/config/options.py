@@ -11,13 +11,14 @@ import typing
 from typing import Any
 
 from jaxrl_mgpu.cli import ConfigError
-from jaxrl_mgpu.config.declare import AD, ALGOS, ASYNC, DEVICES, DQN, ENV, FOR_AD, FOR_AD_DATASET, FOR_AD_STORE, FOR_AUTO_SCALE, FOR_AUTO_SCALE_STEPS, FOR_DQN, FOR_DQN_STORE, FOR_ENV_STEPS, FOR_MANY_RUNS, FOR_MLP, FOR_PPO, FOR_PPO_MLP, FOR_PROFILE, FOR_STORE, FOR_TRAINING, FOR_TRANSFORMER, FOR_TRANSFORMER_POLICY, LEARNING, MULTIRUN, NETWORK, NON_NEGATIVE, Option, POLICIES, POSITIVE, PPO, PPO_DQN, PRECISIONS, RESUME_MAY_CHANGE, RUN, SOURCE_ALGOS, THIS_INVOCATION, UNIT, UNIT_OPEN, option
+from jaxrl_mgpu.config.declare import AD, ALGOS, EVERY_ALGO, ASYNC, DEVICES, DQN, ENV, FOR_AD, FOR_AD_DATASET, FOR_AD_STORE, FOR_AUTO_SCALE, FOR_AUTO_SCALE_STEPS, FOR_DQN, FOR_DQN_STORE, FOR_ENV_STEPS, FOR_MANY_RUNS, FOR_MLP, FOR_PPO, FOR_PPO_MLP, FOR_PROFILE, FOR_STORE, FOR_TRAINING, FOR_TRANSFORMER, FOR_TRANSFORMER_POLICY, LEARNING, MULTIRUN, NETWORK, NON_NEGATIVE, Option, POLICIES, POSITIVE, PPO, PPO_DQN, PRECISIONS, RESUME_MAY_CHANGE, RUN, SOURCE_ALGOS, THIS_INVOCATION, UNIT, UNIT_OPEN, option
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
     # -- run: what to train, for how long, where it is written ------------------------------
-    algo: str = option("ppo", "algorithm", RUN, common=True, choices=ALGOS, state=ALGOS)
+    algo: str = option("ppo", f"algorithm: {', '.join(ALGOS)}, or one registered with jaxrl_mgpu.algos.register",
+                       RUN, common=True, brief="algorithm: " + ", ".join(ALGOS), state=EVERY_ALGO, metavar="NAME")
     total_timesteps: int = option(3_000_000, "environment steps to train for, over all devices", RUN, common=True,
                                   check=POSITIVE, applies=FOR_ENV_STEPS, resume=RESUME_MAY_CHANGE)
     num_updates: int | None = option(None, "train for this many updates instead (the unit of --algo ad)", RUN,
@@ -74,11 +75,11 @@ class Config:
     # -- env ----------------------------------------------------------------------------------
     env: str = option("CartPole-v1", "environment: any gymnax name (e.g. Breakout-MinAtar), SUITE:TASK (e.g. "
                                      "brax:ant, dmc:CheetahRun) or a project env (envs/)", ENV, common=True,
-                      brief="a gymnax name, SUITE:TASK or a project env", state=ALGOS, metavar="NAME")
+                      brief="a gymnax name, SUITE:TASK or a project env", state=EVERY_ALGO, metavar="NAME")
     env_args: str | None = option(None, "arguments of a project env, NAME=VALUE,... (e.g. the Tag games' sizes: "
                                         "num_taggers=4,grid_length=100; see envs/tag.py)", ENV, common=True,
                                   brief="a project env's arguments, NAME=VALUE,... (the Tag games' sizes)",
-                                  state=ALGOS, metavar="ARGS")
+                                  state=EVERY_ALGO, metavar="ARGS")
     # DQN's replay is a ring per environment, written num_steps rows per update: both shape its state.
     num_envs: int = option(32, "environments, GLOBAL over all devices (per device = num-envs / devices)", ENV,
                            common=True, brief="environments, GLOBAL over all devices", check=POSITIVE,
@@ -106,16 +107,16 @@ class Config:
     policy: str = option("mlp", "policy network: mlp, or transformer over the recent history (a conv "
                                 "torso is added for image observations)", NETWORK, common=True,
                          brief="policy network", choices=POLICIES,
-                         applies=FOR_ENV_STEPS, state=ALGOS)
+                         applies=FOR_ENV_STEPS, state=EVERY_ALGO)
     hidden_size: int = option(64, "width of the MLP layers", NETWORK, common=True, check=POSITIVE, applies=FOR_MLP,
-                              state=ALGOS)
+                              state=EVERY_ALGO)
     num_layers: int = option(2, "hidden layers of the actor and of the critic MLP", NETWORK, check=POSITIVE,
-                             applies=FOR_MLP, state=ALGOS)
+                             applies=FOR_MLP, state=EVERY_ALGO)
     activation: str = option("tanh", "MLP activation (swish is silu, Brax's name for it)", NETWORK,
-                             choices=("tanh", "relu", "gelu", "silu", "swish"), applies=FOR_MLP, state=ALGOS)
-    d_model: int = option(128, "transformer width", NETWORK, check=POSITIVE, applies=FOR_TRANSFORMER, state=ALGOS)
-    n_layers: int = option(2, "transformer blocks", NETWORK, check=POSITIVE, applies=FOR_TRANSFORMER, state=ALGOS)
-    n_heads: int = option(4, "attention heads", NETWORK, check=POSITIVE, applies=FOR_TRANSFORMER, state=ALGOS)
+                             choices=("tanh", "relu", "gelu", "silu", "swish"), applies=FOR_MLP, state=EVERY_ALGO)
+    d_model: int = option(128, "transformer width", NETWORK, check=POSITIVE, applies=FOR_TRANSFORMER, state=EVERY_ALGO)
+    n_layers: int = option(2, "transformer blocks", NETWORK, check=POSITIVE, applies=FOR_TRANSFORMER, state=EVERY_ALGO)
+    n_heads: int = option(4, "attention heads", NETWORK, check=POSITIVE, applies=FOR_TRANSFORMER, state=EVERY_ALGO)
     context_len: int = option(64, "tokens (steps) each layer attends to, itself included", NETWORK, check=POSITIVE,
                               applies=FOR_TRANSFORMER_POLICY, state=PPO_DQN)
     context_across_episodes: bool = option(False, "let the context window cross episode boundaries (meta-RL)",
@@ -213,7 +214,7 @@ class Config:
     ad_episode_stride: int = option(1, "keep every k-th episode of each learning history, so a context of n "
                                        "episodes spans k x n episodes of the source's learning", AD, check=POSITIVE,
                                     applies=FOR_AD)
-    # (--mode collect|learn: the histories come from the run's store, asynchronous/ad.py)
+    # (--mode collect|learn: the histories come from the run's store, algos/ad_async.py)
     ad_history_steps: int = option(4000, "--mode collect|learn: environment steps of each source learning history "
                                          "(a multiple of the episode length); the same for collectors and learner",
                                    AD, check=POSITIVE, applies=FOR_AD_STORE)
@@ -227,12 +228,12 @@ class Config:
                                "own params, optimizer state, environments and keys; each run has --num-envs "
                                "environments", MULTIRUN, common=True,
                             brief="independent runs in one program, seeds seed, seed+1, ...", check=POSITIVE,
-                            state=ALGOS)
+                            state=EVERY_ALGO)
     sweep: str | None = option(None, "NAME=v1,v2,... [NAME=...]: also cross these values of numeric options that "
                                      "do not change the program's shapes (lr, ent-coef, ...) with the seeds, as "
                                      "per-run values in the one compiled program", MULTIRUN, common=True,
                                brief="also cross these values of numeric options (lr, ...) with the seeds",
-                               nargs="+", metavar="NAME=V,...", state=ALGOS)
+                               nargs="+", metavar="NAME=V,...", state=EVERY_ALGO)
     target_return: float | None = option(None, "the summary gives the fraction of seeds whose final return is "
                                                "above this", MULTIRUN, applies=FOR_MANY_RUNS,
                                          resume=RESUME_MAY_CHANGE)
@@ -350,14 +351,18 @@ OPTIONS: dict[str, Option] = {name: f.metadata["option"] for name, f in FIELDS.i
 def state_keys(algo: str) -> tuple[str, ...]:
     """The options that shape `algo`'s checkpointed state: a checkpoint only resumes under the
     same values."""
-    return tuple(name for name, o in OPTIONS.items() if algo in o.state)
+    return tuple(name for name, o in OPTIONS.items() if _shapes_state(o, algo))
+
+
+def _shapes_state(o: Option, algo: str) -> bool:
+    return algo in o.state or o.state == EVERY_ALGO
 
 
 def resumable(algo: str) -> tuple[str, ...]:
     """The options a resume of an `algo` run may change (each change is logged): how long it
     runs, how its batch is split, how often it logs and saves, and the step size (to go on from
     the last good checkpoint after a divergence); never one that shapes its state."""
-    return tuple(name for name, o in OPTIONS.items() if o.resume == RESUME_MAY_CHANGE and algo not in o.state)
+    return tuple(name for name, o in OPTIONS.items() if o.resume == RESUME_MAY_CHANGE and not _shapes_state(o, algo))
 
 
 def per_invocation() -> tuple[str, ...]:
@@ -395,12 +400,13 @@ def check_value(name: str, value, label: str | None = None) -> None:
         raise ConfigError(f"{label} must be {text}, got {value}")
 
 
-def check_applicable(cfg: "Config", given) -> None:
+def check_applicable(cfg: "Config", given, reads: tuple[str, ...] = ()) -> None:
     """A ConfigError for the first option in `given` (set on the command line or by the preset)
-    that this run would ignore."""
+    that this run would ignore; `reads`: the options of other algorithms' that this run's
+    algorithm reads too (its spec's, algos.Spec.reads)."""
     for name in given:
         applies = OPTIONS[name].applies
-        if applies is not None and not applies.test(cfg):
+        if applies is not None and name not in reads and not applies.test(cfg):
             this = f"--algo {cfg.algo}" + (f" --policy {cfg.policy}" if cfg.algo != "ad" else "") + \
                    ("" if cfg.mode == "both" else f" --mode {cfg.mode}")
             raise ConfigError(f"{flag(name)} is only for {applies.who}; this run is {this} and would ignore it")

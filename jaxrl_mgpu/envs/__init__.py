@@ -8,9 +8,9 @@ the other suites (brax_state.py, old_gymnax.py, timestep.py) and the project's o
 
 from jaxrl_mgpu.envs.registry import (COUNT, FLAG, FLOAT32_MAX, INT32_MAX, POSITIVE, REAL, Arg, EnvError, Suite,
                                       arguments, check, check_env_step, check_episode_metrics, episode_metrics,
-                                      is_multi_agent, make, names, parse_args, register, register_suite)
+                                      is_multi_agent, make, names, parse_args, register, register_suite, traits, Traits)
 from jaxrl_mgpu.envs import brax_state, darkroom, old_gymnax, pomdp, tag, timestep  # noqa: E402,F401  (they register)
 
 __all__ = ["COUNT", "FLAG", "FLOAT32_MAX", "INT32_MAX", "POSITIVE", "REAL", "Arg", "EnvError", "Suite", "arguments",
            "check", "check_env_step", "check_episode_metrics", "episode_metrics", "is_multi_agent", "make", "names",
-           "parse_args", "register", "register_suite"]
+           "parse_args", "register", "register_suite", "traits", "Traits"]

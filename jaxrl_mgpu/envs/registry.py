@@ -27,33 +27,12 @@ import importlib
 import importlib.util
 import inspect
 import math
-import sys
-import types
 from typing import Any, Callable
 
-
-class _LoadedOnFirstUse(types.ModuleType):
-    """A stand-in in sys.modules that imports the real module when one of its attributes is
-    first read. (The standard library's LazyLoader loads as soon as an import statement touches
-    the module's __spec__, which `import x as y` does.)"""
-
-    def __getattr__(self, attr: str):
-        del sys.modules[self.__name__]
-        real = importlib.import_module(self.__name__)
-        self.__dict__.update(real.__dict__)  # later reads through this stand-in find it directly
-        return getattr(real, attr)
-
-
-# gymnax's Pong imports seaborn and pyplot at import time, for its renderer alone: seconds of
-# every run's start-up (most of `import gymnax`). They load when something first draws.
-for _name in ("seaborn", "matplotlib.pyplot"):
-    if _name not in sys.modules:
-        sys.modules[_name] = _LoadedOnFirstUse(_name)
-
-import gymnax  # noqa: E402
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import yaml  # noqa: E402
+import gymnax
+import jax
+import numpy as np
+import yaml
 
 from jaxrl_mgpu.cli import ConfigError, one_line
 
@@ -200,9 +179,13 @@ def _made(name: str, args: str | None) -> tuple[Any, Any]:
     kwargs = parse_args(name, args)
     if ":" in name:
         suite, task = name.split(":", 1)
-        return _SUITES[suite].make(task, **kwargs)
+        env, params = _SUITES[suite].make(task, **kwargs)
+        traits(env)
+        return env, params
     if name not in _OWN:
-        return gymnax.make(name)
+        env, params = gymnax.make(name)
+        traits(env)
+        return env, params
     factory = _OWN[name][0]
     parameters = _parameters(factory)
     if parameters is not None:
@@ -218,6 +201,7 @@ def _made(name: str, args: str | None) -> tuple[Any, Any]:
         raise EnvError(f"--env {name}: its factory returned {_described(made)}; it must return (env, env_params), "
                        f"e.g. `return env, env.default_params`")
     env, params = made
+    traits(env)
     # A user's own environment is traced now, before any run directory is written (the suites'
     # adapters are checked by the tests against their suites).
     check_env_step(name, env, params)
@@ -323,18 +307,57 @@ def _out_of_range(value: Any, arg: Arg | None) -> str | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Traits:
+    """What the project reads of an environment beyond gymnax's interface. An environment
+    declares each as an attribute of the same name (all optional); they are read once, when
+    the environment is made (`traits(env)`), and nowhere else."""
+    # a step is many kernels (a physics simulation): PPO's rollout loop is not unrolled (algos/ppo.py)
+    heavy_step: bool = False
+    # a reset costs many steps (Craftax's world generation): ended episodes reset in batches (vec.py)
+    heavy_reset: bool = False
+    # `info` entries reported per episode: one number per step, read at the step that ends an
+    # episode; PPO and DQN average each over the episodes that end in a log row (`env/NAME`)
+    episode_metrics: tuple[str, ...] = ()
+    # a multi-agent game (envs/tag.py) keeps an agent axis inside one environment: observations
+    # [agents, ...], actions and rewards [agents]; its teams {name: (first, end)}
+    teams: dict | None = None
+    # a multi-agent game's action as independent choices (Tag's acceleration and turn levels)
+    action_factors: tuple[int, ...] | None = None
+    # (state, params) -> uint8 [height, width, 3], and the frames per second of a video (video.py)
+    render_rgb: Callable | None = None
+    render_fps: float | None = None
+
+    @staticmethod
+    def read(env) -> "Traits":
+        declared = {f.name: getattr(env, f.name) for f in dataclasses.fields(Traits) if hasattr(env, f.name)}
+        if "episode_metrics" in declared:
+            declared["episode_metrics"] = tuple(declared["episode_metrics"])
+        if "render_rgb" in declared and not callable(declared["render_rgb"]):
+            declared.pop("render_rgb")
+        return Traits(**declared)
+
+
+_TRAITS: dict[int, tuple[Any, Traits]] = {}  # id(env) -> (env, its traits): made envs live as long as the process
+
+
+def traits(env) -> Traits:
+    """`env`'s traits (Traits), read when it was made (or on first use, for an environment
+    built without `make`)."""
+    kept = _TRAITS.get(id(env))
+    if kept is None or kept[0] is not env:
+        kept = _TRAITS[id(env)] = (env, Traits.read(env))
+    return kept[1]
+
+
 def is_multi_agent(env) -> bool:
-    """Whether `env` keeps an agent axis inside one environment (envs/tag.py): observations
-    `[agents, ...]`, actions and rewards `[agents]`, its `teams` {name: (first, end)}."""
-    return hasattr(env, "teams")
+    """Whether `env` keeps an agent axis inside one environment (Traits.teams)."""
+    return traits(env).teams is not None
 
 
 def episode_metrics(env) -> tuple[str, ...]:
-    """The `info` entries that `env` reports per episode: its attribute `episode_metrics`, a
-    tuple of names (none by default). Each is one number per environment step, read at the
-    step that ends an episode; PPO and DQN average it over the episodes that end in a log row
-    and log it as `env/NAME` (metrics.jsonl, TensorBoard), evaluations over their episodes."""
-    return tuple(getattr(env, "episode_metrics", ()))
+    """The `info` entries that `env` reports per episode (Traits.episode_metrics)."""
+    return traits(env).episode_metrics
 
 
 def check_episode_metrics(env, info: dict, step_shape: tuple = ()) -> None:

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from gymnax.environments import environment
 from jax import lax
 
-from jaxrl_mgpu.envs.registry import EnvError, check_episode_metrics, episode_metrics, is_multi_agent
+from jaxrl_mgpu.envs.registry import EnvError, check_episode_metrics, episode_metrics, is_multi_agent, traits
 from jaxrl_mgpu.parallel import all_sum
 
 
@@ -60,7 +60,7 @@ def reset(env, env_params, key: jax.Array, global_ids: jax.Array) -> EnvBatch:
 
 
 def step(env, env_params, batch: EnvBatch, action: jax.Array, keys: jax.Array) -> tuple[EnvBatch, Step]:
-    if getattr(env, "heavy_reset", False):
+    if traits(env).heavy_reset:
         obs, state, reward, terminated, truncated, info = step_resetting_ended(env, env_params, batch.state, action,
                                                                                keys)
     else:

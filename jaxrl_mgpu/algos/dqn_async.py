@@ -1,18 +1,8 @@
-"""Asynchronous DQN: episodes collected by any number of collectors, learned by one learner,
-both built from DQN's own parts (algos/dqn.py: the network, the epsilon-greedy actor, the
-gradient step; algos/replay.py: the replay and the n-step targets). The guide, with the
-commands: docs/asynchronous.md.
-
-The learner is the loop (loop.py) with this module's `ReplaySource` as its data source. Between
-chunks it inserts what the store's reader (`reader.ShardReader`) delivered, as --mode both's
-n-step transitions, into the on-device replay (at most ingest.INSERT_BUDGET a device between two
-chunks, copied to the devices while a chunk runs); it allows as many iterations as the rate
-limiter (rate.py: `--samples-per-insert`) leaves room for once the replay holds
-`--learning-starts`; after each chunk it offers its params to the collectors (policy.py) and,
-every `--checkpoint-every`, publishes a checkpoint and evicts consumed shards beyond
-`--store-max-episodes` (source.StoreSource.checkpoint). Collectors pause while more than
-`--max-data-lag` iterations' worth is on its way. The replay is not checkpointed: a restarted
-learner refills it from the store's shards.
+"""Asynchronous DQN (`--mode learn|collect`): collectors write episodes to the run's store; one
+learner, the loop with `ReplaySource` as its data source, inserts them as n-step transitions into
+its on-device replay (between chunks, at most dqn_ingest.INSERT_BUDGET a device) and trains as
+fast as `--samples-per-insert` allows. Both are built from DQN's own parts (algos/dqn.py,
+algos/replay.py). How it works and the commands: docs/asynchronous.md.
 """
 
 from __future__ import annotations
@@ -30,11 +20,12 @@ from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import dqn
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
 from jaxrl_mgpu.algos.learner import LossScale, adam
+from jaxrl_mgpu.algos.spec import Asynchronous
 from jaxrl_mgpu.algos.replay import Transitions, TransitionRing, ring_init, ring_insert, ring_sample, \
     segment_transitions
 from jaxrl_mgpu.asynchronous.checkpoints import learner_done
 from jaxrl_mgpu.asynchronous.collector import COLLECTOR_LOG_S, Pacer, collector_name, collector_seed
-from jaxrl_mgpu.asynchronous.ingest import BLOCK, Ingest
+from jaxrl_mgpu.algos.dqn_ingest import BLOCK, Ingest
 from jaxrl_mgpu.asynchronous.policy import POLICY, ParamsFollower, ParamsPublisher
 from jaxrl_mgpu.asynchronous.source import StoreSource
 from jaxrl_mgpu.asynchronous.store import Segments, Shard, Store, read_segments, write_job
@@ -43,7 +34,6 @@ from jaxrl_mgpu.checkpoint import REPLICATED, Checkpoints
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.parallel import Parallel, device_index, global_indices
-from jaxrl_mgpu.runs import params_template
 
 COUNTS = ("env_steps", "episodes")  # what the learner counts of each shard it receives
 WAITING_LOG_S = 60.0          # a collector waiting for the learner's first params says so this often
@@ -157,9 +147,9 @@ class ReplaySource(StoreSource):
 
     memory, counts = "replay", COUNTS
 
-    def __init__(self, cfg, par: Parallel, split: BatchSplit, functions: LearnerFunctions, ckpts: Checkpoints, log,
+    def __init__(self, cfg, par: Parallel, split: BatchSplit, learner: Algorithm, ckpts: Checkpoints, log,
                  resume_step: int | None, state):
-        self.functions = functions
+        self.functions = functions = learner.parts  # (this module's own: `algorithm` below)
         # decoded into --mode both's n-step transitions (cfg.n_step, cfg.gamma) by the reader's processes
         self.decode = functools.partial(read_transitions, n_step=cfg.n_step, gamma=cfg.gamma)
         self.replay = functions.init_replay(par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed))))
@@ -327,7 +317,9 @@ def collect(cfg, par: Parallel, split: BatchSplit, log, stop) -> int:
     base = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), collector_seed(name))
     rollout, envs = _rollout(cfg, par, split, base)
     params, on_devices, on_devices_step, policy_step, eps, published = None, None, None, None, 1.0, None
-    follower = ParamsFollower(run_dir, params_template(cfg))
+    env, env_params = envs_lib.make(cfg.env, cfg.env_args)
+    follower = ParamsFollower(run_dir, jax.eval_shape(dqn.q_policy(cfg, env, env_params).init_params,
+                                                      jax.random.PRNGKey(0)))
     if cfg.collect_before_checkpoint == "wait":
         log.print(f"collector {name}: following the learner's params in {run_dir / POLICY} (waiting for the first"
                   + ("" if run_dir.is_dir() else f"; {run_dir} does not exist yet: a learner started with --mode learn "
@@ -497,3 +489,7 @@ def _segments(par: Parallel, traj, open_: dict[int, Open], lookahead: int) -> Se
     length, first, ended, terminal, ahead, final, ret, ep_length = (np.array(x) for x in zip(*heads))
     return Segments(obs, action.astype(np.int32), reward.astype(np.float32), length, first, ended, terminal, ahead,
                     final, ret.astype(np.float32), ep_length)
+
+
+# --mode learn|collect of DQN (algos/__init__.py puts it in DQN's spec)
+ASYNCHRONOUS = Asynchronous(check, per_update, algorithm, ReplaySource, collect, lambda cfg: f"{cfg.num_envs} envs")

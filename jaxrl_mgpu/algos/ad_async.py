@@ -50,6 +50,7 @@ from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import histories
 from jaxrl_mgpu.algos import ad
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share
+from jaxrl_mgpu.algos.spec import Asynchronous
 from jaxrl_mgpu.asynchronous.checkpoints import learner_done
 from jaxrl_mgpu.asynchronous.collector import COLLECTOR_LOG_S, Pacer, collector_name, collector_seed
 from jaxrl_mgpu.asynchronous.source import StoreSource
@@ -183,9 +184,9 @@ class HistorySource(StoreSource):
 
     memory, counts = "buffer", COUNTS
 
-    def __init__(self, cfg, par: Parallel, split: BatchSplit, parts, ckpts: Checkpoints, log, resume_step: int | None,
-                 state):
-        # (`parts`, the algorithm's own functions, are not needed: the buffer's are this module's)
+    def __init__(self, cfg, par: Parallel, split: BatchSplit, learner: Algorithm, ckpts: Checkpoints, log,
+                 resume_step: int | None, state):
+        # (the learner's own functions are not needed: the buffer's are this module's)
         self.slot, self.per_device, self.devices = _slot(cfg), split.history_buffer.per_device, par.num_devices
         key = par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed)))
         self.buffer = par.map(lambda _: new_buffer(self.slot, self.per_device))(key)
@@ -335,3 +336,8 @@ def store_histories(cfg, run_dir) -> tuple[dict, rlds.Histories]:
     fields = ("observation", "action", "reward", "done", "terminated", "task")
     joined = {f: np.concatenate([getattr(p, f) for p in parts]) for f in fields}
     return shards[0].meta, rlds.Histories(**joined, metadata=shards[0].meta)
+
+
+# --mode learn|collect of AD (algos/__init__.py puts it in AD's spec)
+ASYNCHRONOUS = Asynchronous(check, per_update, algorithm, HistorySource, collect,
+                            lambda cfg: f"{cfg.ad_history_tasks} tasks")
