@@ -1,0 +1,87 @@
+"""examples/custom_algo.py: an algorithm registered from outside the package (A2C) trains on all
+8 devices, stops and resumes exactly, evaluates, and runs as a user runs the script."""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_mgpu import algos, evaluate
+
+from helpers import run
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "custom_algo.py"
+
+
+@pytest.fixture(scope="module")
+def a2c():
+    spec = importlib.util.spec_from_file_location("custom_algo", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # registers "a2c"
+    return module
+
+
+def test_its_returns_stop_at_a_termination_and_bootstrap_at_a_truncation(a2c):
+    # one environment, 3 steps of reward 1; gamma 0.5; the last value 10
+    reward = jnp.ones((3, 1))
+    def returns(terminated, truncated, bootstrap):
+        return np.asarray(a2c.n_step_returns(reward, jnp.asarray(terminated, jnp.float32)[:, None],
+                                             jnp.asarray(truncated)[:, None], jnp.asarray(bootstrap, jnp.float32)[:, None],
+                                             jnp.full((1,), 10.0), 0.5))[:, 0]
+    np.testing.assert_allclose(returns([0, 0, 0], [0, 0, 0], [0, 0, 0]), [1 + .5 * (1 + .5 * 6), 1 + .5 * 6, 6])
+    np.testing.assert_allclose(returns([0, 1, 0], [0, 0, 0], [0, 0, 0]), [1.5, 1, 6])  # the episode ended at step 1
+    np.testing.assert_allclose(returns([0, 0, 0], [0, 1, 0], [0, 4, 0]), [2.5, 3, 6])  # cut off at 1: V(final obs) = 4
+
+
+@pytest.mark.slow
+def test_a_registered_algorithm_trains_resumes_exactly_and_evaluates(a2c, tmp_path, capsys):
+    assert "a2c" in algos.names()
+    flags = ["--algo", "a2c", "--env", "CartPole-v1", "--num-envs", "16", "--num-steps", "8", "--hidden-size", "16",
+             "--total-timesteps", str(16 * 8 * 8), "--log-every", "2"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert run(*flags, "--run-dir", str(straight)) == 0
+    assert run(*flags, "--run-dir", str(resumed), "--stop-at-update", "4") == 0
+    assert run(*flags, "--run-dir", str(resumed), "--resume") == 0
+    (step_a, params_a), (step_b, params_b) = evaluate.load_params(str(straight)), evaluate.load_params(str(resumed))
+    assert step_a == step_b == 8
+    jax.tree.map(np.testing.assert_array_equal, params_a, params_b)
+    rows = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows] == [2, 4, 6, 8] and all(np.isfinite(r["loss/value"]) for r in rows)
+    capsys.readouterr()
+    assert evaluate.main(["--run-dir", str(straight), "--episodes", "16"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["episodes"] == 16 and result["step"] == 8
+    # PPO's loss weights are read by A2C too (its spec's `reads`); PPO's clipping is not
+    assert run(*flags, "--vf-coef", "0.25", "--total-timesteps", "128", "--run-dir", str(tmp_path / "vf")) == 0
+    capsys.readouterr()
+    assert run(*flags, "--clip-eps", "0.1", "--run-dir", str(tmp_path / "bad")) == 2
+    assert "--clip-eps is only for --algo ppo" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
+@pytest.mark.slow
+def test_the_script_trains_resumes_and_evaluates_from_the_command_line(tmp_path):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    run_dir = str(tmp_path / "a2c")
+    flags = ["--algo", "a2c", "--env", "CartPole-v1", "--num-envs", "8", "--num-steps", "8", "--hidden-size", "16",
+             "--log-every", "2"]
+
+    def script(*argv):
+        out = subprocess.run([sys.executable, str(EXAMPLE), *argv], capture_output=True, text=True, env=env,
+                             timeout=300)
+        assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+        return out.stdout
+
+    script("train", *flags, "--total-timesteps", str(8 * 8 * 4), "--run-dir", run_dir)
+    script("train", "--run-dir", run_dir, "--resume", "--total-timesteps", str(8 * 8 * 6))
+    rows = [json.loads(line) for line in (tmp_path / "a2c" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows] == [2, 4, 6]
+    result = json.loads(script("evaluate", "--run-dir", run_dir, "--episodes", "4").strip().splitlines()[-1])
+    assert result["episodes"] == 4 and result["step"] == 6
