@@ -435,3 +435,12 @@ def split_evenly(total: int, parts: int, what: str) -> int:
         raise ParallelError(f"{what} {total} is not divisible by {count(parts, 'device')}; "
                             f"use a multiple of {parts}")
     return total // parts
+
+
+def memory_limit(device) -> tuple[int, str]:
+    """The bytes a program may use on `device`, and where the number comes from."""
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"]), "memory_stats()['bytes_limit']"
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return ram // max(len(jax.local_devices()), 1), "no device memory limit: host RAM / local devices"

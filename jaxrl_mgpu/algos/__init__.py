@@ -1,4 +1,5 @@
-"""Algorithms: each a module of per-device functions (ppo.py, dqn.py, ad.py, mappo.py) and the
+"""Algorithms: each a module of per-device functions (ppo.py, dqn.py, ad.py, mappo.py, sac.py:
+SAC and TD3) and the
 frozen `Spec` that says everything the host reads of it (spec.py), registered here by name as
 `--algo NAME`; DQN and AD also run as learners and collectors on a run's store (dqn_async.py,
 ad_async.py: their specs' `asynchronous`). Adding one is a module and a `register` call
@@ -7,11 +8,13 @@ game is multi-agent PPO), chosen once, in the run's plan (plan.py)."""
 
 import dataclasses
 
-from jaxrl_mgpu.algos import ad, ad_async, dqn, dqn_async, mappo, ppo
+from jaxrl_mgpu.algos import ad, ad_async, dqn, dqn_async, mappo, ppo, sac
 from jaxrl_mgpu.algos.spec import Asynchronous, Spec, for_run, get, names, register
 
 register("ppo", dataclasses.replace(ppo.SPEC, multi_agent=mappo.SPEC))
 register("dqn", dataclasses.replace(dqn.SPEC, asynchronous=dqn_async.ASYNCHRONOUS))
 register("ad", dataclasses.replace(ad.SPEC, asynchronous=ad_async.ASYNCHRONOUS))
+register("sac", sac.SAC)
+register("td3", sac.TD3)
 
 __all__ = ["Asynchronous", "Spec", "for_run", "get", "names", "register"]

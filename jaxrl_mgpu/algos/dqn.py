@@ -132,11 +132,9 @@ def grad_steps_per_update(cfg) -> int:
     return int(round(cfg.num_steps * cfg.updates_per_step))
 
 
-def check(cfg, num_devices: int) -> BatchSplit:
-    """The batch layout over `num_devices`, or a ConfigError naming the option that breaks it."""
-    if not isinstance(actor_critic.distribution(*envs_lib.make(cfg.env, cfg.env_args)), actor_critic.Categorical):
-        raise ConfigError(f"--algo dqn takes discrete actions (one Q-value each); --env {cfg.env} has continuous "
-                          f"(Box) actions: use --algo ppo")
+def replay_split(cfg, num_devices: int, who: str = "--algo dqn") -> BatchSplit:
+    """The batch over `num_devices` of an algorithm that learns from per-environment replays
+    (DQN, SAC, TD3), or a ConfigError naming the option that breaks it."""
     grads = cfg.num_steps * cfg.updates_per_step
     if abs(grads - round(grads)) > 1e-6:
         raise ConfigError(f"--updates-per-step {cfg.updates_per_step} x --num-steps {cfg.num_steps} must be a "
@@ -150,21 +148,30 @@ def check(cfg, num_devices: int) -> BatchSplit:
     if cfg.buffer_size % cfg.num_envs:
         raise ConfigError(f"--buffer-size {cfg.buffer_size} is not a multiple of --num-envs {cfg.num_envs} "
                           f"(the buffer holds buffer-size / num-envs steps of every environment)")
-    if factory.is_sequence_policy(cfg) and cfg.buffer_size // cfg.num_envs < cfg.context_len + cfg.n_step:
-        raise ConfigError(f"--buffer-size {cfg.buffer_size} holds fewer than --context-len {cfg.context_len} + "
-                          f"--n-step {cfg.n_step} steps of each of the {cfg.num_envs} environments")
     if cfg.buffer_size // cfg.num_envs < cfg.n_step:
         raise ConfigError(f"--buffer-size {cfg.buffer_size} holds fewer than --n-step {cfg.n_step} steps of each "
                           f"of the {cfg.num_envs} environments")
-    if cfg.replay_obs_dtype == "uint8" and (value := _first_non_byte_observation(cfg.env)) is not None:
-        raise ConfigError(f"--replay-obs-dtype uint8 would change {cfg.env}'s observations (e.g. {value:g}): it "
-                          f"stores whole numbers in 0..255 only; use float32")
     if cfg.learning_starts >= cfg.total_timesteps:
         raise ConfigError(f"--learning-starts {cfg.learning_starts} is not below --total-timesteps "
-                          f"{cfg.total_timesteps}: no gradient step would run")
+                          f"{cfg.total_timesteps}: no gradient step of {who} would run")
     return BatchSplit(num_devices, environments=Share(cfg.num_envs, envs_per_device),
                       minibatch=Share(cfg.replay_batch_size, batch_per_device),
                       replay=Share(cfg.buffer_size, cfg.buffer_size // num_devices))
+
+
+def check(cfg, num_devices: int) -> BatchSplit:
+    """The batch layout over `num_devices`, or a ConfigError naming the option that breaks it."""
+    if not isinstance(actor_critic.distribution(*envs_lib.make(cfg.env, cfg.env_args)), actor_critic.Categorical):
+        raise ConfigError(f"--algo dqn takes discrete actions (one Q-value each); --env {cfg.env} has continuous "
+                          f"(Box) actions: use --algo sac or td3 (or ppo)")
+    split = replay_split(cfg, num_devices)
+    if factory.is_sequence_policy(cfg) and cfg.buffer_size // cfg.num_envs < cfg.context_len + cfg.n_step:
+        raise ConfigError(f"--buffer-size {cfg.buffer_size} holds fewer than --context-len {cfg.context_len} + "
+                          f"--n-step {cfg.n_step} steps of each of the {cfg.num_envs} environments")
+    if cfg.replay_obs_dtype == "uint8" and (value := _first_non_byte_observation(cfg.env)) is not None:
+        raise ConfigError(f"--replay-obs-dtype uint8 would change {cfg.env}'s observations (e.g. {value:g}): it "
+                          f"stores whole numbers in 0..255 only; use float32")
+    return split
 
 
 # -- what the replay stores --------------------------------------------------------------
@@ -248,18 +255,21 @@ def make_train_step(cfg, q_values, tx, sequence: bool = False):
         return learner.step(lambda p, b: loss_fn(p, target_params, b), tx, params, opt_state, loss_scale, batch,
                             cfg.grad_accum, cfg.precision)
 
-    def update_target(params, target_params, step):
-        if cfg.tau < 1.0:
-            return optax.incremental_update(params, target_params, cfg.tau)
-        return optax.periodic_update(params, target_params, step, cfg.target_update_every)
-
     def train_step(carry, batch: Transitions | SeqBatch):
         params, target_params, opt_state, loss_scale, step = carry
         params, opt_state, loss_scale, stats = learn(params, target_params, opt_state, loss_scale, batch)
         step = step + 1
-        return (params, update_target(params, target_params, step), opt_state, loss_scale, step), stats
+        return (params, target_update(cfg, params, target_params, step), opt_state, loss_scale, step), stats
 
     return learn, train_step
+
+
+def target_update(cfg, params, target_params, step):
+    """The target network after gradient step `step`: with --tau < 1 Polyak-averaged towards
+    `params`, with --tau 1 a copy of them every --target-update-every steps (DQN, SAC, TD3)."""
+    if cfg.tau < 1.0:
+        return optax.incremental_update(params, target_params, cfg.tau)
+    return optax.periodic_update(params, target_params, step, cfg.target_update_every)
 
 
 def sampled_steps(train_step, sample, carry, xs):

@@ -1,5 +1,5 @@
-"""DQN's replay and its n-step targets: the one module `--mode both` (algos/dqn.py) and the
-asynchronous learner (algos/dqn_async.py) take them from.
+"""The replay and its n-step targets: the one module DQN (algos/dqn.py, and its asynchronous
+learner, algos/dqn_async.py) and SAC and TD3 (algos/sac.py) take them from.
 
 Two layouts of one device's transitions:
 - `Replay` (--mode both): a ring buffer of fixed-size arrays inside the training state (so it
@@ -38,7 +38,7 @@ from jaxrl_mgpu.envs import vec
 class Replay(NamedTuple):
     """One device's ring buffers: [envs per device, rows], one row per vectorised step."""
     obs: jax.Array         # [E, R, *obs_shape]  observation acted on
-    action: jax.Array      # [E, R] int32
+    action: jax.Array      # [E, R] int32 (DQN), or [E, R, D] float32 (SAC, TD3)
     reward: jax.Array      # [E, R] float32
     terminated: jax.Array  # [E, R] bool: true end, no bootstrap
     truncated: jax.Array   # [E, R] bool: time limit, bootstrap from next_obs
@@ -155,10 +155,12 @@ def segment_transitions(obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
 
 # -- --mode both's replay: rings per environment -----------------------------------------
 
-def replay_init(envs: int, rows: int, obs_shape: tuple, obs_dtype=jnp.float32) -> Replay:
+def replay_init(envs: int, rows: int, obs_shape: tuple, obs_dtype=jnp.float32, action_shape: tuple = (),
+                action_dtype=jnp.int32) -> Replay:
+    """Empty rings; actions are DQN's discrete ones by default (SAC's and TD3's: float vectors)."""
     z = lambda *shape, dtype=jnp.float32: jnp.zeros((envs, rows) + shape, dtype)  # noqa: E731
-    return Replay(z(*obs_shape, dtype=obs_dtype), z(dtype=jnp.int32), z(), z(dtype=bool), z(dtype=bool),
-                  z(*obs_shape, dtype=obs_dtype))
+    return Replay(z(*obs_shape, dtype=obs_dtype), z(*action_shape, dtype=action_dtype), z(), z(dtype=bool),
+                  z(dtype=bool), z(*obs_shape, dtype=obs_dtype))
 
 
 def replay_add(replay: Replay, written: jax.Array, obs, action, out: vec.Step) -> Replay:

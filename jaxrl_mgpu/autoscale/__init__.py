@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import os
 import time
 from typing import Callable
 
 import jax
 
 from jaxrl_mgpu import parallel
+from jaxrl_mgpu.parallel import memory_limit
 from jaxrl_mgpu.autoscale.rules import (MIN_PER_DEVICE, WITHIN, between, doubling_gain, fit_line, next_size,
                                       smallest_within)
 from jaxrl_mgpu.chunks import Trainer
@@ -67,15 +67,6 @@ def compiled_bytes(compiled) -> int | None:
         return None
     return int(m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
                - m.alias_size_in_bytes + m.generated_code_size_in_bytes)
-
-
-def memory_limit(device) -> tuple[int, str]:
-    """The bytes a program may use on `device`, and where the number comes from."""
-    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
-    if stats and stats.get("bytes_limit"):
-        return int(stats["bytes_limit"]), "memory_stats()['bytes_limit']"
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return ram // max(len(jax.local_devices()), 1), "no device memory limit: host RAM / local devices"
 
 
 def with_size(cfg, spec, per_device: int, num_devices: int):

@@ -8,7 +8,7 @@ from typing import Any, Callable, NamedTuple
 
 
 
-ALGOS = ("ppo", "dqn", "ad")  # the package's own; others are registered with jaxrl_mgpu.algos.register
+ALGOS = ("ppo", "dqn", "ad", "sac", "td3")  # the package's own; others are registered with jaxrl_mgpu.algos.register
 EVERY_ALGO = ("*",)  # an Option's `state`: it shapes the checkpointed state of every algorithm, registered ones too
 POLICIES = ("mlp", "transformer")
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -17,15 +17,18 @@ SOURCE_ALGOS = ("ucb", "q")  # exploration of AD's tabular Q-learning source (hi
 # -- how an option is declared -----------------------------------------------------------------
 
 # The groups, in the order `--help` lists them, with the line it says about each.
-RUN, ENV, LEARNING, NETWORK, PPO, DQN, AD, MULTIRUN, ASYNC, DEVICES = (
-    "run", "env", "learning", "network", "ppo", "dqn", "ad", "multirun", "async", "devices")
+RUN, ENV, LEARNING, NETWORK, PPO, DQN, OFF_POLICY, AD, MULTIRUN, ASYNC, DEVICES = (
+    "run", "env", "learning", "network", "ppo", "dqn", "sac-td3", "ad", "multirun", "async", "devices")
 GROUPS = {
     RUN: "what to train, for how long; the run directory, logs, checkpoints, evaluation, resume",
     ENV: "the environment, and how many of it step at once",
     LEARNING: "the optimizer, the discount, the compute precision (PPO, DQN and AD)",
     NETWORK: "the policy network: the MLP, the transformer and its fused kernels",
     PPO: "PPO: its loss, minibatches and epochs, normalisation, actor and critic widths",
-    DQN: "DQN: the replay, the target network, epsilon-greedy exploration, n-step returns",
+    DQN: "DQN (the replay's and the targets' options also SAC's and TD3's): the replay, the target network, "
+         "epsilon-greedy exploration, n-step returns",
+    OFF_POLICY: "SAC and TD3, continuous control off-policy: the critics, exploration, the temperature, the policy "
+                "delay (the replay's options are in the dqn group)",
     AD: "Algorithm Distillation: the dataset, its windows, its collectors' source learners",
     MULTIRUN: "many runs in one compiled program: --num-seeds, --sweep",
     ASYNC: "--mode learn / collect: learners and collectors sharing a run's trajectory store",
@@ -87,8 +90,8 @@ FOR_PPO = Applies("--algo ppo", lambda c: c.algo == "ppo")
 FOR_PPO_MLP = Applies("--algo ppo --policy mlp", lambda c: c.algo == "ppo" and c.policy == "mlp")
 FOR_DQN = Applies("--algo dqn", lambda c: c.algo == "dqn")
 FOR_AD = Applies("--algo ad", lambda c: c.algo == "ad")
-FOR_ENV_STEPS = Applies("--algo ppo or dqn", lambda c: c.algo != "ad")
-FOR_MLP = Applies("an MLP (--policy mlp, --algo ppo or dqn)", lambda c: c.algo != "ad" and c.policy == "mlp")
+FOR_ENV_STEPS = Applies("--algo ppo, dqn, sac or td3", lambda c: c.algo != "ad")
+FOR_MLP = Applies("an MLP (--policy mlp, --algo ppo, dqn, sac or td3)", lambda c: c.algo != "ad" and c.policy == "mlp")
 FOR_TRANSFORMER = Applies("a transformer (--policy transformer, or --algo ad)",
                           lambda c: c.algo == "ad" or c.policy == "transformer")
 FOR_TRANSFORMER_POLICY = Applies("--policy transformer", lambda c: c.algo != "ad" and c.policy == "transformer")
@@ -108,3 +111,14 @@ FOR_AUTO_SCALE_STEPS = Applies("--auto-scale with --algo ppo or dqn (AD trains -
                                lambda c: c.auto_scale is not None and c.algo != "ad")
 
 PPO_DQN = ("ppo", "dqn")  # the algorithms that step environments themselves
+OFF_POLICY_ALGOS = ("sac", "td3")  # algos/sac.py
+REPLAY_ALGOS = ("dqn",) + OFF_POLICY_ALGOS
+FOR_REPLAY = Applies("--algo dqn, sac or td3", lambda c: c.algo in REPLAY_ALGOS)
+FOR_MLP_ACTOR_CRITIC = Applies("--algo ppo --policy mlp, sac or td3",
+                               lambda c: (c.algo == "ppo" and c.policy == "mlp") or c.algo in OFF_POLICY_ALGOS)
+FOR_REWARD_SCALE = Applies("--algo ppo, sac or td3", lambda c: c.algo in ("ppo",) + OFF_POLICY_ALGOS)
+FOR_OFF_POLICY = Applies("--algo sac or td3", lambda c: c.algo in OFF_POLICY_ALGOS)
+FOR_SAC = Applies("--algo sac", lambda c: c.algo == "sac")
+FOR_TD3 = Applies("--algo td3", lambda c: c.algo == "td3")
+FOR_CATEGORICAL = Applies("--algo sac or td3 with --critic categorical",
+                          lambda c: c.algo in OFF_POLICY_ALGOS and c.critic == "categorical")

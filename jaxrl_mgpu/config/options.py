@@ -11,11 +11,12 @@ import typing
 from typing import Any
 
 from jaxrl_mgpu.cli import ConfigError
-from jaxrl_mgpu.config.declare import AD, ALGOS, EVERY_ALGO, ASYNC, DEVICES, DQN, ENV, FOR_AD, FOR_AD_DATASET, FOR_AD_STORE, FOR_AUTO_SCALE, FOR_AUTO_SCALE_STEPS, FOR_DQN, FOR_DQN_STORE, FOR_ENV_STEPS, FOR_MANY_RUNS, FOR_MLP, FOR_PPO, FOR_PPO_MLP, FOR_PROFILE, FOR_STORE, FOR_TRAINING, FOR_TRANSFORMER, FOR_TRANSFORMER_POLICY, LEARNING, MULTIRUN, NETWORK, NON_NEGATIVE, Option, POLICIES, POSITIVE, PPO, PPO_DQN, PRECISIONS, RESUME_MAY_CHANGE, RUN, SOURCE_ALGOS, THIS_INVOCATION, UNIT, UNIT_OPEN, option
+from jaxrl_mgpu.config.offpolicy import OffPolicyOptions
+from jaxrl_mgpu.config.declare import FOR_MLP_ACTOR_CRITIC, FOR_REPLAY, FOR_REWARD_SCALE, OFF_POLICY_ALGOS, REPLAY_ALGOS, AD, ALGOS, EVERY_ALGO, ASYNC, DEVICES, DQN, ENV, FOR_AD, FOR_AD_DATASET, FOR_AD_STORE, FOR_AUTO_SCALE, FOR_AUTO_SCALE_STEPS, FOR_DQN, FOR_DQN_STORE, FOR_ENV_STEPS, FOR_MANY_RUNS, FOR_MLP, FOR_PPO, FOR_PPO_MLP, FOR_PROFILE, FOR_STORE, FOR_TRAINING, FOR_TRANSFORMER, FOR_TRANSFORMER_POLICY, LEARNING, MULTIRUN, NETWORK, NON_NEGATIVE, Option, POLICIES, POSITIVE, PPO, PPO_DQN, PRECISIONS, RESUME_MAY_CHANGE, RUN, SOURCE_ALGOS, THIS_INVOCATION, UNIT, UNIT_OPEN, option
 
 
 @dataclasses.dataclass(frozen=True)
-class Config:
+class Config(OffPolicyOptions):
     # -- run: what to train, for how long, where it is written ------------------------------
     algo: str = option("ppo", f"algorithm: {', '.join(ALGOS)}, or one registered with jaxrl_mgpu.algos.register",
                        RUN, common=True, brief="algorithm: " + ", ".join(ALGOS), state=EVERY_ALGO, metavar="NAME")
@@ -151,19 +152,19 @@ class Config:
     normalize_obs: bool = option(False, "normalise observations by their running mean and standard deviation "
                                         "over all devices and processes (Brax's normalize_observations; the "
                                         "statistics are kept with the params, so checkpoints and evaluation use "
-                                        "them)", PPO, applies=FOR_PPO_MLP, state=("ppo",))
+                                        "them)", PPO, applies=FOR_MLP_ACTOR_CRITIC, state=("ppo",) + OFF_POLICY_ALGOS)
     reward_scale: float = option(1.0, "multiply rewards by this in the learner (Brax's reward_scaling); episode "
-                                      "returns are logged unscaled", PPO, check=POSITIVE, applies=FOR_PPO,
-                                 sweep=("ppo",))
+                                      "returns are logged unscaled", PPO, check=POSITIVE, applies=FOR_REWARD_SCALE,
+                                 sweep=("ppo",) + OFF_POLICY_ALGOS)
     clip_value: bool = option(True, "clip the value loss around the rollout's values by --clip-eps, as PureJaxRL "
                                     "and CleanRL do (--no-clip-value: Brax's unclipped value loss, for value "
                                     "targets far from unit size, e.g. with --reward-scale)", PPO, applies=FOR_PPO)
     actor_hidden: str | None = option(None, "widths of the actor MLP's hidden layers, comma-separated (e.g. "
                                             "32,32,32,32; default: --num-layers x --hidden-size)", PPO,
-                                      applies=FOR_PPO_MLP, state=("ppo",), metavar="WIDTHS")
+                                      applies=FOR_MLP_ACTOR_CRITIC, state=("ppo",) + OFF_POLICY_ALGOS, metavar="WIDTHS")
     critic_hidden: str | None = option(None, "widths of the critic MLP's hidden layers, comma-separated (e.g. "
                                              "256,256,256,256,256; default: --num-layers x --hidden-size)", PPO,
-                                       applies=FOR_PPO_MLP, state=("ppo",), metavar="WIDTHS")
+                                       applies=FOR_MLP_ACTOR_CRITIC, state=("ppo",) + OFF_POLICY_ALGOS, metavar="WIDTHS")
     action_dist: str = option("clipped_normal", "with Box actions: clipped_normal (a Gaussian with a learned "
                                                 "state-independent std, samples clipped to the bounds for the env) "
                                                 "or tanh_normal (Brax's: a Gaussian with a state-dependent std, "
@@ -172,26 +173,26 @@ class Config:
 
     # -- DQN (--algo dqn also uses --num-envs, --num-steps and the learning and network groups) --
     buffer_size: int = option(100_000, "replay capacity in transitions, GLOBAL (per device = buffer-size / "
-                                       "devices); a multiple of num-envs", DQN, check=POSITIVE, applies=FOR_DQN,
-                              state=("dqn",))
+                                       "devices); a multiple of num-envs", DQN, check=POSITIVE, applies=FOR_REPLAY,
+                              state=REPLAY_ALGOS)
     replay_obs_dtype: str = option("float32", "dtype the replay stores observations in: uint8 (a quarter of the "
                                               "memory) where they are whole numbers in 0..255, as MinAtar's 0/1 "
                                               "channel maps are (checked at start-up)", DQN,
                                    choices=("float32", "uint8"), applies=FOR_DQN, state=("dqn",))
     replay_batch_size: int = option(256, "transitions sampled per gradient step, GLOBAL (per device = "
-                                         "replay-batch-size / devices)", DQN, check=POSITIVE, applies=FOR_DQN)
+                                         "replay-batch-size / devices)", DQN, check=POSITIVE, applies=FOR_REPLAY)
     updates_per_step: float = option(1.0, "gradient steps per vectorised env step (one step of all num-envs "
                                           "environments): each update steps every env num-steps times, then does "
                                           "num-steps x updates-per-step gradient steps (a whole number)", DQN,
-                                     check=POSITIVE, applies=FOR_DQN)
+                                     check=POSITIVE, applies=FOR_REPLAY)
     learning_starts: int = option(10_000, "env steps (global) collected before the first gradient step", DQN,
-                                  check=NON_NEGATIVE, applies=FOR_DQN)
+                                  check=NON_NEGATIVE, applies=FOR_REPLAY)
     target_update_every: int = option(500, "copy the online network into the target network every this many "
                                            "gradient steps (used when tau = 1)", DQN, check=POSITIVE,
-                                      applies=FOR_DQN)
+                                      applies=FOR_REPLAY)
     tau: float = option(1.0, "target update: 1 = hard copy every target-update-every gradient steps; < 1 = "
                              "Polyak averaging target <- tau*online + (1-tau)*target after every gradient step", DQN,
-                        check=UNIT_OPEN, applies=FOR_DQN)
+                        check=UNIT_OPEN, applies=FOR_REPLAY)
     eps_start: float = option(1.0, "epsilon-greedy: epsilon at the start", DQN, check=UNIT, applies=FOR_DQN,
                               sweep=("dqn",))
     eps_end: float = option(0.05, "epsilon-greedy: epsilon after eps-decay-steps", DQN, check=UNIT,
@@ -199,7 +200,7 @@ class Config:
     eps_decay_steps: int = option(100_000, "epsilon-greedy: env steps (global) of linear decay from eps-start to "
                                            "eps-end", DQN, check=NON_NEGATIVE, applies=FOR_DQN)
     n_step: int = option(1, "n-step returns (cut at episode ends; time limits bootstrap from the final "
-                            "observation)", DQN, check=POSITIVE, applies=FOR_DQN)
+                            "observation)", DQN, check=POSITIVE, applies=FOR_REPLAY)
 
     # -- AD (--algo ad trains for --num-updates and also uses --lr, --anneal-lr, --max-grad-norm,
     # --precision, --grad-accum and the transformer's options; its context is --n-transit, so

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.nets import compute_dtype, kernels
-from jaxrl_mgpu.nets.mlp import ActorCritic
+from jaxrl_mgpu.nets.mlp import MLP, ActorCritic, Critic, Critics
 from jaxrl_mgpu.nets.qnet import QNetwork
 from jaxrl_mgpu.nets.transformer import TransformerActorCritic
 
@@ -58,3 +58,14 @@ def actor_critic_mlp(cfg, num_outputs: int, obs_ndim: int, learned_log_std: bool
 def q_network(cfg, num_actions: int, obs_ndim: int) -> QNetwork:
     return QNetwork(num_actions=num_actions, obs_ndim=obs_ndim, hidden_size=cfg.hidden_size, num_layers=cfg.num_layers,
                     activation=cfg.activation, dtype=compute_dtype(cfg.precision))
+
+
+def off_policy_nets(cfg, num_dims: int, critic_outputs: int) -> tuple[MLP, Critics]:
+    """SAC's and TD3's actor (observation -> a tanh-normal's location and raw scale, 2 x
+    `num_dims`) and their two critics (--critic-layer-norm), of --actor-hidden and
+    --critic-hidden widths (--num-layers x --hidden-size by default), --activation and
+    --precision."""
+    actor, critic = hidden_layers(cfg)
+    dtype = compute_dtype(cfg.precision)
+    return (MLP(actor, 2 * num_dims, 0.01, cfg.activation, dtype),
+            Critics(Critic(critic, critic_outputs, cfg.critic_layer_norm, cfg.activation, dtype)))
