@@ -146,11 +146,13 @@ def algorithm(cfg, spec, env, env_params, split, par: Parallel, runs: Runs) -> A
             # two small parts are chosen per run: choosing the whole state would copy DQN's
             # replay every update. The chunk reads the mark (`finite` below), so flagged and
             # stopped are the same runs.
-            ok = all_finite(losses, new.params, new.opt_state)
-            params = jax.tree.map(lambda a, b: jnp.where(ok, a, b), new.params, state.params)
-            opt_state = jax.tree.map(lambda x: jnp.where(ok, x, jnp.nan) if jnp.issubdtype(x.dtype, jnp.floating)
-                                     else x, new.opt_state)
-            return new._replace(params=params, opt_state=opt_state), (losses, episodes)
+            learned = {f: getattr(new, f) for f in base.learned}
+            optimizers = {f: getattr(new, f) for f in base.optimizers}
+            ok = all_finite(losses, learned, optimizers)
+            kept = jax.tree.map(lambda a, b: jnp.where(ok, a, b), learned, {f: getattr(state, f) for f in learned})
+            marked = jax.tree.map(lambda x: jnp.where(ok, x, jnp.nan) if jnp.issubdtype(x.dtype, jnp.floating)
+                                  else x, optimizers)
+            return new._replace(**kept, **marked), (losses, episodes)
         return jax.vmap(one)(state, values)
 
     # The runs' initial states one after another (lax.map), not vmapped: a vmapped orthogonal
@@ -160,4 +162,5 @@ def algorithm(cfg, spec, env, env_params, split, par: Parallel, runs: Runs) -> A
     return dataclasses.replace(base, init=lambda keys: jax.lax.map(base.init, keys), update=update,
                                layout={name: per_run(kind) for name, kind in base.layout.items()},
                                data=(par.shard_runs(runs.values()),),
-                               finite=jax.vmap(lambda losses, state: all_finite(state.opt_state)))
+                               finite=jax.vmap(lambda losses, state: all_finite(
+                                   [getattr(state, f) for f in base.optimizers])))

@@ -170,3 +170,17 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, argv,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0], err
     assert not run_dir.exists()
+
+
+@pytest.mark.slow
+def test_shard_map_equals_pmap_and_many_seeds_train_in_one_program(tmp_path):
+    tiny = ["--algo", "td3", "--env", "Pendulum-v1", "--num-envs", "16", "--num-steps", "4", "--updates-per-step",
+            "0.5", "--replay-batch-size", "64", "--buffer-size", "1024", "--learning-starts", "128",
+            "--hidden-size", "16", "--tau", "0.05", "--total-timesteps", "384", "--log-every", "2"]
+    for backend in ("pmap", "shard_map"):
+        assert run(*tiny, "--parallel", backend, "--run-dir", str(tmp_path / backend)) == 0
+    (_, a), (_, b) = evaluate.load_params(str(tmp_path / "pmap")), evaluate.load_params(str(tmp_path / "shard_map"))
+    jax.tree.map(np.testing.assert_array_equal, a, b)
+    assert run(*tiny, "--num-seeds", "2", "--sweep", "lr=1e-3,3e-4", "--run-dir", str(tmp_path / "runs")) == 0
+    summary = json.loads((tmp_path / "runs" / "runs_summary.json").read_text())
+    assert [c["lr"] for c in summary] == [1e-3, 3e-4] and [c["runs"] for c in summary] == [[0, 1], [2, 3]], summary

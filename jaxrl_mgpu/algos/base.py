@@ -34,6 +34,10 @@ class Algorithm:
     # all_finite of the losses and the parameters.
     finite: Callable | None = None
     episodic: bool = True   # its rows carry episode returns (False: AD's, which learns from a dataset)
+    # The state's fields that learning changes, and its optimizers' states: a run of many
+    # (multirun.py) whose update goes non-finite keeps the first and gets NaN in the second.
+    learned: tuple[str, ...] = ("params",)
+    optimizers: tuple[str, ...] = ("opt_state",)
 
 
 def all_finite(*trees) -> Any:

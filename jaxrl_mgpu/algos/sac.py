@@ -398,7 +398,8 @@ def make(cfg, env, env_params, split: BatchSplit):
 def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
     init, update, policy, train_step, sample = make(cfg, env, env_params, split)
     return Algorithm(init, update, STATE_LAYOUT, "env_steps", dqn.steps_per_update(cfg), policy,
-                     parts={"train_step": train_step, "sample": sample})
+                     parts={"train_step": train_step, "sample": sample}, learned=("params", "critic", "log_alpha"),
+                     optimizers=("actor_opt", "critic_opt", "alpha_opt"))
 
 
 _COMMON = dict(check=check, algorithm=algorithm, policy=sac_policy, steps_per_update=dqn.steps_per_update,

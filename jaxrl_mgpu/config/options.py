@@ -90,14 +90,15 @@ class Config(OffPolicyOptions):
 
     # -- learning -----------------------------------------------------------------------------
     lr: float = option(2.5e-4, "Adam learning rate", LEARNING, common=True, check=POSITIVE,
-                       resume=RESUME_MAY_CHANGE, sweep=PPO_DQN)
+                       resume=RESUME_MAY_CHANGE, sweep=PPO_DQN + OFF_POLICY_ALGOS)
     # (PPO's and AD's optimizer state holds a schedule count only when annealing)
     anneal_lr: bool = option(True, "decay the learning rate linearly to 0 over training", LEARNING,
-                             state=("ppo", "ad"))
+                             state=("ppo", "ad") + OFF_POLICY_ALGOS)
     gamma: float = option(0.99, "discount factor", LEARNING, common=True, check=UNIT, applies=FOR_ENV_STEPS,
-                          sweep=PPO_DQN)
+                          sweep=PPO_DQN + OFF_POLICY_ALGOS)
     max_grad_norm: float = option(0.5, "clip gradients to this global norm (after the all-reduce)", LEARNING,
-                                  common=True, check=POSITIVE, resume=RESUME_MAY_CHANGE, sweep=PPO_DQN)
+                                  common=True, check=POSITIVE, resume=RESUME_MAY_CHANGE,
+                                  sweep=PPO_DQN + OFF_POLICY_ALGOS)
     precision: str = option("fp32", "compute dtype of forward and backward passes; params, optimizer state "
                                     "and metrics stay fp32; fp16 uses dynamic loss scaling", LEARNING,
                             choices=PRECISIONS)
