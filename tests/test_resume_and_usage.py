@@ -196,7 +196,7 @@ def test_help_lists_choices_presets_and_each_default_once():
     out = subprocess.run([sys.executable, "-m", "jaxrl_mgpu.train", "--help"], capture_output=True, text=True)
     assert out.returncode == 0
     text = " ".join(out.stdout.split())
-    assert "algorithm: ppo, dqn, ad (default: ppo)" in text and "one of pmap, shard_map" in text
+    assert "algorithm: ppo, dqn, ad, sac, td3 (default: ppo)" in text and "one of pmap, shard_map" in text
     assert "presets (--config NAME):" in text and "breakout-minatar-dqn" in text
     assert text.count("(default: 3000000)") == 1 and "(default: None)" not in text
 
