@@ -156,7 +156,9 @@ def _start_at(cfg, run_dir: Path, step: int | None, build: Callable, unit: str, 
               set_aside: list[str]):
     if step is not None:
         done = _reading(run_dir, lambda r: saved_steps(r, step, unit, steps_per_update))
-        cfg = dataclasses.replace(cfg, resumed_update=step, resumed_steps=done)
+        if unit != "update":  # the rest of the run counted on from the env steps (tokens) done; a
+            # learner's (--mode learn) progress is its updates, the config's total as it stands
+            cfg = dataclasses.replace(cfg, resumed_update=step, resumed_steps=done)
         if cfg.stop_at_update is not None and cfg.stop_at_update <= step < cfg.total_updates:
             raise ConfigError(f"--stop-at-update {cfg.stop_at_update}: the run is already at update {step}")
         if step >= cfg.total_updates:

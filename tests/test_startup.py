@@ -51,7 +51,10 @@ def test_compile_cache_off_writes_nothing(tmp_path):
              if k != "JAX_COMPILATION_CACHE_DIR"})
     assert env_out.returncode == 0, env_out.stderr[-2000:]
     assert "compile cache  off" in env_out.stdout and "training chunk compiled in" in env_out.stdout
-    assert not cache_home.exists()
+    # Nothing of the compilation cache; gymnax's environments import matplotlib, which keeps its
+    # font list in the cache home (its own, not jaxrl_mgpu's).
+    written = {p.name for p in cache_home.iterdir()} if cache_home.exists() else set()
+    assert written <= {"matplotlib"}, written
 
 
 def test_an_unwritable_cache_is_a_warning_and_the_run_goes_on(tmp_path):
