@@ -107,8 +107,8 @@ class Critic(nn.Module):
 
 class Critics(NamedTuple):
     """Two critics with parameters of their own (a leading axis of 2), applied in one batched
-    call: clipped double Q. (Each is initialised on its own: a vmapped orthogonal initialiser,
-    a batched QR decomposition, deadlocked XLA's CPU runtime under pmap on 2 devices.)"""
+    call: clipped double Q. Each is initialised on its own, never vmapped: a vmapped orthogonal
+    initialiser is a batched QR, which XLA's CPU runtime can deadlock on under pmap."""
     critic: Critic
 
     def init(self, key, obs, action):
