@@ -270,6 +270,26 @@ def read_chunk(par: Parallel, chunk: Chunk, first_update: int, diverged: dict | 
     return {**means, "episodes": sum(r["episodes"] for r in rows), "runs": rows}
 
 
+class ChunkReader:
+    """Reads chunks' numbers on the host for the loop (blocking until they are done): a row
+    where one is due, else the non-finite check alone. With many runs it keeps which went
+    non-finite and where (`diverged`: a resumed run's earlier ones to begin with), and tells
+    `on_diverged(run, update, diverged so far)` once per run, so the loop knows none of it."""
+
+    def __init__(self, par: Parallel, diverged: dict[int, int] | None = None,
+                 on_diverged: Callable[[int, int, int], None] | None = None):
+        self.par, self.diverged, self.on_diverged = par, dict(diverged or {}), on_diverged
+
+    def read(self, chunk: Chunk, first_update: int, row: bool) -> dict | None:
+        known = len(self.diverged)
+        out = read_chunk(self.par, chunk, first_update, self.diverged) if row else \
+            check_finite(self.par, chunk, first_update, self.diverged)
+        if self.on_diverged is not None:
+            for run in list(self.diverged)[known:]:
+                self.on_diverged(run, self.diverged[run], len(self.diverged))
+        return out
+
+
 def _mean(values: list[float]) -> float:
     """The mean of the numbers that are not NaN (a run with no episode ended has none)."""
     known = [v for v in values if not np.isnan(v)]

@@ -16,7 +16,7 @@ import jax
 
 from jaxrl_mgpu import compile_cache, parallel, runstats, session as session_lib
 from jaxrl_mgpu.checkpoint import Checkpoints
-from jaxrl_mgpu.chunks import NonFinite, Trainer
+from jaxrl_mgpu.chunks import ChunkReader, NonFinite, Trainer
 from jaxrl_mgpu.cli import count
 from jaxrl_mgpu.log import RunLog
 from jaxrl_mgpu.loop import Loop
@@ -53,8 +53,7 @@ def banner(plan: Plan, per_update: str) -> dict:
     if cfg.auto_scale:
         size = spec.size_option
         rows["auto-scale"] = (f"{cfg.auto_scale}: --{size.replace('_', '-')} {getattr(cfg, size)} chosen at the "
-                              f"run's start (kept on resume); minibatch count, epochs and lr as configured, so "
-                              f"minibatches grow with the batch")
+                              f"run's start (kept on resume); {spec.auto_scale_keeps}")
     rows.update({
         "per update": per_update,
         "updates": f"{cfg.total_updates}, {cfg.log_every} per compiled chunk",
@@ -139,12 +138,12 @@ def train(plan: Plan, session: Session, trainer: Trainer, state, step: int | Non
     t_start, opened = time.perf_counter(), None
     try:
         opened = session.open(plan, trainer, ckpts, log, write, stop, step, state, recreated)
-        callbacks = opened.callbacks._replace(profile=profile(cfg, start_update, trainer.end(cfg.stop_at_update), log),
-                                              diverged=say_diverged if runs else None)
+        callbacks = opened.callbacks._replace(profile=profile(cfg, start_update, trainer.end(cfg.stop_at_update), log))
         # A resumed run's diverged runs (their frozen state is in the checkpoint) keep the update
         # where they went non-finite, from the rows logged before it.
         diverged = runstats.diverged_runs(runstats.read_rows(run_dir / "metrics.jsonl")) if runs else {}
-        state, last, done = Loop(trainer, log, opened.source, callbacks, start_update, cfg.stop_at_update, diverged,
+        reader = ChunkReader(trainer.par, diverged, say_diverged if runs else None)
+        state, last, done = Loop(trainer, log, opened.source, callbacks, start_update, cfg.stop_at_update, reader,
                                  opened.saved).run(state)
         opened.finish(done, state, done < cfg.total_updates)
     except NonFinite as e:
