@@ -121,8 +121,8 @@ def test_ad_learner_with_history_collectors_one_killed_and_a_restart(tmp_path):
     (["--mode", "learn", "--dataset", "/tmp/x-never"], "--dataset is only for --algo ad with --mode both"),
     (["--mode", "collect", "--ad-history-steps", "30"], "multiple of the DarkRoom episode length 20"),
     (["--mode", "learn", "--store-max-episodes", "2"], "every device needs room for one"),
-    (["--mode", "learn", "--store-workers", "2"], "--store-workers is only for --algo dqn with --mode learn or collect"),
-    (["--mode", "collect", "--shard-steps", "8"], "--shard-steps is only for --algo dqn with --mode learn or collect"),
+    (["--mode", "learn", "--store-workers", "2"], "--store-workers is only for --algo dqn, sac or td3 with --mode learn or collect"),
+    (["--mode", "collect", "--shard-steps", "8"], "--shard-steps is only for --algo dqn, sac or td3 with --mode learn or collect"),
 ])
 def test_async_ad_bad_options_are_one_line_errors(tmp_path, capsys, argv, words):
     run_dir = tmp_path / "never"

@@ -287,7 +287,7 @@ def test_two_processes_take_process_0s_choice(tmp_path):
     (["--auto-scale", "--auto-scale-memory", "0"], "--auto-scale-memory must be in (0, 1]"),
     (["--auto-scale", "--auto-scale-memory", "1.5"], "--auto-scale-memory must be in (0, 1]"),
     (["--auto-scale-memory", "0.5"], "--auto-scale-memory is only for --auto-scale"),
-    (["--auto-scale-min-updates", "10"], "--auto-scale-min-updates is only for --auto-scale with --algo ppo or dqn"),
+    (["--auto-scale-min-updates", "10"], "--auto-scale-min-updates is only for --auto-scale with --algo ppo, dqn, sac or td3"),
     (["--auto-scale-seconds", "10"], "--auto-scale-seconds is only for --auto-scale"),
     (["--auto-scale", "--auto-scale-min-updates", "0"], "--auto-scale-min-updates must be at least 1"),
     (["--auto-scale", "--auto-scale-seconds", "0"], "--auto-scale-seconds must be at least 1"),

@@ -143,7 +143,7 @@ def test_a_non_finite_loss_without_a_checkpoint_says_there_is_none(tmp_path, cap
     (["--algo", "dqn", "--clip-eps", "0.1"], ["--clip-eps is only for --algo ppo", "--algo dqn"]),
     (["--d-model", "64"], ["--d-model is only for a transformer"]),
     (["--collector-id", "a"], ["--collector-id is only for --mode learn or collect"]),
-    (["--algo", "dqn", "--store-workers", "2"], ["--store-workers is only for --algo dqn with --mode learn or collect"]),
+    (["--algo", "dqn", "--store-workers", "2"], ["--store-workers is only for --algo dqn, sac or td3 with --mode learn or collect"]),
     (["--algo", "dqn", "--mode", "learn", "--store-workers", "-1"], ["--store-workers must be >= 0"]),
     (["--env", "MNISTBandit-bsuite"], ["MNISTBandit-bsuite is not supported", "downloads"]),
 ])

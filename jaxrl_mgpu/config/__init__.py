@@ -4,14 +4,15 @@ Precedence: dataclass defaults < `--config` preset (YAML, shipped in jaxrl_mgpu/
 any path) < flags given on the command line. Numbers on the command line are GLOBAL (over all devices and hosts);
 per-device values are derived from them once the devices are known.
 
-Each option is declared once, in `Config`, with everything the rest of the package asks about
+Each option is declared once, in `Config` (or an algorithm's module it inherits), with everything the rest of the package asks about
 it: its group (what it configures: `--help GROUP` shows one), its range (checked here and
 nowhere else), which runs use it (a run that would ignore it refuses it), what a resume may do
 with it, which algorithms' checkpointed state it shapes, and which algorithms' `--sweep` may
 vary it. The lists the other modules need are computed from those declarations.
 
 The package, by job: declare.py (how an option is declared), options.py (`Config`: every
-option), parse.py (the command line, its help, presets, a Python caller's options), checks.py
+option; those of one algorithm are declared in its own module, ppo.py, dqn.py, offpolicy.py and
+ad.py, and `Config` inherits them), parse.py (the command line, its help, presets, a Python caller's options), checks.py
 (the checks of a whole config: `validate`), resume.py (a run's saved config and a resume).
 """
 

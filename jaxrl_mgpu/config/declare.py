@@ -99,20 +99,22 @@ FOR_AD_DATASET = Applies("--algo ad with --mode both", lambda c: c.algo == "ad" 
 FOR_AD_STORE = Applies("--algo ad with --mode learn or collect", lambda c: c.algo == "ad" and c.mode != "both")
 # Learners and collectors of one run may share one command line, so these are for both.
 FOR_STORE = Applies("--mode learn or collect", lambda c: c.mode != "both")
-# AD's collectors write whole learning histories (--ad-history-tasks x --ad-history-steps) one
-# shard at a time, and its learner reads those few large shards on a thread.
-FOR_DQN_STORE = Applies("--algo dqn with --mode learn or collect", lambda c: c.algo == "dqn" and c.mode != "both")
 FOR_MANY_RUNS = Applies("many runs (--num-seeds > 1 or --sweep)", lambda c: c.num_seeds > 1 or bool(c.sweep))
 FOR_TRAINING = Applies("training (--mode both or learn)", lambda c: c.mode != "collect")
 FOR_PROFILE = Applies("--profile", lambda c: c.profile is not None)
 FOR_AUTO_SCALE = Applies("--auto-scale", lambda c: c.auto_scale is not None)
 # AD's run is --num-updates long whatever its batch: the minimum does not bite there.
-FOR_AUTO_SCALE_STEPS = Applies("--auto-scale with --algo ppo or dqn (AD trains --num-updates at any size)",
+FOR_AUTO_SCALE_STEPS = Applies("--auto-scale with --algo ppo, dqn, sac or td3 (AD trains --num-updates at any size)",
                                lambda c: c.auto_scale is not None and c.algo != "ad")
 
 PPO_DQN = ("ppo", "dqn")  # the algorithms that step environments themselves
 OFF_POLICY_ALGOS = ("sac", "td3")  # algos/sac.py
 REPLAY_ALGOS = ("dqn",) + OFF_POLICY_ALGOS
+# The replay learners' collectors write segments of episodes (algos/replay_async.py); AD's
+# write whole learning histories (--ad-history-tasks x --ad-history-steps) one shard at a time,
+# and its learner reads those few large shards on a thread.
+FOR_REPLAY_STORE = Applies("--algo dqn, sac or td3 with --mode learn or collect",
+                           lambda c: c.algo in REPLAY_ALGOS and c.mode != "both")
 FOR_REPLAY = Applies("--algo dqn, sac or td3", lambda c: c.algo in REPLAY_ALGOS)
 FOR_MLP_ACTOR_CRITIC = Applies("--algo ppo --policy mlp, sac or td3",
                                lambda c: (c.algo == "ppo" and c.policy == "mlp") or c.algo in OFF_POLICY_ALGOS)

@@ -11,12 +11,20 @@ import typing
 from typing import Any
 
 from jaxrl_mgpu.cli import ConfigError
+from jaxrl_mgpu.config.ad import AdOptions
+from jaxrl_mgpu.config.dqn import DqnOptions
 from jaxrl_mgpu.config.offpolicy import OffPolicyOptions
-from jaxrl_mgpu.config.declare import FOR_MLP_ACTOR_CRITIC, FOR_REPLAY, FOR_REWARD_SCALE, OFF_POLICY_ALGOS, REPLAY_ALGOS, AD, ALGOS, EVERY_ALGO, ASYNC, DEVICES, DQN, ENV, FOR_AD, FOR_AD_DATASET, FOR_AD_STORE, FOR_AUTO_SCALE, FOR_AUTO_SCALE_STEPS, FOR_DQN, FOR_DQN_STORE, FOR_ENV_STEPS, FOR_MANY_RUNS, FOR_MLP, FOR_PPO, FOR_PPO_MLP, FOR_PROFILE, FOR_STORE, FOR_TRAINING, FOR_TRANSFORMER, FOR_TRANSFORMER_POLICY, LEARNING, MULTIRUN, NETWORK, NON_NEGATIVE, Option, POLICIES, POSITIVE, PPO, PPO_DQN, PRECISIONS, RESUME_MAY_CHANGE, RUN, SOURCE_ALGOS, THIS_INVOCATION, UNIT, UNIT_OPEN, option
+from jaxrl_mgpu.config.ppo import PpoOptions
+from jaxrl_mgpu.config.declare import (ALGOS, ASYNC, DEVICES, ENV, EVERY_ALGO, FOR_AD, FOR_AUTO_SCALE,
+                                       FOR_AUTO_SCALE_STEPS, FOR_ENV_STEPS, FOR_MANY_RUNS, FOR_MLP, FOR_PROFILE,
+                                       FOR_REPLAY_STORE, FOR_STORE, FOR_TRAINING, FOR_TRANSFORMER,
+                                       FOR_TRANSFORMER_POLICY, LEARNING, MULTIRUN, NETWORK, NON_NEGATIVE,
+                                       OFF_POLICY_ALGOS, Option, POLICIES, POSITIVE, PPO_DQN, PRECISIONS,
+                                       RESUME_MAY_CHANGE, RUN, THIS_INVOCATION, UNIT, UNIT_OPEN, option)
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(OffPolicyOptions):
+class Config(AdOptions, OffPolicyOptions, DqnOptions, PpoOptions):
     # -- run: what to train, for how long, where it is written ------------------------------
     algo: str = option("ppo", f"algorithm: {', '.join(ALGOS)}, or one registered with jaxrl_mgpu.algos.register",
                        RUN, common=True, brief="algorithm: " + ", ".join(ALGOS), state=EVERY_ALGO, metavar="NAME")
@@ -130,101 +138,6 @@ class Config(OffPolicyOptions):
                              "MLP + residual kernels, and final LayerNorm + heads, --d-model a power of 2 up "
                              "to 128, GPU)", NETWORK, choices=("xla", "pallas"), applies=FOR_TRANSFORMER)
 
-    # -- PPO (--algo ppo also uses --num-envs, --num-steps and the learning and network groups) --
-    num_minibatches: int = option(4, "minibatches per epoch, GLOBAL (each device takes 1/devices of each)", PPO,
-                                  common=True, brief="minibatches per epoch, GLOBAL", check=POSITIVE,
-                                  applies=FOR_PPO)
-    update_epochs: int = option(4, "passes over each rollout", PPO, common=True, check=POSITIVE, applies=FOR_PPO)
-    gae_lambda: float = option(0.95, "GAE lambda", PPO, common=True, check=UNIT, applies=FOR_PPO, sweep=("ppo",))
-    unroll_length: int = option(0, "compute GAE over unrolls of this many steps, in every minibatch with the "
-                                   "critic as it is then, minibatches of whole unrolls (Brax's PPO); 0: once "
-                                   "per update, over each environment's --num-steps steps", PPO,
-                                check=NON_NEGATIVE, applies=FOR_PPO_MLP, metavar="STEPS")
-    clip_eps: float = option(0.2, "PPO ratio (and value) clipping", PPO, common=True, check=POSITIVE,
-                             applies=FOR_PPO, sweep=("ppo",))
-    ent_coef: float = option(0.01, "entropy bonus coefficient", PPO, common=True, check=NON_NEGATIVE,
-                             applies=FOR_PPO, sweep=("ppo",))
-    vf_coef: float = option(0.5, "value loss coefficient", PPO, common=True, check=NON_NEGATIVE, applies=FOR_PPO,
-                            sweep=("ppo",))
-    normalize_reward: bool = option(False, "divide rewards by the running standard deviation of the discounted "
-                                           "return (statistics over all devices, kept in checkpoints), as "
-                                           "PureJaxRL's and CleanRL's continuous-action PPO do", PPO,
-                                    applies=FOR_PPO, state=("ppo",))
-    normalize_obs: bool = option(False, "normalise observations by their running mean and standard deviation "
-                                        "over all devices and processes (Brax's normalize_observations; the "
-                                        "statistics are kept with the params, so checkpoints and evaluation use "
-                                        "them)", PPO, applies=FOR_MLP_ACTOR_CRITIC, state=("ppo",) + OFF_POLICY_ALGOS)
-    reward_scale: float = option(1.0, "multiply rewards by this in the learner (Brax's reward_scaling); episode "
-                                      "returns are logged unscaled", PPO, check=POSITIVE, applies=FOR_REWARD_SCALE,
-                                 sweep=("ppo",) + OFF_POLICY_ALGOS)
-    clip_value: bool = option(True, "clip the value loss around the rollout's values by --clip-eps, as PureJaxRL "
-                                    "and CleanRL do (--no-clip-value: Brax's unclipped value loss, for value "
-                                    "targets far from unit size, e.g. with --reward-scale)", PPO, applies=FOR_PPO)
-    actor_hidden: str | None = option(None, "widths of the actor MLP's hidden layers, comma-separated (e.g. "
-                                            "32,32,32,32; default: --num-layers x --hidden-size)", PPO,
-                                      applies=FOR_MLP_ACTOR_CRITIC, state=("ppo",) + OFF_POLICY_ALGOS, metavar="WIDTHS")
-    critic_hidden: str | None = option(None, "widths of the critic MLP's hidden layers, comma-separated (e.g. "
-                                             "256,256,256,256,256; default: --num-layers x --hidden-size)", PPO,
-                                       applies=FOR_MLP_ACTOR_CRITIC, state=("ppo",) + OFF_POLICY_ALGOS, metavar="WIDTHS")
-    action_dist: str = option("clipped_normal", "with Box actions: clipped_normal (a Gaussian with a learned "
-                                                "state-independent std, samples clipped to the bounds for the env) "
-                                                "or tanh_normal (Brax's: a Gaussian with a state-dependent std, "
-                                                "squashed by tanh into the bounds)", PPO,
-                              choices=("clipped_normal", "tanh_normal"), applies=FOR_PPO_MLP, state=("ppo",))
-
-    # -- DQN (--algo dqn also uses --num-envs, --num-steps and the learning and network groups) --
-    buffer_size: int = option(100_000, "replay capacity in transitions, GLOBAL (per device = buffer-size / "
-                                       "devices); a multiple of num-envs", DQN, check=POSITIVE, applies=FOR_REPLAY,
-                              state=REPLAY_ALGOS)
-    replay_obs_dtype: str = option("float32", "dtype the replay stores observations in: uint8 (a quarter of the "
-                                              "memory) where they are whole numbers in 0..255, as MinAtar's 0/1 "
-                                              "channel maps are (checked at start-up)", DQN,
-                                   choices=("float32", "uint8"), applies=FOR_DQN, state=("dqn",))
-    replay_batch_size: int = option(256, "transitions sampled per gradient step, GLOBAL (per device = "
-                                         "replay-batch-size / devices)", DQN, check=POSITIVE, applies=FOR_REPLAY)
-    updates_per_step: float = option(1.0, "gradient steps per vectorised env step (one step of all num-envs "
-                                          "environments): each update steps every env num-steps times, then does "
-                                          "num-steps x updates-per-step gradient steps (a whole number)", DQN,
-                                     check=POSITIVE, applies=FOR_REPLAY)
-    learning_starts: int = option(10_000, "env steps (global) collected before the first gradient step", DQN,
-                                  check=NON_NEGATIVE, applies=FOR_REPLAY)
-    target_update_every: int = option(500, "copy the online network into the target network every this many "
-                                           "gradient steps (used when tau = 1)", DQN, check=POSITIVE,
-                                      applies=FOR_REPLAY)
-    tau: float = option(1.0, "target update: 1 = hard copy every target-update-every gradient steps; < 1 = "
-                             "Polyak averaging target <- tau*online + (1-tau)*target after every gradient step", DQN,
-                        check=UNIT_OPEN, applies=FOR_REPLAY)
-    eps_start: float = option(1.0, "epsilon-greedy: epsilon at the start", DQN, check=UNIT, applies=FOR_DQN,
-                              sweep=("dqn",))
-    eps_end: float = option(0.05, "epsilon-greedy: epsilon after eps-decay-steps", DQN, check=UNIT,
-                            applies=FOR_DQN, sweep=("dqn",))
-    eps_decay_steps: int = option(100_000, "epsilon-greedy: env steps (global) of linear decay from eps-start to "
-                                           "eps-end", DQN, check=NON_NEGATIVE, applies=FOR_DQN)
-    n_step: int = option(1, "n-step returns (cut at episode ends; time limits bootstrap from the final "
-                            "observation)", DQN, check=POSITIVE, applies=FOR_REPLAY)
-
-    # -- AD (--algo ad trains for --num-updates and also uses --lr, --anneal-lr, --max-grad-norm,
-    # --precision, --grad-accum and the transformer's options; its context is --n-transit, so
-    # --policy and --context-len do not apply) -------------------------------------------------
-    dataset: str | None = option(None, "directory of learning histories to distill (written by python -m "
-                                       "jaxrl_mgpu.histories --out DIR)", AD, applies=FOR_AD_DATASET, metavar="DIR")
-    n_transit: int = option(80, "transitions per training window and in the model's context, across episode "
-                                "boundaries (e.g. 80 = 4 DarkRoom episodes)", AD, check=POSITIVE, applies=FOR_AD,
-                            state=("ad",))
-    ad_batch_size: int = option(128, "windows of n-transit transitions per update, GLOBAL (per device = "
-                                     "ad-batch-size / devices)", AD, check=POSITIVE, applies=FOR_AD)
-    ad_episode_stride: int = option(1, "keep every k-th episode of each learning history, so a context of n "
-                                       "episodes spans k x n episodes of the source's learning", AD, check=POSITIVE,
-                                    applies=FOR_AD)
-    # (--mode collect|learn: the histories come from the run's store, algos/ad_async.py)
-    ad_history_steps: int = option(4000, "--mode collect|learn: environment steps of each source learning history "
-                                         "(a multiple of the episode length); the same for collectors and learner",
-                                   AD, check=POSITIVE, applies=FOR_AD_STORE)
-    ad_history_tasks: int = option(32, "--mode collect: tasks (goals) learned at once, one source learner each, "
-                                       "per store shard", AD, check=POSITIVE, applies=FOR_AD_STORE)
-    ad_source: str = option("ucb", "--mode collect: exploration of the tabular Q-learning source", AD,
-                            choices=SOURCE_ALGOS, applies=FOR_AD_STORE)
-
     # -- multirun: many runs in one compiled program (multirun.py) -----------------------------
     num_seeds: int = option(1, "train this many independent runs in one program, with seeds seed, seed+1, ...: "
                                "own params, optimizer state, environments and keys; each run has --num-envs "
@@ -277,10 +190,10 @@ class Config(OffPolicyOptions):
                                  ASYNC, check=POSITIVE, applies=FOR_STORE, resume=RESUME_MAY_CHANGE)
     shard_steps: int = option(16, "collect: vector steps of all environments per store shard (the unit the "
                                   "learner receives: larger shards, fewer files but staler data)", ASYNC,
-                              check=POSITIVE, applies=FOR_DQN_STORE)
+                              check=POSITIVE, applies=FOR_REPLAY_STORE)
     store_workers: int = option(0, "processes that decode (learner) or encode (collector) the store's shards, "
                                    "several at once (0: a quarter of the host's cores, 1 to 4)", ASYNC,
-                                check=NON_NEGATIVE, applies=FOR_DQN_STORE, resume=THIS_INVOCATION)
+                                check=NON_NEGATIVE, applies=FOR_REPLAY_STORE, resume=THIS_INVOCATION)
 
     # -- devices and hosts ----------------------------------------------------------------------
     devices: int | None = option(None, "use the first k local devices of each host (default: all)", DEVICES,
