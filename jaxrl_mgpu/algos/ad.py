@@ -306,4 +306,6 @@ def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
 SPEC = Spec(name="ad", check=check, algorithm=algorithm, policy=in_context_policy, steps_per_update=steps_per_update,
             step_unit="tokens", console=(("loss", "loss/cross_entropy", ".4f"), ("acc", "loss/accuracy", ".3f")),
             summary=("loss/cross_entropy", "loss/accuracy"), size_option="ad_batch_size", takes_policy=False,
-            evaluated_by="in-context")
+            evaluated_by="in-context",
+            auto_scale_keeps="--grad-accum, lr and --num-updates as configured, so each update learns from more "
+                             "sequences")

@@ -455,6 +455,13 @@ def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
                      parts=algo)
 
 
+# What --auto-scale leaves of the replay algorithms (DQN, SAC, TD3): an update's gradient steps
+# are --num-steps x --updates-per-step whatever the environments, so more of them learn less
+# per env step (docs/auto-scale.md).
+AUTO_SCALE_KEEPS = ("--replay-batch-size and gradient steps per update as configured, so gradient steps per env "
+                    "step fall as environments grow")
+
 # What the code outside algos/ reads of DQN (algos/spec.py).
 SPEC = Spec(name="dqn", check=check, algorithm=algorithm, policy=q_policy, steps_per_update=steps_per_update,
-            steady_state=steady_state, console=(("td", "loss/td", ".4f"), ("eps", "epsilon", ".3f")))
+            steady_state=steady_state, console=(("td", "loss/td", ".4f"), ("eps", "epsilon", ".3f")),
+            auto_scale_keeps=AUTO_SCALE_KEEPS)

@@ -58,6 +58,8 @@ class Spec:
     console: tuple[tuple[str, str, str], ...] = ()  # (label, metric key, format) on the progress line
     summary: tuple[str, ...] = ()               # metric keys the summary carries
     size_option: str = "num_envs"               # the option --auto-scale chooses
+    # what --auto-scale leaves as configured, and so what grows or shrinks with the size (in words)
+    auto_scale_keeps: str = "minibatch count, epochs and lr as configured, so minibatches grow with the batch"
     takes_policy: bool = True                   # whether --policy (mlp | transformer) shapes it
     evaluated_by: str = "episodes"              # "episodes" (evaluate) or "in-context" (incontext)
     # options declared for other algorithms (config/options.py) that it reads too: giving one

@@ -414,7 +414,7 @@ def choose(plan, par, log: RunLog | None = None):
     if chosen in rows:
         rows[chosen].chosen = True
     log.print(table(cfg, search.what, list(rows.values()), search.limit, search.source, time.perf_counter() - t0, chosen,
-                    par.num_devices, search.phases, stop))
+                    par.num_devices, search.phases, stop, plan.spec.auto_scale_keeps))
     return with_size(cfg, plan.spec, chosen, par.num_devices), sorted(rows.values(), key=lambda r: r.per_device)
 
 
@@ -423,7 +423,8 @@ def size_text(b: float | None) -> str:
 
 
 def table(cfg, what: str, rows: list[Row], limit: int, source: str, search_s: float, chosen: int, devices: int,
-          phases: dict | None = None, stop: str | None = None) -> str:
+          phases: dict | None = None, stop: str | None = None,
+          keeps: str = "minibatch count, epochs and lr as configured, so minibatches grow with the batch") -> str:
     """The search's table: a row per size (`what` per device: envs, or AD's sequences)."""
     counted = cfg.num_updates is None  # PPO, DQN: the updates a size leaves the run
     lines = [f"auto-scale ({cfg.auto_scale}): {what} per device, memory budget {cfg.auto_scale_memory:g} x "
@@ -445,7 +446,7 @@ def table(cfg, what: str, rows: list[Row], limit: int, source: str, search_s: fl
         rule += f" of the sizes that leave --auto-scale-min-updates {cfg.auto_scale_min_updates}"
     lines.append(f"  chose {chosen:,} per device ({rule}), {chosen * devices:,} over {count(devices, 'device')}"
                  + ("" if left is None else f", {left:,} updates") + ", in "
-                 f"{search_s:.1f} s{spent}; minibatches, epochs and lr as configured (minibatches grow with the batch)")
+                 f"{search_s:.1f} s{spent}; {keeps}")
     if stop:
         lines.append(f"  the {'climb' if cfg.auto_scale == 'throughput' else 'search'} stopped: {stop}")
     if counted and left is not None and left < cfg.auto_scale_min_updates:
