@@ -139,7 +139,9 @@ class RunLog:
         if row.get("eval/episode_return") is not None:
             parts.append(f"eval {row['eval/episode_return']:.1f}")
         parts += [f"{label} {row[key]:{fmt}}" for label, key, fmt in self.console if row.get(key) is not None]
-        rate = f"{row['sps']:,.0f} {self.unit.replace('env_', '')}/s" if row.get("sps") is not None else ""
+        # a learner's progress is in updates, its rate the env steps it received (source.py)
+        unit = "env steps received" if self.unit == "update" and "env_steps" in row else self.unit.replace("env_", "")
+        rate = f"{row['sps']:,.0f} {unit}/s" if row.get("sps") is not None else ""
         if row.get("agent_sps") is not None:
             rate += f" ({row['agent_sps']:,.0f} agent steps/s)"
         if self._bar is not None:

@@ -73,7 +73,7 @@ class Plan:
                               f"run at a time")
         if cfg.mode != "both" and self.spec.asynchronous is None:
             raise ConfigError(f"--mode {cfg.mode}: --algo {cfg.algo} runs only as --mode both (learners and "
-                              f"collectors: --algo {' or '.join(n for n in algos.names() if algos.get(n).asynchronous)})")
+                              f"collectors: --algo {', '.join(n for n in algos.names() if algos.get(n).asynchronous)})")
         par = multirun.setup(cfg, par)
         check = self.spec.check if cfg.mode == "both" else self.spec.asynchronous.check
         return dataclasses.replace(self, cfg=cfg, par=par, split=check(cfg, par.data_devices), **more)

@@ -19,6 +19,7 @@ from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.algos.replay import Transitions
 from jaxrl_mgpu.algos import dqn_async as async_dqn
+from jaxrl_mgpu.algos import replay_async
 from jaxrl_mgpu.algos import dqn_ingest as async_ingest
 from jaxrl_mgpu.asynchronous import policy, rate
 from jaxrl_mgpu.asynchronous.store import Segments, Store
@@ -94,7 +95,7 @@ def test_learner_with_two_collectors_one_killed(tmp_path):
     inserted_lags = [r["async/policy_lag_inserted"] for r in rows if r["async/policy_lag_inserted"] is not None]
     assert inserted_lags and min(inserted_lags) >= 0
     # ... and the seconds each stage of the data's way took (one host: one clock, none negative)
-    for stage in async_dqn.STAGES:
+    for stage in replay_async.STAGES:
         seconds = [r[f"async/latency_s/{stage}"] for r in rows if r[f"async/latency_s/{stage}"] is not None]
         assert seconds and all(0 <= s < 120 for s in seconds), (stage, seconds)
     assert np.isfinite(last["loss/td"])
@@ -301,7 +302,7 @@ def test_learner_replay_stores_minatar_observations_as_bytes():
 def test_a_collector_without_a_learner_says_what_it_waits_for(tmp_path, capsys, monkeypatch):
     """No learner has published its params: the collector says so every WAITING_LOG_S (here
     shortened), instead of waiting in silence."""
-    monkeypatch.setattr(async_dqn, "WAITING_LOG_S", 0.5)
+    monkeypatch.setattr(replay_async, "WAITING_LOG_S", 0.5)
     cfg = config_lib.validate(dataclasses.replace(
         config_lib.Config(), algo="dqn", mode="collect", env="CartPole-v1", num_envs=2, num_steps=2,
         buffer_size=1024, learning_starts=0, run_dir=str(tmp_path / "run")))
@@ -511,7 +512,7 @@ def test_eviction_deletes_only_consumed_shards_oldest_first(tmp_path, monkeypatc
                "reward": np.ones(3, np.float32), "terminated": True, "final_observation": np.zeros(2, np.float32)}
     # 2 episodes each
     names = [store.write(Segments.whole([episode] * 2), "c0", 0, "CartPole-v1").name for _ in range(5)]
-    ledger = Ledger.fresh(async_dqn.COUNTS)
+    ledger = Ledger.fresh(replay_async.COUNTS)
     ledger.consumed = set(names[:3])
     cfg = config_lib.Config(algo="dqn", mode="learn", store_max_episodes=6)
     publisher = CheckpointPublisher(cfg, None, None, {}, store)
@@ -539,7 +540,7 @@ def test_shards_decoded_by_worker_processes_equal_the_thread_read_in_order_and_e
     """The DQN learner decodes shards in child processes (workers.Pool): the same transitions as
     a read on the thread, delivered oldest first by several workers at once; a damaged shard's
     error is raised in the parent; a dead child is an error, not a hang."""
-    from jaxrl_mgpu.algos.dqn_async import read_transitions
+    from jaxrl_mgpu.algos.replay_async import read_transitions
     from jaxrl_mgpu.asynchronous.reader import ShardReader
     from jaxrl_mgpu.asynchronous.workers import Pool, WorkerError
     from jaxrl_mgpu.data.rlds import DatasetError
@@ -601,7 +602,7 @@ def test_collector_segments_give_each_step_once_with_mode_boths_n_step_targets(t
     the final observation); and each ended episode's return and length, once."""
     import jax.numpy as jnp
     from jaxrl_mgpu.algos.replay import Replay, n_step_return
-    from jaxrl_mgpu.algos.dqn_async import read_transitions
+    from jaxrl_mgpu.algos.replay_async import read_transitions
     rng = np.random.default_rng(1)
     T, E, n_step, gamma = 7, 4, 3, 0.9
     par = types.SimpleNamespace(local=lambda tree: tree)  # one device's rollout, already on the host
@@ -631,7 +632,7 @@ def test_collector_segments_give_each_step_once_with_mode_boths_n_step_targets(t
             ended += [(float(ep_return[e]), int(ep_length[e])) for e in np.flatnonzero(done)]
             ep_return[done], ep_length[done] = 0, 0
         traj = tuple(x[None] for x in (obs, action, reward, terminated, truncated, final, done_return, done_length))
-        segments = async_dqn._segments(par, traj, open_, n_step - 1)
+        segments = replay_async._segments(par, traj, open_, n_step - 1)
         if segments is not None:
             store.write(segments, "c0", rollout, "CartPole-v1")
         for k, x in zip(seen, (obs, action, reward, terminated, truncated, final)):
@@ -674,7 +675,7 @@ def test_learner_transitions_are_the_n_step_transitions_of_mode_both(tmp_path):
     observation, terminations not at all)."""
     import jax.numpy as jnp
     from jaxrl_mgpu.algos.replay import Replay, n_step_return
-    from jaxrl_mgpu.algos.dqn_async import read_transitions
+    from jaxrl_mgpu.algos.replay_async import read_transitions
     rng = np.random.default_rng(2)
     episodes = [{"observation": rng.random((n, 2)).astype(np.float32), "action": rng.integers(0, 3, n),
                  "reward": rng.random(n).astype(np.float32), "terminated": term,

@@ -50,7 +50,7 @@ def test_parameter_shapes_come_without_building_the_algorithm_and_match_it():
 def test_a_mode_the_algorithm_has_not_is_refused_naming_those_that_have_it():
     with pytest.raises(ConfigError) as raised:
         plan_lib.on_devices(small(mode="learn", run_dir="r"), parallel.setup("pmap", 1))
-    assert "--mode learn: --algo ppo runs only as --mode both (learners and collectors: --algo dqn or ad)" in str(raised.value)
+    assert "--mode learn: --algo ppo runs only as --mode both (learners and collectors: --algo dqn, ad, sac, td3)" in str(raised.value)
 
 
 def test_a_registered_spec_must_be_a_spec():

@@ -103,7 +103,7 @@ def test_one_training_step_on_8_devices_equals_1_device_with_the_same_global_bat
     def step(trainer):
         d = trainer.par.num_devices
         local = lambda x: np.moveaxis(x.reshape((delay, d, -1) + x.shape[2:]), 1, 0)  # noqa: E731  [d, delay, share]
-        train_step = trainer.algorithm.parts["train_step"]
+        train_step = trainer.algorithm.parts.train_step
         fn = trainer.par.map(lambda state, b: train_step(state._replace(replay=(), envs=()), b))
         state, stats = fn(trainer.init_state(), trainer.par.shard(jax.tree.map(local, batches)))
         return trainer.par.first((state.params, state.critic, state.target_critic, state.log_alpha)), \
@@ -161,7 +161,8 @@ def test_the_tiny_preset_learns_pendulum(tmp_path):
     (["--algo", "ppo", "--policy-delay", "3"], "--policy-delay is only for --algo sac or td3"),
     (["--algo", "sac", "--clip-eps", "0.1"], "--clip-eps is only for --algo ppo"),
     (["--algo", "td3", "--init-alpha", "0.1"], "--init-alpha is only for --algo sac"),
-    (["--algo", "sac", "--mode", "learn"], "--mode learn: --algo sac runs only as --mode both"),
+    (["--algo", "sac", "--mode", "learn", "--buffer-size", "128", "--replay-batch-size", "64"],
+     "--buffer-size 128 must hold at least 256 transitions per device"),
     (["--algo", "sac", "--num-steps", "3", "--policy-delay", "2"], "--policy-delay 2 does not divide the 3"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, argv, words):
@@ -184,3 +185,26 @@ def test_shard_map_equals_pmap_and_many_seeds_train_in_one_program(tmp_path):
     assert run(*tiny, "--num-seeds", "2", "--sweep", "lr=1e-3,3e-4", "--run-dir", str(tmp_path / "runs")) == 0
     summary = json.loads((tmp_path / "runs" / "runs_summary.json").read_text())
     assert [c["lr"] for c in summary] == [1e-3, 3e-4] and [c["runs"] for c in summary] == [[0, 1], [2, 3]], summary
+
+
+@pytest.mark.slow
+def test_auto_scale_sizes_a_sac_run_whose_policy_evaluate_draws(tmp_path, capsys):
+    """--auto-scale memory picks SAC's environments (the largest that leaves 100 updates: 25,600
+    steps / (100 x 8 steps x 8 devices) = 4 per device) and says that the gradient steps per
+    env step fall with them; `evaluate --video` draws the trained actor's first evaluation
+    episode of Pendulum (200 steps, 201 frames, the same return as `evaluate`)."""
+    import imageio.v3 as iio
+    run_dir = tmp_path / "run"
+    assert run("--config", "pendulum-sac", "--auto-scale", "memory", "--total-timesteps", "25600",
+               "--run-dir", str(run_dir), "--stop-at-update", "2") == 0
+    out = capsys.readouterr().out
+    assert "chose 4 per device" in out and "gradient steps per env step fall as environments grow" in out, out
+    assert json.loads((run_dir / "config.json").read_text())["num_envs"] == 32
+    video = tmp_path / "pendulum.gif"
+    assert evaluate.main(["--run-dir", str(run_dir), "--video", str(video), "--greedy"]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    frames = iio.imread(video, index=None)
+    assert line["episode_length"] == 200 and frames.shape[0] == 201 == line["frames"] and frames.std() > 0
+    assert evaluate.main(["--run-dir", str(run_dir), "--episodes", "1", "--devices", "1", "--greedy"]) == 0
+    evaluated = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert line["return"] == pytest.approx(evaluated["mean_return"], rel=1e-5)

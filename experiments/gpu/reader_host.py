@@ -11,7 +11,7 @@ import time
 
 
 from jaxrl_mgpu.asynchronous.reader import ShardReader
-from jaxrl_mgpu.algos.dqn_async import read_transitions
+from jaxrl_mgpu.algos.replay_async import read_transitions
 from random_shards import random_play_store
 
 p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -220,9 +220,11 @@ def replay_sample(replay: Replay, written: jax.Array, key: jax.Array, batch_size
 
 # -- the asynchronous learner's replay: one flat ring of n-step transitions ----------------
 
-def ring_init(capacity: int, obs_shape: tuple, obs_dtype=jnp.float32) -> TransitionRing:
+def ring_init(capacity: int, obs_shape: tuple, obs_dtype=jnp.float32, action_shape: tuple = (),
+              action_dtype=jnp.int32) -> TransitionRing:
+    """An empty ring; actions as replay_init's (DQN's discrete ones by default)."""
     z = lambda *shape, dtype=jnp.float32: jnp.zeros((capacity,) + shape, dtype)  # noqa: E731
-    return TransitionRing(z(*obs_shape, dtype=obs_dtype), z(dtype=jnp.int32), z(), z(),
+    return TransitionRing(z(*obs_shape, dtype=obs_dtype), z(*action_shape, dtype=action_dtype), z(), z(),
                           z(*obs_shape, dtype=obs_dtype), jnp.zeros((), jnp.int32))
 
 

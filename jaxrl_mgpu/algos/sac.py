@@ -359,21 +359,28 @@ def make(cfg, env, env_params, split: BatchSplit):
         state, actor_stats = actor_step(state, jax.tree.map(lambda x: x[-1], batches))
         return state, {**jax.tree.map(jnp.mean, critic_stats), **actor_stats}
 
-    def sample(replay, written, key) -> Batch:
+    def sample(draw, key) -> Batch:
+        """This device's share of a gradient step's batch: transitions from `draw(key)` (the
+        replay's, or the asynchronous learner's ring's) with their random numbers."""
         sample_key, noise_key = jax.random.split(jax.random.fold_in(key, device_index()))
-        t = replay_sample(replay, written, sample_key, batch_per_device, cfg.n_step, cfg.gamma)
+        t = draw(sample_key)
         keys = jax.vmap(jax.random.split)(vec.env_keys(noise_key, global_indices(batch_per_device)))
         return Batch(t._replace(reward=t.reward * cfg.reward_scale), actor_critic.standard_normal(keys[:, 0], num_dims),
                      actor_critic.standard_normal(keys[:, 1], num_dims))
 
-    def learn_many(state: State, written, key):
+    def learn_steps(state: State, draw, key):
+        """An update's gradient steps on batches from `draw` (what --mode learn's learner runs too)."""
         def one(learning, k):
-            batches = jax.vmap(lambda j: sample(state.replay, written, jax.random.fold_in(key, j)))(
+            batches = jax.vmap(lambda j: sample(draw, jax.random.fold_in(key, j)))(
                 k * cfg.policy_delay + jnp.arange(cfg.policy_delay))
             return train_step(learning, batches)
         # the scan carries what the steps change, not the replay and the environments
         learning, stats = jax.lax.scan(one, state._replace(replay=(), envs=()), jnp.arange(grad_steps // cfg.policy_delay))
         return learning._replace(replay=state.replay, envs=state.envs), jax.tree.map(jnp.mean, stats)
+
+    def learn_many(state: State, written, key):
+        return learn_steps(state, lambda k: replay_sample(state.replay, written, k, batch_per_device, cfg.n_step,
+                                                          cfg.gamma), key)
 
     def no_learning(state, written, key):
         stats = jax.eval_shape(learn_many, state, written, key)[1]
@@ -392,17 +399,32 @@ def make(cfg, env, env_params, split: BatchSplit):
         state, losses = jax.lax.cond(learning, learn_many, no_learning, state, written, learn_key)
         return state, (losses, vec.EpisodeStats.of(steps.done_return, steps.done_length, steps.episode_metrics))
 
-    return init, update, policy, train_step, sample
+    return Parts(init, update, policy, act, to_env, train_step, sample, learn_steps)
+
+
+class Parts(NamedTuple):
+    """One device's functions of SAC or TD3 (`make`); --mode learn|collect (sac_async.py) runs
+    the same `act` and `learn_steps`."""
+    init: Any          # key -> State
+    update: Any        # State -> State, (losses, episode stats)
+    policy: Policy
+    act: Any           # (params, obs, keys, global env ids, uniform) -> actions in [-1, 1]
+    to_env: Any        # actions in [-1, 1] -> the action space's bounds
+    train_step: Any    # State, Batch [policy_delay, ...] -> State, stats
+    sample: Any        # (draw: key -> Transitions, key) -> Batch
+    learn_steps: Any   # (State, draw, key) -> State, mean stats: an update's gradient steps
+
+
+LEARNED, OPTIMIZERS = ("params", "critic", "log_alpha"), ("actor_opt", "critic_opt", "alpha_opt")
 
 
 def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
-    init, update, policy, train_step, sample = make(cfg, env, env_params, split)
-    return Algorithm(init, update, STATE_LAYOUT, "env_steps", dqn.steps_per_update(cfg), policy,
-                     parts={"train_step": train_step, "sample": sample}, learned=("params", "critic", "log_alpha"),
-                     optimizers=("actor_opt", "critic_opt", "alpha_opt"))
+    parts = make(cfg, env, env_params, split)
+    return Algorithm(parts.init, parts.update, STATE_LAYOUT, "env_steps", dqn.steps_per_update(cfg), parts.policy,
+                     parts=parts, learned=LEARNED, optimizers=OPTIMIZERS)
 
 
 _COMMON = dict(check=check, algorithm=algorithm, policy=sac_policy, steps_per_update=dqn.steps_per_update,
-               steady_state=dqn.steady_state)
+               steady_state=dqn.steady_state, auto_scale_keeps=dqn.AUTO_SCALE_KEEPS)
 SAC = Spec(name="sac", console=(("critic", "loss/critic", ".3f"), ("alpha", "alpha", ".3f")), **_COMMON)
 TD3 = Spec(name="td3", console=(("critic", "loss/critic", ".3f"), ("q", "loss/q_mean", ".1f")), **_COMMON)

@@ -1,0 +1,148 @@
+"""Asynchronous SAC and TD3 (`--mode learn|collect`): the learner runs --mode both's gradient
+steps (sac.make's `learn_steps`) on batches of its ring of n-step transitions, and the
+collectors act as --mode both does (`act`: SAC's sampled actions, TD3's per-environment noise,
+uniform until the learner has received --learning-starts env steps). The learner's data source
+and the collectors' loop are the replay algorithms' (algos/replay_async.py); docs/asynchronous.md.
+
+With --normalize-obs the learner's statistics follow the observations it learns from: each
+iteration merges one batch sampled from its ring (it never sees the collectors' rollouts whole,
+which --mode both's statistics follow); the collectors act with the statistics published with
+the actor.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_mgpu import envs as envs_lib
+from jaxrl_mgpu.algos import dqn, replay_async, sac
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
+from jaxrl_mgpu.algos.replay import TransitionRing, ring_init, ring_insert, ring_sample
+from jaxrl_mgpu.algos.replay_async import Acting, LearnerFunctions, ReplaySource
+from jaxrl_mgpu.algos.spec import Asynchronous
+from jaxrl_mgpu.checkpoint import REPLICATED
+from jaxrl_mgpu.envs import vec
+from jaxrl_mgpu.nets import obs_norm
+from jaxrl_mgpu.parallel import Parallel, device_index, global_indices
+
+
+def check(cfg, num_devices: int) -> BatchSplit:
+    return replay_async.check(cfg, num_devices, sac.check(cfg, num_devices))
+
+
+def per_update(cfg) -> str:
+    grads = dqn.grad_steps_per_update(cfg)
+    return (f"{grads} critic steps and {grads // cfg.policy_delay} actor steps of {cfg.replay_batch_size} "
+            f"transitions")
+
+
+def _parts(cfg, split: BatchSplit):
+    env, env_params = envs_lib.make(cfg.env, cfg.env_args)
+    return env, env_params, sac.make(cfg, env, env_params, split)
+
+
+# -- the learner ---------------------------------------------------------------------------
+
+class LearnerState(NamedTuple):
+    """--mode both's sac.State without the environments and the replay (the ring is the source's)."""
+    params: Any
+    critic: Any
+    target_critic: Any
+    target_actor: Any
+    log_alpha: jax.Array
+    actor_opt: Any
+    critic_opt: Any
+    alpha_opt: Any
+    loss_scale: Any
+    key: jax.Array
+    grad_steps: jax.Array
+
+
+STATE_LAYOUT = {name: REPLICATED for name in LearnerState._fields}
+
+
+def algorithm(cfg, par: Parallel, split: BatchSplit) -> Algorithm:
+    """What the loop trains in --mode learn: one update is one learner iteration, --mode both's
+    num_steps x updates_per_step gradient steps, on samples of the ring (the source's data)."""
+    env, env_params, parts = _parts(cfg, split)
+    obs_shape = env.observation_space(env_params).shape
+    num_dims = parts.policy.dist.num_dims
+    capacity, batch = split.replay.per_device, split.minibatch.per_device
+
+    def init(key):  # (the environments and replay sac.init makes are unused: XLA drops them)
+        state = parts.init(key)
+        return LearnerState(*(getattr(state, name) for name in LearnerState._fields))
+
+    def learn(state: LearnerState, ring: TransitionRing):
+        key, learn_key, stats_key = jax.random.split(state.key, 3)
+        params = state.params
+        if cfg.normalize_obs:
+            seen = ring_sample(ring, jax.random.fold_in(stats_key, device_index()), batch).obs
+            params = {**params, obs_norm.OBS_STATS: obs_norm.update(params[obs_norm.OBS_STATS], seen)}
+        full = sac.State(**state._replace(params=params, key=key)._asdict(), envs=(), replay=(),
+                         update=jnp.zeros((), jnp.int32))
+        full, losses = parts.learn_steps(full, lambda k: ring_sample(ring, k, batch), learn_key)
+        return LearnerState(*(getattr(full, name) for name in LearnerState._fields)), losses
+
+    def update(state: LearnerState, ring: TransitionRing):
+        """One learner iteration as the loop's chunk runs it (no episodes: those are counted
+        as they arrive in the store)."""
+        state, losses = learn(state, ring)
+        none = jnp.zeros((), jnp.float32)
+        return state, (losses, vec.EpisodeStats(none, none, none))
+
+    def init_replay(_):
+        return ring_init(capacity, obs_shape, jnp.float32, (num_dims,), jnp.float32)
+
+    functions = LearnerFunctions(par.map(init), par.map(init_replay), par.map(ring_insert, donate=True),
+                                 par.map(learn, donate=True), obs_shape)
+    return Algorithm(init, update, STATE_LAYOUT, "update", 1, parts=functions, learned=sac.LEARNED,
+                     optimizers=sac.OPTIMIZERS)
+
+
+# -- the collectors ------------------------------------------------------------------------
+
+def _rollout(cfg, par: Parallel, split: BatchSplit, seed: jax.Array):
+    """A collector's rollout over its devices, `rollout(envs, params, key, uniform) -> envs,
+    trajectory [shard_steps, envs, ...]` (--mode both's acting; actions stored in [-1, 1], as
+    its replay keeps them), and its environments' first states, from `seed`."""
+    env, env_params, parts = _parts(cfg, split)
+    envs_per_device = split.environments.per_device
+
+    def reset(key):
+        return vec.reset(env, env_params, key, global_indices(envs_per_device))
+
+    def rollout(envs: vec.EnvBatch, params, key, uniform):
+        ids = global_indices(envs_per_device)
+
+        def step(envs, t):
+            keys = jax.vmap(jax.random.split)(vec.env_keys(jax.random.fold_in(key, t), ids))
+            action = parts.act(params, envs.obs, keys[:, 0], ids, uniform > 0)
+            next_envs, out = vec.step(env, env_params, envs, parts.to_env(action), keys[:, 1])
+            return next_envs, (envs.obs, action, out.reward, out.terminated, out.truncated, out.final_obs,
+                               out.done_return, out.done_length)
+
+        return jax.lax.scan(step, envs, jnp.arange(cfg.shard_steps))
+
+    return par.map(rollout, donate=True), par.map(reset)(par.replicate(np.asarray(seed)))
+
+
+def _template(cfg):
+    env, env_params = envs_lib.make(cfg.env, cfg.env_args)
+    return jax.eval_shape(sac.sac_policy(cfg, env, env_params).init_params, jax.random.PRNGKey(0))
+
+
+ACTING = Acting(_rollout, _template, explore=lambda cfg, received: float(received < cfg.learning_starts),
+                describe=lambda uniform: "uniform random actions" if uniform else "the policy's actions")
+
+
+def collect(cfg, par: Parallel, split: BatchSplit, log, stop) -> int:
+    return replay_async.collect(cfg, par, split, log, stop, ACTING)
+
+
+# --mode learn|collect of SAC and TD3 (algos/__init__.py puts it in their specs)
+ASYNCHRONOUS = Asynchronous(check, per_update, algorithm, ReplaySource, collect, lambda cfg: f"{cfg.num_envs} envs")
