@@ -118,3 +118,26 @@ def test_the_launcher_stops_the_job_when_any_process_dies(tmp_path):
     assert "[launch] process 1 was killed by SIGKILL; stopping process(es) 0" in out
     assert "another process of this job failed" in out
     assert "[Gloo]" not in out and "Check failure stack trace" not in out
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_off_policy_two_processes_equal_one_and_resume(tmp_path, algo):
+    """SAC and TD3: each process's devices keep their environments' replay, and the gradient
+    all-reduce spans both processes, so 2 processes x 4 devices learn 1 x 8's params; a
+    2-process run stopped at update 2 resumes (the replay, partly full, from the checkpoint)
+    to the same params."""
+    tiny = ["--algo", algo, "--env", "Pendulum-v1", "--num-envs", "16", "--num-steps", "4", "--updates-per-step",
+            "0.5", "--replay-batch-size", "64", "--buffer-size", "1024", "--learning-starts", "128",
+            "--hidden-size", "16", "--tau", "0.05", "--normalize-obs", "--total-timesteps", "384", "--log-every", "2",
+            "--checkpoint-every", "2"]
+    one, two, resumed = tmp_path / "one", tmp_path / "two", tmp_path / "resumed"
+    assert train.main([*tiny, "--run-dir", str(one)]) == 0
+    code, out = launch(*tiny, "--run-dir", str(two))
+    assert code == 0, out
+    code, out = launch(*tiny, "--run-dir", str(resumed), "--stop-at-update", "2")
+    assert code == 0, out
+    code, out = launch(*tiny, "--run-dir", str(resumed), "--resume")
+    assert code == 0 and "resumed from the checkpoint at update 2" in out, out
+    (_, p1), (_, p2), (_, p3) = (evaluate.load_params(str(d)) for d in (one, two, resumed))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), p1, p2)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), p2, p3)
