@@ -313,7 +313,7 @@ def test_a_collector_without_a_learner_says_what_it_waits_for(tmp_path, capsys, 
         looking.append(time.monotonic())
         return looking[-1] - looking[0] > 3.0
 
-    total = async_dqn.collect(cfg, par, async_dqn.check(cfg, par.num_devices), RunLog(None, 0), stop)
+    total = async_dqn.ASYNCHRONOUS.collect(cfg, par, async_dqn.check(cfg, par.num_devices), RunLog(None, 0), stop)
     out = capsys.readouterr().out
     assert total == 0
     waiting = [line for line in out.splitlines() if "still waiting for the learner's first params" in line]

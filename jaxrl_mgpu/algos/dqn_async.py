@@ -16,9 +16,8 @@ from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import dqn, replay_async
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
 from jaxrl_mgpu.algos.learner import LossScale, adam
-from jaxrl_mgpu.algos.replay import TransitionRing, ring_init, ring_insert, ring_sample
-from jaxrl_mgpu.algos.replay_async import Acting, LearnerFunctions, ReplaySource
-from jaxrl_mgpu.algos.spec import Asynchronous
+from jaxrl_mgpu.algos.replay import TransitionRing, ring_init, ring_sample
+from jaxrl_mgpu.algos.replay_async import Acting
 from jaxrl_mgpu.checkpoint import REPLICATED
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.envs import vec
@@ -75,19 +74,10 @@ def algorithm(cfg, par: Parallel, split: BatchSplit) -> Algorithm:
                                           jax.random.split(sample_key, grad_steps))
         return LearnerState(*carry[:4], key, carry[4]), losses
 
-    def update(state: LearnerState, ring: TransitionRing):
-        """One learner iteration as the loop's chunk runs it (no episodes: those are counted
-        as they arrive in the store)."""
-        state, losses = learn(state, ring)
-        none = jnp.zeros((), jnp.float32)
-        return state, (losses, vec.EpisodeStats(none, none, none))
-
     def init_replay(_):
         return ring_init(capacity, obs_shape, dqn.stored_obs_dtype(cfg))
 
-    functions = LearnerFunctions(par.map(init), par.map(init_replay), par.map(ring_insert, donate=True),
-                                 par.map(learn, donate=True), obs_shape)
-    return Algorithm(init, update, STATE_LAYOUT, "update", 1, parts=functions)
+    return replay_async.learner(par, init, learn, init_replay, STATE_LAYOUT, obs_shape)
 
 
 # -- the collectors -------------------------------------------------------------------------
@@ -129,9 +119,4 @@ ACTING = Acting(_rollout, _template, explore=lambda cfg, received: dqn.epsilon(c
                 describe=lambda eps: f"epsilon {eps:.3f}")
 
 
-def collect(cfg, par: Parallel, split: BatchSplit, log, stop) -> int:
-    return replay_async.collect(cfg, par, split, log, stop, ACTING)
-
-
-# --mode learn|collect of DQN (algos/__init__.py puts it in DQN's spec)
-ASYNCHRONOUS = Asynchronous(check, per_update, algorithm, ReplaySource, collect, lambda cfg: f"{cfg.num_envs} envs")
+ASYNCHRONOUS = replay_async.asynchronous(check, per_update, algorithm, ACTING)

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mgpu.algos import dqn
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
 from jaxrl_mgpu.algos.dqn_ingest import BLOCK, Ingest
-from jaxrl_mgpu.algos.replay import Transitions, segment_transitions
+from jaxrl_mgpu.algos.replay import TransitionRing, Transitions, ring_insert, segment_transitions
 from jaxrl_mgpu.asynchronous.checkpoints import learner_done
 from jaxrl_mgpu.asynchronous.collector import COLLECTOR_LOG_S, Pacer, collector_name, collector_seed
 from jaxrl_mgpu.asynchronous.policy import POLICY, ParamsFollower, ParamsPublisher
@@ -28,7 +29,9 @@ from jaxrl_mgpu.asynchronous.source import StoreSource
 from jaxrl_mgpu.asynchronous.store import Segments, Shard, Store, read_segments, write_job
 from jaxrl_mgpu.asynchronous.workers import Pool, default_workers
 from jaxrl_mgpu.checkpoint import Checkpoints
+from jaxrl_mgpu.algos.spec import Asynchronous
 from jaxrl_mgpu.cli import ConfigError
+from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.parallel import Parallel
 
 COUNTS = ("env_steps", "episodes")  # what the learner counts of each shard it receives
@@ -58,6 +61,21 @@ class LearnerFunctions(NamedTuple):
     insert: Callable       # TransitionRing, Transitions [devices, block] -> TransitionRing (donates the ring)
     learn: Callable        # state, TransitionRing -> state, mean losses (donates the state)
     obs_shape: tuple
+
+
+def learner(par: Parallel, init: Callable, learn: Callable, init_replay: Callable, layout: dict, obs_shape: tuple,
+            **fields) -> Algorithm:
+    """A replay learner as the loop trains it in --mode learn: one update is one `learn(state,
+    ring)` on the source's ring (no episodes: those are counted as they arrive in the store);
+    its mapped functions are its `parts`. `fields`: the Algorithm's others (learned, ...)."""
+    def update(state, ring: TransitionRing):
+        state, losses = learn(state, ring)
+        none = jnp.zeros((), jnp.float32)
+        return state, (losses, vec.EpisodeStats(none, none, none))
+
+    functions = LearnerFunctions(par.map(init), par.map(init_replay), par.map(ring_insert, donate=True),
+                                 par.map(learn, donate=True), obs_shape)
+    return Algorithm(init, update, layout, "update", 1, parts=functions, **fields)
 
 
 class Acting(NamedTuple):
@@ -412,3 +430,8 @@ def _segments(par: Parallel, traj, open_: dict[int, Open], lookahead: int) -> Se
                     final, ret.astype(np.float32), ep_length)
 
 
+def asynchronous(check: Callable, per_update: Callable, algorithm: Callable, acting: Acting) -> Asynchronous:
+    """A replay algorithm's --mode learn|collect: its learner over `ReplaySource`, its collectors
+    running `collect` with its `acting`."""
+    return Asynchronous(check, per_update, algorithm, ReplaySource, functools.partial(collect, acting=acting),
+                        lambda cfg: f"{cfg.num_envs} envs")

@@ -21,9 +21,8 @@ import numpy as np
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import dqn, replay_async, sac
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
-from jaxrl_mgpu.algos.replay import TransitionRing, ring_init, ring_insert, ring_sample
-from jaxrl_mgpu.algos.replay_async import Acting, LearnerFunctions, ReplaySource
-from jaxrl_mgpu.algos.spec import Asynchronous
+from jaxrl_mgpu.algos.replay import TransitionRing, ring_init, ring_sample
+from jaxrl_mgpu.algos.replay_async import Acting
 from jaxrl_mgpu.checkpoint import REPLICATED
 from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.nets import obs_norm
@@ -88,20 +87,11 @@ def algorithm(cfg, par: Parallel, split: BatchSplit) -> Algorithm:
         full, losses = parts.learn_steps(full, lambda k: ring_sample(ring, k, batch), learn_key)
         return LearnerState(*(getattr(full, name) for name in LearnerState._fields)), losses
 
-    def update(state: LearnerState, ring: TransitionRing):
-        """One learner iteration as the loop's chunk runs it (no episodes: those are counted
-        as they arrive in the store)."""
-        state, losses = learn(state, ring)
-        none = jnp.zeros((), jnp.float32)
-        return state, (losses, vec.EpisodeStats(none, none, none))
-
     def init_replay(_):
         return ring_init(capacity, obs_shape, jnp.float32, (num_dims,), jnp.float32)
 
-    functions = LearnerFunctions(par.map(init), par.map(init_replay), par.map(ring_insert, donate=True),
-                                 par.map(learn, donate=True), obs_shape)
-    return Algorithm(init, update, STATE_LAYOUT, "update", 1, parts=functions, learned=sac.LEARNED,
-                     optimizers=sac.OPTIMIZERS)
+    return replay_async.learner(par, init, learn, init_replay, STATE_LAYOUT, obs_shape, learned=sac.LEARNED,
+                                optimizers=sac.OPTIMIZERS)
 
 
 # -- the collectors ------------------------------------------------------------------------
@@ -140,9 +130,4 @@ ACTING = Acting(_rollout, _template, explore=lambda cfg, received: float(receive
                 describe=lambda uniform: "uniform random actions" if uniform else "the policy's actions")
 
 
-def collect(cfg, par: Parallel, split: BatchSplit, log, stop) -> int:
-    return replay_async.collect(cfg, par, split, log, stop, ACTING)
-
-
-# --mode learn|collect of SAC and TD3 (algos/__init__.py puts it in their specs)
-ASYNCHRONOUS = Asynchronous(check, per_update, algorithm, ReplaySource, collect, lambda cfg: f"{cfg.num_envs} envs")
+ASYNCHRONOUS = replay_async.asynchronous(check, per_update, algorithm, ACTING)
