@@ -160,6 +160,8 @@ def test_the_tiny_preset_learns_pendulum(tmp_path):
                                                                                    "--v-max 5"),
     (["--algo", "ppo", "--policy-delay", "3"], "--policy-delay is only for --algo sac or td3"),
     (["--algo", "sac", "--clip-eps", "0.1"], "--clip-eps is only for --algo ppo"),
+    (["--config", "pendulum-sac", "--policy", "transformer"], "--hidden-size (set by --config pendulum-sac) is only "
+                                                              "for an MLP"),
     (["--algo", "td3", "--init-alpha", "0.1"], "--init-alpha is only for --algo sac"),
     (["--algo", "sac", "--mode", "learn", "--buffer-size", "128", "--replay-batch-size", "64"],
      "--buffer-size 128 must hold at least 256 transitions per device"),

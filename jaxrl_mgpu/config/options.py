@@ -324,7 +324,11 @@ def check_applicable(cfg: "Config", given, reads: tuple[str, ...] = ()) -> None:
         if applies is not None and name not in reads and not applies.test(cfg):
             this = f"--algo {cfg.algo}" + (f" --policy {cfg.policy}" if cfg.algo != "ad" else "") + \
                    ("" if cfg.mode == "both" else f" --mode {cfg.mode}")
-            raise ConfigError(f"{flag(name)} is only for {applies.who}; this run is {this} and would ignore it")
+            # an option the preset set, not the user: say so, so that the flag to change is clear
+            preset = (f" (set by --config {cfg.config})" if cfg.config and name not in getattr(given, "flags", given)
+                      else "")
+            raise ConfigError(f"{flag(name)}{preset} is only for {applies.who}; this run is {this} and would "
+                              f"ignore it")
 
 
 def _base_type(name: str) -> type:
