@@ -29,7 +29,7 @@ def _clean(value):
 
 class RunLog:
     def __init__(self, run_dir: Path | None, total_steps: int, unit: str = "env_steps", episodic: bool = True,
-                 runs: list[dict] | None = None, console: tuple = ()):
+                 runs: list[dict] | None = None, console: tuple = (), rate: str | None = None):
         self.enabled = is_main()
         # Many runs (multirun.py): what identifies each (index, seed, swept values). A row then
         # carries each run's metrics under "runs": metrics.jsonl gets one line per run, each
@@ -37,6 +37,7 @@ class RunLog:
         # run the means over runs.
         self.runs = runs
         self.unit = unit  # the row key progress is counted in
+        self.rate = rate or unit.replace("env_", "")  # what a row's "sps" counts, per second
         self.episodic = episodic  # False: the rows carry no episode returns (AD's training)
         self.console = console  # what the progress line shows of a row, where it has it: (label, key, format)
         self.run_dir = run_dir
@@ -139,9 +140,7 @@ class RunLog:
         if row.get("eval/episode_return") is not None:
             parts.append(f"eval {row['eval/episode_return']:.1f}")
         parts += [f"{label} {row[key]:{fmt}}" for label, key, fmt in self.console if row.get(key) is not None]
-        # a learner's progress is in updates, its rate the env steps it received (source.py)
-        unit = "env steps received" if self.unit == "update" and "env_steps" in row else self.unit.replace("env_", "")
-        rate = f"{row['sps']:,.0f} {unit}/s" if row.get("sps") is not None else ""
+        rate = f"{row['sps']:,.0f} {self.rate}/s" if row.get("sps") is not None else ""
         if row.get("agent_sps") is not None:
             rate += f" ({row['agent_sps']:,.0f} agent steps/s)"
         if self._bar is not None:

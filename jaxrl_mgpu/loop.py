@@ -174,7 +174,8 @@ class Loop:
 
     def doing(self) -> str:
         """What a stop request waits for (the stop signal's acknowledgement)."""
-        eta = "" if self.clock.sizer.update_s is None else f", about {self.clock.sizer.update_s * (self.at.dispatched_to - self.at.update):.0f}s"
+        update_s = self.clock.sizer.update_s
+        eta = "" if update_s is None else f", about {update_s * (self.at.dispatched_to - self.at.update):.0f}s"
         return f"after update {self.at.dispatched_to}, the last one dispatched{eta}"
 
     # -- reading chunks -----------------------------------------------------------------
@@ -291,7 +292,7 @@ class Loop:
         ends_interval = update % self.cfg.log_every == 0 or final or stopping
         self.pending = self.pending._replace(row_due=ends_interval)
         self.at.interval_start, self.at.carry = ((update, None) if ends_interval else
-                                           (self.at.interval_start, self.pending.metrics))
+                                                 (self.at.interval_start, self.pending.metrics))
         evaluate = cb.evaluate is not None and (due(self.cfg.eval_every, update) or final)
         checkpoint = cb.checkpoint is not None and (due(self.cfg.checkpoint_every, update) or final or stopping)
         if not (evaluate or checkpoint or final or stopping):
@@ -310,8 +311,8 @@ class Loop:
         """The last chunk's row; asked to stop between log points, the row of the updates since
         the last one, and a checkpoint."""
         if stopping and self.at.carry is not None:
-            self.pending = (InFlight(self.at.interval_start, self.at.update, 0, self.at.carry, time.perf_counter(), True)
-                            if self.pending is None else self.pending._replace(row_due=True))
+            self.pending = (self.pending._replace(row_due=True) if self.pending is not None else
+                            InFlight(self.at.interval_start, self.at.update, 0, self.at.carry, time.perf_counter(), True))
         if self.pending is not None:
             self.settle(self.pending)
             self.pending = None

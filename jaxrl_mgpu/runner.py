@@ -91,7 +91,7 @@ def run(plan: Plan, started: float, on_row: Callable[[dict], None] | None = None
     trainer, state, step = begun.trainer, begun.state, begun.update
     plan = trainer.plan
     prepare(plan.cfg, run_dir, step)
-    log = open_log(plan, trainer, run_dir, session.per_update(plan), list(plan.notes) + begun.set_aside)
+    log = open_log(plan, trainer, run_dir, session, list(plan.notes) + begun.set_aside)
     if step is None and plan.cfg.resume == "auto":
         log.print("  --resume auto: no checkpoint yet, starting fresh")
     log.timeline["imports_and_devices_s"] = entered - started - plan.auto_scale_s
@@ -101,12 +101,12 @@ def run(plan: Plan, started: float, on_row: Callable[[dict], None] | None = None
     return train(plan, session, trainer, state, step, begun.recreated, log, on_row)
 
 
-def open_log(plan: Plan, trainer: Trainer, run_dir: Path, per_update: str | None, notes: list[str]) -> RunLog:
+def open_log(plan: Plan, trainer: Trainer, run_dir: Path, session: Session, notes: list[str]) -> RunLog:
     """The run's log (process 0 writes it), its banner and the lines under it."""
-    cfg, runs = plan.cfg, plan.runs
+    cfg, runs, per_update = plan.cfg, plan.runs, session.per_update(plan)
     described = None if runs is None else [runs.describe(i) for i in range(runs.count)]
     log = RunLog(run_dir, cfg.steps_at(cfg.total_updates, trainer.steps_per_update), unit=trainer.step_unit,
-                 episodic=trainer.algorithm.episodic, runs=described, console=plan.spec.console)
+                 episodic=trainer.algorithm.episodic, runs=described, console=plan.spec.console, rate=session.rate)
     log.banner(banner(plan, per_update or f"{trainer.steps_per_update:,} {trainer.step_unit}"))
     for note in notes:
         log.print(f"  {note}")

@@ -33,6 +33,7 @@ class Opened(NamedTuple):
 class Session(Protocol):
     """How a mode runs the plan's algorithm."""
     unit: str                                   # what the loop's progress counts (a checkpoint's meta)
+    rate: str                                   # what a row's rate ("sps") counts, per second
     eager_state: bool                           # the initial state is built (and published) before compiling
 
     def steps_per_update(self, cfg) -> int: ...
@@ -56,6 +57,7 @@ class Training:
 
     def __init__(self, spec):
         self.unit, self.steps_per_update = spec.step_unit, spec.steps_per_update
+        self.rate = spec.step_unit.replace("env_", "")  # steps, tokens
 
     def per_update(self, plan) -> None:
         return None
@@ -95,6 +97,7 @@ class Learning:
     """--mode learn: the spec's asynchronous learner (algos.spec.Asynchronous)."""
     eager_state = True  # published at update 0 for the collectors, before the chunk compiles
     unit = "update"
+    rate = "env steps received"  # its source's rows count what reached it (asynchronous/source.py)
 
     def __init__(self, asynchronous):
         self.asynchronous = asynchronous

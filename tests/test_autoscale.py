@@ -197,7 +197,7 @@ def test_the_fastest_size_is_given_up_for_the_minimum_of_updates():
     assert stop == "2,048 leaves 50 updates, fewer than --auto-scale-min-updates 100"
     search.rows[chosen].chosen = True
     table = autoscale.table(search.cfg, search.what, list(search.rows.values()), search.limit, search.source, 1.0, chosen, 8,
-                            search.phases, stop)
+                            search.phases, stop, keeps=PPO.auto_scale_keeps)
     assert "2,048        50" in table and table.count("fewer than --auto-scale-min-updates 100") == 2
     assert "1,024 per device" in table and "8,192 over 8 devices, 100 updates" in table
 

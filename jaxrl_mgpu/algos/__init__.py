@@ -1,10 +1,10 @@
 """Algorithms: each a module of per-device functions (ppo.py, dqn.py, ad.py, mappo.py, sac.py:
-SAC and TD3) and the
-frozen `Spec` that says everything the host reads of it (spec.py), registered here by name as
-`--algo NAME`; DQN, SAC, TD3 and AD also run as learners and collectors on a run's store
-(dqn_async.py, sac_async.py over replay_async.py; ad_async.py: their specs' `asynchronous`). Adding one is a module and a `register` call
-(docs/algorithms.md); `for_run(name, env)` is the spec a run trains with (PPO on a multi-agent
-game is multi-agent PPO), chosen once, in the run's plan (plan.py)."""
+SAC and TD3) and the frozen `Spec` that says everything the host reads of it (spec.py),
+registered here by name as `--algo NAME`; DQN, SAC, TD3 and AD also run as learners and
+collectors on a run's store (dqn_async.py, sac_async.py over replay_async.py; ad_async.py:
+their specs' `asynchronous`). Adding one is a module and a `register` call (docs/algorithms.md);
+`for_run(name, env)` is the spec a run trains with (PPO on a multi-agent game is multi-agent
+PPO), chosen once, in the run's plan (plan.py)."""
 
 import dataclasses
 

@@ -414,7 +414,7 @@ def choose(plan, par, log: RunLog | None = None):
     if chosen in rows:
         rows[chosen].chosen = True
     log.print(table(cfg, search.what, list(rows.values()), search.limit, search.source, time.perf_counter() - t0, chosen,
-                    par.num_devices, search.phases, stop, plan.spec.auto_scale_keeps))
+                    par.num_devices, search.phases, stop, keeps=plan.spec.auto_scale_keeps))
     return with_size(cfg, plan.spec, chosen, par.num_devices), sorted(rows.values(), key=lambda r: r.per_device)
 
 
@@ -423,9 +423,9 @@ def size_text(b: float | None) -> str:
 
 
 def table(cfg, what: str, rows: list[Row], limit: int, source: str, search_s: float, chosen: int, devices: int,
-          phases: dict | None = None, stop: str | None = None,
-          keeps: str = "minibatch count, epochs and lr as configured, so minibatches grow with the batch") -> str:
-    """The search's table: a row per size (`what` per device: envs, or AD's sequences)."""
+          phases: dict | None = None, stop: str | None = None, *, keeps: str) -> str:
+    """The search's table: a row per size (`what` per device: envs, or AD's sequences); `keeps`:
+    what the size leaves as configured (the spec's auto_scale_keeps)."""
     counted = cfg.num_updates is None  # PPO, DQN: the updates a size leaves the run
     lines = [f"auto-scale ({cfg.auto_scale}): {what} per device, memory budget {cfg.auto_scale_memory:g} x "
              f"{limit / 2**30:.1f} GiB ({source})",
