@@ -37,7 +37,8 @@ import sys
 import jax
 import numpy as np
 
-from jaxrl_mgpu import cli, incontext, parallel, video
+from jaxrl_mgpu import cli, parallel
+from jaxrl_mgpu.tools import incontext, video
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu import plan as plan_lib
 from jaxrl_mgpu.algos import mappo

@@ -19,7 +19,8 @@ from typing import Any, Callable, NamedTuple
 import jax
 
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import parallel, runstats
+from jaxrl_mgpu import parallel
+from jaxrl_mgpu.tools import runstats
 from jaxrl_mgpu.checkpoint import CheckpointMismatch, Checkpoints, DamagedCheckpoint
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.log import RunLog, truncate_metrics

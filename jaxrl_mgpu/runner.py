@@ -14,7 +14,8 @@ from typing import Callable
 
 import jax
 
-from jaxrl_mgpu import compile_cache, parallel, runstats, session as session_lib
+from jaxrl_mgpu import compile_cache, parallel, session as session_lib
+from jaxrl_mgpu.tools import runstats
 from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.chunks import ChunkReader, NonFinite, Trainer
 from jaxrl_mgpu.cli import count

@@ -12,7 +12,8 @@ import pytest
 
 from helpers import assert_trees_close, make_trainer
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import envs, evaluate, histories, incontext, parallel, train
+from jaxrl_mgpu import envs, evaluate, parallel, train
+from jaxrl_mgpu.tools import histories, incontext
 from jaxrl_mgpu.algos import ad
 from jaxrl_mgpu.data import rlds
 

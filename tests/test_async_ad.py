@@ -11,7 +11,8 @@ import pytest
 
 from helpers import spawn_train, wait_until
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import incontext, train
+from jaxrl_mgpu import train
+from jaxrl_mgpu.tools import incontext
 from jaxrl_mgpu.algos import ad_async as async_ad
 from jaxrl_mgpu.algos import ad
 from jaxrl_mgpu.asynchronous.store import Store

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from jaxrl_mgpu import bench
+from jaxrl_mgpu.tools import bench
 
 
 def json_lines(out: str) -> list[dict]:

@@ -13,7 +13,8 @@ import tensorflow_datasets as tfds
 from tensorflow_datasets.core import example_serializer
 from tensorflow_datasets.proto import tf_example_pb2
 
-from jaxrl_mgpu import envs, histories, parallel
+from jaxrl_mgpu import envs, parallel
+from jaxrl_mgpu.tools import histories
 from jaxrl_mgpu.asynchronous import store
 from jaxrl_mgpu.data import rlds
 from jaxrl_mgpu.envs import darkroom, vec

@@ -57,7 +57,7 @@ def test_two_processes_checkpoint_and_resume(tmp_path):
 def test_a_dead_process_stops_the_others_in_bounded_time(tmp_path):
     """Without the launcher: kill one process; the other must exit by itself, not hang."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "PYTHONUNBUFFERED": "1"}
-    port = __import__("jaxrl_mgpu.launch", fromlist=["free_port"]).free_port()
+    port = __import__("jaxrl_mgpu.tools.launch", fromlist=["free_port"]).free_port()
     args = ["--num-envs", "4", "--num-steps", "8", "--num-minibatches", "1", "--hidden-size", "8",
             "--total-timesteps", str(10**9), "--log-every", "1", "--checkpoint-every", "0",
             "--run-dir", str(tmp_path / "run"), "--coordinator-address", f"localhost:{port}",
@@ -79,7 +79,7 @@ def test_a_dead_process_stops_the_others_in_bounded_time(tmp_path):
 
 
 def test_unreachable_coordinator_is_a_clear_error(tmp_path):
-    port = __import__("jaxrl_mgpu.launch", fromlist=["free_port"]).free_port()
+    port = __import__("jaxrl_mgpu.tools.launch", fromlist=["free_port"]).free_port()
     out = subprocess.run([sys.executable, "-m", "jaxrl_mgpu.train", "--coordinator-address", f"localhost:{port}",
                           "--num-processes", "2", "--process-id", "1", "--failure-timeout", "3",
                           "--run-dir", str(tmp_path / "r")], capture_output=True, text=True, timeout=120)

@@ -1,4 +1,4 @@
-"""runstats.py: the across-seed summary of many runs (rliable's conventions), on made-up rows."""
+"""tools/runstats.py: the across-seed summary of many runs (rliable's conventions), on made-up rows."""
 
 import json
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from jaxrl_mgpu import runstats
+from jaxrl_mgpu.tools import runstats
 
 
 @pytest.mark.parametrize("n", [1, 3, 4, 5, 8, 11])

@@ -15,7 +15,7 @@ from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.algos import sac, sac_async
-from jaxrl_mgpu.algos.replay import Transitions, ring_init, ring_insert, ring_sample
+from jaxrl_mgpu.algos.replay import Transitions, ring_sample
 
 SMALL = dict(env="Pendulum-v1", num_envs=8, num_steps=2, updates_per_step=2.0, replay_batch_size=32,
              buffer_size=512, learning_starts=64, hidden_size=16)

@@ -11,7 +11,8 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 
-from jaxrl_mgpu import envs, evaluate, video
+from jaxrl_mgpu import envs, evaluate
+from jaxrl_mgpu.tools import video
 from jaxrl_mgpu.envs import tag
 
 from helpers import run

@@ -11,7 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl_mgpu import envs, evaluate, video
+from jaxrl_mgpu import envs, evaluate
+from jaxrl_mgpu.tools import video
 from jaxrl_mgpu.cli import UserError
 
 from helpers import run

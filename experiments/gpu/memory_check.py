@@ -22,7 +22,8 @@ if args.cache:
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 from jaxrl_mgpu import algos, plan as plan_lib
-from jaxrl_mgpu import autoscale, chunks, config as config_lib, parallel  # noqa: E402
+from jaxrl_mgpu import chunks, config as config_lib, parallel  # noqa: E402
+from jaxrl_mgpu.tools import autoscale  # noqa: E402
 
 cfg = config_lib.validate(config_lib.from_args(args.train_args + ["--compile-cache", "off"]))
 cfg = autoscale.probe_config(cfg, algos.get(cfg.algo), args.envs_per_device)

@@ -7,7 +7,8 @@
 import json
 import sys
 
-from jaxrl_mgpu import bench, config as config_lib
+from jaxrl_mgpu import config as config_lib
+from jaxrl_mgpu.tools import bench
 from jaxrl_mgpu.algos import ppo
 
 for unroll in [int(u) for u in sys.argv[1].split(",")]:

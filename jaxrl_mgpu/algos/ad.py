@@ -302,7 +302,7 @@ def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
 
 # What the code outside algos/ reads of AD (algos/spec.py): progress in tokens (transitions the
 # model is trained on), not env steps; --auto-scale sizes the sequences per update; no --policy
-# (its network is AD's transformer); a trained run is evaluated in context (incontext.py).
+# (its network is AD's transformer); a trained run is evaluated in context (tools/incontext.py).
 SPEC = Spec(name="ad", check=check, algorithm=algorithm, policy=in_context_policy, steps_per_update=steps_per_update,
             step_unit="tokens", console=(("loss", "loss/cross_entropy", ".4f"), ("acc", "loss/accuracy", ".3f")),
             summary=("loss/cross_entropy", "loss/accuracy"), size_option="ad_batch_size", takes_policy=False,

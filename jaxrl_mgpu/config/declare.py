@@ -12,7 +12,7 @@ ALGOS = ("ppo", "dqn", "ad", "sac", "td3")  # the package's own; others are regi
 EVERY_ALGO = ("*",)  # an Option's `state`: it shapes the checkpointed state of every algorithm, registered ones too
 POLICIES = ("mlp", "transformer")
 PRECISIONS = ("fp32", "bf16", "fp16")
-SOURCE_ALGOS = ("ucb", "q")  # exploration of AD's tabular Q-learning source (histories.py)
+SOURCE_ALGOS = ("ucb", "q")  # exploration of AD's tabular Q-learning source (tools/histories.py)
 
 # -- how an option is declared -----------------------------------------------------------------
 

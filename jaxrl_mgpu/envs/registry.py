@@ -324,7 +324,7 @@ class Traits:
     teams: dict | None = None
     # a multi-agent game's action as independent choices (Tag's acceleration and turn levels)
     action_factors: tuple[int, ...] | None = None
-    # (state, params) -> uint8 [height, width, 3], and the frames per second of a video (video.py)
+    # (state, params) -> uint8 [height, width, 3], and the frames per second of a video (tools/video.py)
     render_rgb: Callable | None = None
     render_fps: float | None = None
 
