@@ -1,6 +1,7 @@
 """Shared test helpers (conftest.py has already forced 8 CPU devices)."""
 
 import dataclasses
+import json
 import os
 import struct
 import subprocess
@@ -14,6 +15,16 @@ import numpy as np
 
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import chunks, parallel, plan, train
+
+# Command-line runs' smallest settings: 16 envs x 16 steps on 8 devices, an update is 256 env steps.
+TINY = ["--num-envs", "16", "--num-steps", "16", "--num-minibatches", "2", "--hidden-size", "16",
+        "--log-every", "2", "--checkpoint-every", "2"]
+
+
+def rows(run_dir) -> list[dict]:
+    """The rows of a run's metrics.jsonl (none before it is written)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def run(*argv):
@@ -96,3 +107,10 @@ def wait_until(condition, timeout: float = 120) -> None:
             return
         time.sleep(0.1)
     raise AssertionError("timed out")
+
+
+def one_error_line(capsys) -> str:
+    """The one line a user error printed to stderr (and nothing else)."""
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]

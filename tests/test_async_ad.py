@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import spawn_train, wait_until
+from helpers import rows, spawn_train, wait_until
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import train
 from jaxrl_mgpu.tools import incontext
@@ -49,11 +49,6 @@ def test_buffer_inserts_into_a_ring_and_samples_only_filled_slots():
 
 def spawn(*argv, devices=1):
     return spawn_train([*AD, *argv], devices)
-
-
-def rows(run_dir):
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 @pytest.mark.slow

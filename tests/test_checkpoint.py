@@ -18,15 +18,10 @@ from jaxrl_mgpu import evaluate
 from jaxrl_mgpu.checkpoint import DELETED, REPLICATED, Checkpoints
 from jaxrl_mgpu.parallel import setup
 
-from helpers import run
+from helpers import TINY, rows, run
 
-# 16 envs x 16 steps, 8 updates in chunks of 2; small enough to compile and run in seconds.
-TINY = ["--num-envs", "16", "--num-steps", "16", "--num-minibatches", "2", "--hidden-size", "16",
-        "--total-timesteps", str(16 * 16 * 8), "--log-every", "2", "--checkpoint-every", "2"]
-
-
-def rows(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+# 8 updates in chunks of 2; small enough to compile and run in seconds.
+EIGHT_UPDATES = [*TINY, "--total-timesteps", str(16 * 16 * 8)]
 
 
 def without_timing(row):
@@ -40,10 +35,10 @@ def saved_params(run_dir, step=None):
 @pytest.mark.slow
 def test_stop_and_resume_equals_an_uninterrupted_run(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert run(*TINY, "--run-dir", str(straight)) == 0
-    assert run(*TINY, "--run-dir", str(resumed), "--stop-at-update", "4") == 0
+    assert run(*EIGHT_UPDATES, "--run-dir", str(straight)) == 0
+    assert run(*EIGHT_UPDATES, "--run-dir", str(resumed), "--stop-at-update", "4") == 0
     assert saved_params(resumed)[0] == 4
-    assert run(*TINY, "--run-dir", str(resumed), "--resume") == 0
+    assert run(*EIGHT_UPDATES, "--run-dir", str(resumed), "--resume") == 0
 
     step_a, params_a = saved_params(straight)
     step_b, params_b = saved_params(resumed)
@@ -69,7 +64,7 @@ def test_a_stop_during_the_compile_saves_the_initial_state_and_resumes(tmp_path,
 
     monkeypatch.setattr(chunks.Trainer, "prepare", prepare_then_signal)
     run_dir = tmp_path / "run"
-    assert run(*TINY, "--run-dir", str(run_dir)) == 0
+    assert run(*EIGHT_UPDATES, "--run-dir", str(run_dir)) == 0
     out = capsys.readouterr().out
     assert "stopped at update 0 of 8 with a checkpoint" in out, out
     assert Checkpoints(run_dir, read_only=True).latest_step() == 0
@@ -77,29 +72,6 @@ def test_a_stop_during_the_compile_saves_the_initial_state_and_resumes(tmp_path,
     assert run("--run-dir", str(run_dir), "--resume") == 0
     assert "resumed from the checkpoint at update 0" in capsys.readouterr().out
     assert saved_params(run_dir)[0] == 8
-
-
-def test_a_second_request_before_any_checkpoint_says_none_is_kept(monkeypatch):
-    from jaxrl_mgpu import stop as stop_lib
-    said = []
-
-    class Log:
-        def print(self, text):
-            said.append(text)
-
-    def leave(code):
-        raise SystemExit(code)
-
-    monkeypatch.setattr(stop_lib, "_leave", leave)
-    stop = stop_lib.StopSignal(Log(), kept=lambda: False)
-    try:
-        stop.request(signal.SIGINT)
-        time.sleep(stop_lib.REPEAT_S + 0.05)
-        with pytest.raises(SystemExit):
-            stop.request(signal.SIGINT)
-    finally:
-        stop.restore()
-    assert said[-1] == "SIGINT again: exiting now; no checkpoint was saved yet (--resume auto starts the run over)"
 
 
 def test_any_complete_sees_only_renamed_steps(tmp_path):
@@ -115,7 +87,7 @@ def test_any_complete_sees_only_renamed_steps(tmp_path):
 @pytest.mark.slow
 def test_checkpoints_move_between_device_counts(tmp_path, capsys):
     on8, on1 = tmp_path / "on8", tmp_path / "on1"
-    assert run(*TINY, "--run-dir", str(on8), "--stop-at-update", "4") == 0
+    assert run(*EIGHT_UPDATES, "--run-dir", str(on8), "--stop-at-update", "4") == 0
     _, params8 = saved_params(on8)
     # evaluation on 1 and 2 devices
     for devices in ("1", "2"):
@@ -124,53 +96,28 @@ def test_checkpoints_move_between_device_counts(tmp_path, capsys):
         result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert result["episodes"] == 6 and result["step"] == 4 and result["mean_return"] > 0
     # continued training on 2 devices: the same global envs are split 2 ways instead of 8
-    assert run(*TINY, "--run-dir", str(on8), "--resume", "--devices", "2", "--stop-at-update", "6") == 0
+    assert run(*EIGHT_UPDATES, "--run-dir", str(on8), "--resume", "--devices", "2", "--stop-at-update", "6") == 0
     assert "re-created" not in capsys.readouterr().out
     # the reverse: written on 1 device, continued on 8
-    assert run(*TINY, "--run-dir", str(on1), "--devices", "1", "--stop-at-update", "4") == 0
-    assert run(*TINY, "--run-dir", str(on1), "--resume") == 0
+    assert run(*EIGHT_UPDATES, "--run-dir", str(on1), "--devices", "1", "--stop-at-update", "4") == 0
+    assert run(*EIGHT_UPDATES, "--run-dir", str(on1), "--resume") == 0
     assert saved_params(on1)[0] == 8
     # other global env count: environments are re-created, and the log says so
     capsys.readouterr()
-    assert run(*TINY[:1], "32", *TINY[2:], "--run-dir", str(on8), "--resume") == 0
+    assert run(*EIGHT_UPDATES[:1], "32", *EIGHT_UPDATES[2:], "--run-dir", str(on8), "--resume") == 0
     assert "re-created envs" in capsys.readouterr().out
-
-
-@pytest.mark.slow
-def test_evaluate_best_and_errors(tmp_path, capsys):
-    run_dir = tmp_path / "run"
-    assert run(*TINY, "--run-dir", str(run_dir), "--eval-every", "4", "--eval-episodes", "8") == 0
-    evals = [r["eval/episode_return"] for r in rows(run_dir) if "eval/episode_return" in r]
-    assert len(evals) == 2
-    capsys.readouterr()
-    assert evaluate.main(["--run-dir", str(run_dir), "--best", "--episodes", "4", "--greedy"]) == 0
-    best = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert best["step"] in (4, 8) and best["episodes"] == 4
-    for argv, words in [(["--run-dir", str(tmp_path / "missing")], "no such directory"),
-                        (["--run-dir", str(tmp_path)], "not a run directory"),
-                        (["--run-dir", str(run_dir), "--step", "3"], "no such checkpoint")]:
-        with pytest.raises(SystemExit) as e:
-            evaluate.main(argv)
-        err = capsys.readouterr().err
-        assert e.value.code == 2 and words in err and err.count("\n") == 1, err
-    empty = tmp_path / "empty"
-    (empty / "checkpoints").mkdir(parents=True)
-    (empty / "config.json").write_text((run_dir / "config.json").read_text())
-    with pytest.raises(SystemExit):
-        evaluate.main(["--run-dir", str(empty)])
-    assert "no complete checkpoint" in capsys.readouterr().err
 
 
 @pytest.mark.slow
 def test_incompatible_resume_names_the_keys(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    assert run(*TINY, "--run-dir", str(run_dir), "--stop-at-update", "2") == 0
+    assert run(*EIGHT_UPDATES, "--run-dir", str(run_dir), "--stop-at-update", "2") == 0
     capsys.readouterr()
-    assert run(*TINY, "--run-dir", str(run_dir), "--resume", "--env", "Acrobot-v1", "--hidden-size", "32") == 2
+    assert run(*EIGHT_UPDATES, "--run-dir", str(run_dir), "--resume", "--env", "Acrobot-v1", "--hidden-size", "32") == 2
     err = capsys.readouterr().err
     assert "env" in err and "hidden-size" in err and err.count("\n") == 1
-    assert run(*TINY, "--run-dir", str(tmp_path / "nothing"), "--resume") == 2
-    assert run(*TINY, "--resume") == 2  # no --run-dir
+    assert run(*EIGHT_UPDATES, "--run-dir", str(tmp_path / "nothing"), "--resume") == 2
+    assert run(*EIGHT_UPDATES, "--resume") == 2  # no --run-dir
 
 
 @pytest.mark.slow
@@ -181,12 +128,12 @@ def test_resume_from_another_versions_state_is_one_line(tmp_path, capsys, monkey
     run_dir = tmp_path / "run"
     with monkeypatch.context() as m:
         m.setattr(optax, "flatten", lambda tx: tx)
-        assert run(*TINY, "--run-dir", str(run_dir), "--stop-at-update", "2") == 0
+        assert run(*EIGHT_UPDATES, "--run-dir", str(run_dir), "--stop-at-update", "2") == 0
     files = {name: (run_dir / name).read_text() for name in ("config.json", "metrics.jsonl")}
     before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     capsys.readouterr()
     # (--keep-checkpoints: a setting a resume may change, so config.json would show a rewrite)
-    assert run(*TINY, "--run-dir", str(run_dir), "--resume", "--keep-checkpoints", "5") == 2
+    assert run(*EIGHT_UPDATES, "--run-dir", str(run_dir), "--resume", "--keep-checkpoints", "5") == 2
     err = capsys.readouterr().err
     assert "does not fit this version's training state" in err and "opt_state" in err and err.count("\n") == 1, err
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before
@@ -196,10 +143,10 @@ def test_resume_from_another_versions_state_is_one_line(tmp_path, capsys, monkey
 @pytest.mark.slow
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    assert run(*TINY, "--run-dir", str(run_dir), "--stop-at-update", "4") == 0
+    assert run(*EIGHT_UPDATES, "--run-dir", str(run_dir), "--stop-at-update", "4") == 0
     capsys.readouterr()
     # A learning rate this large sends the parameters to inf within an update or two.
-    assert run(*TINY, "--run-dir", str(run_dir), "--resume", "--lr", "1e38") == 1
+    assert run(*EIGHT_UPDATES, "--run-dir", str(run_dir), "--resume", "--lr", "1e38") == 1
     err = capsys.readouterr().err
     # The message names what went non-finite: the losses that did, else the parameters.
     assert re.search(r"non-finite (loss/[a-z_]+(, loss/[a-z_]+)*|parameters) at update 5", err), err
@@ -229,7 +176,7 @@ DAMAGE = {
 
 
 # Arrays of some size (OCDBT keeps small values inside its tree nodes instead of data files).
-WIDE = [*TINY, "--devices", "2", "--hidden-size", "64"]
+WIDE = [*EIGHT_UPDATES, "--devices", "2", "--hidden-size", "64"]
 
 
 @pytest.fixture(scope="module")

@@ -49,13 +49,6 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, argv,
     assert not run_dir.exists()
 
 
-def test_an_existing_run_dir_is_not_clobbered(tmp_path, capsys):
-    (tmp_path / "metrics.jsonl").write_text("precious\n")
-    code, err = run_main(capsys, "--run-dir", str(tmp_path))
-    assert code == 2 and "--run-dir" in err
-    assert (tmp_path / "metrics.jsonl").read_text() == "precious\n"
-
-
 def test_error_has_no_traceback_in_a_real_process(tmp_path):
     out = subprocess.run([sys.executable, "-m", "jaxrl_mgpu.train", "--env", "Nope", "--run-dir", str(tmp_path / "r")],
                          capture_output=True, text=True, env={**os.environ})
@@ -124,36 +117,3 @@ def test_a_short_run_on_8_devices_learns_cartpole(tmp_path, capsys):
     assert config["run_dir"] == str(run_dir) and config["env"] == "CartPole-v1"
     assert any(p.name.startswith("events.out.tfevents") for p in run_dir.iterdir())
     assert "8 global" in capsys.readouterr().out
-
-
-def test_stop_signal_twice_at_once_is_one_request_later_it_forces(monkeypatch):
-    """`timeout` signals a process and then its process group: the same SIGTERM twice within
-    microseconds must still finish the chunk and save; a second signal later stops at once."""
-    import signal
-    import time
-
-    from jaxrl_mgpu import stop as stop_lib
-
-    said = []
-
-    class Log:
-        def print(self, text):
-            said.append(text)
-
-    def leave(code):
-        raise SystemExit(code)
-
-    monkeypatch.setattr(stop_lib, "_leave", leave)
-    stop = stop_lib.StopSignal(Log(), activity=lambda: "after update 7")
-    try:
-        stop.request(signal.SIGTERM)
-        stop.request(signal.SIGTERM)  # the process-group copy: no exit
-        assert stop.requested and stop()
-        assert said == ["SIGTERM: stopping: after update 7; then a checkpoint is saved and the run exits. SIGTERM "
-                        "again exits at once, keeping the last complete checkpoint"]
-        time.sleep(stop_lib.REPEAT_S + 0.05)
-        with pytest.raises(SystemExit) as exit_:
-            stop.request(signal.SIGINT)
-        assert exit_.value.code == 128 + signal.SIGINT
-    finally:
-        stop.restore()

@@ -109,50 +109,12 @@ def test_one_pendulum_update_on_8_devices_equals_1_device(normalize_reward):
         np.testing.assert_allclose(global_returns(one, state1), global_returns(eight, state8), rtol=1e-5)
 
 
-def test_reward_normalisation_matches_a_numpy_reference_over_devices():
-    """Discounted returns restarted after episode ends, their moments over all devices merged
-    into the running ones, rewards divided by the new standard deviation."""
-    from types import SimpleNamespace
-
-    rng = np.random.default_rng(0)
-    T, E, devices, gamma = 9, 6, 2, 0.97
-    reward = (5 * rng.normal(size=(T, E)) - 3).astype(np.float32)
-    terminated = (rng.random((T, E)) < 0.15).astype(np.float32)
-    truncated = ((rng.random((T, E)) < 0.1) * (1 - terminated)).astype(np.float32)
-    carried = (10 * rng.normal(size=E)).astype(np.float32)
-    mean, var, count = -2.0, 4.0, 100.0
-
-    expected_g, g = np.zeros((T, E)), carried.astype(np.float64)
-    for t in range(T):
-        g = reward[t] + gamma * g
-        expected_g[t] = g
-        g = np.where(np.maximum(terminated[t], truncated[t]) > 0, 0.0, g)
-    n = T * E
-    delta = expected_g.mean() - mean
-    total = count + n
-    new_var = (var * count + expected_g.var() * n + delta ** 2 * count * n / total) / total
-
-    par = parallel.setup("pmap", devices)
-    per_device = lambda x: np.stack(np.split(x, devices, axis=-1))  # envs split over devices
-    traj = ppo.Rollout(None, None, None, None, *(per_device(x) for x in (reward, terminated, truncated)), None)
-    stats = ppo.ReturnStats(*(np.full(devices, v, np.float32) for v in (mean, var, count)))
-    out, new_stats, returns = par.map(lambda tr, st, r: ppo.normalize_rewards(SimpleNamespace(gamma=gamma), tr, st, r))(
-        par.shard(traj), par.shard(stats), par.shard(per_device(carried)))
-    new_stats = par.first(new_stats)
-    np.testing.assert_allclose(new_stats.mean, mean + delta * n / total, rtol=1e-5)
-    np.testing.assert_allclose(new_stats.var, new_var, rtol=1e-5)
-    np.testing.assert_allclose(new_stats.count, total, rtol=1e-6)
-    np.testing.assert_allclose(np.concatenate(list(np.asarray(out.reward)), axis=-1), reward / np.sqrt(new_var),
-                               rtol=1e-5)
-    np.testing.assert_allclose(np.concatenate(list(np.asarray(returns))), g, rtol=1e-5, atol=1e-5)
-
-
 @pytest.mark.slow
 def test_a_resumed_run_with_reward_normalisation_equals_an_uninterrupted_one(tmp_path):
     from jaxrl_mgpu import evaluate, train
 
     def run(*argv):
-        # One minibatch: the update is then the same on any device count (see test_data_parallel).
+        # One minibatch: the update is then the same on any device count (see test_parallel.py).
         try:
             return train.main(["--env", "Pendulum-v1", "--normalize-reward", "--num-envs", "16", "--num-steps", "16",
                                "--num-minibatches", "1", "--hidden-size", "16", "--total-timesteps",
@@ -283,21 +245,6 @@ def test_tanh_normal_log_prob_and_entropy_match_a_direct_computation():
     np.testing.assert_allclose(float(-dist.log_prob(one, samples).mean()), exact, rtol=0.02)
 
 
-def test_the_clipped_surrogate_stays_finite_where_a_sample_s_ratio_underflows():
-    """A sample whose new density is e^-200 of the rollout's (a narrow tanh-normal scale that
-    moved off it) has ratio 0 in float32: its policy loss and gradient are those of the clip,
-    and the KL estimate (ratio - 1) - log(ratio) is 199, not log(0) = -inf."""
-    log_ratio = jnp.asarray([-200.0, -200.0, 0.1, -0.1, 0.5], jnp.float32)
-    adv = jnp.asarray([1.0, -1.0, 1.0, -1.0, 2.0], jnp.float32)
-    loss, kl, clipped = ppo.clipped_surrogate(log_ratio, adv, 0.2)
-    ratio = np.exp(np.asarray(log_ratio, np.float64))
-    np.testing.assert_allclose(loss, -np.minimum(ratio * adv, np.clip(ratio, 0.8, 1.2) * adv), rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(kl, (ratio - 1) - np.asarray(log_ratio, np.float64), rtol=1e-5)
-    assert np.asarray(clipped).tolist() == [1, 1, 0, 0, 1]
-    grad = jax.grad(lambda r: sum(x.sum() for x in ppo.clipped_surrogate(r, adv, 0.2)[:2]))(log_ratio)
-    assert np.isfinite(grad).all()
-
-
 @pytest.mark.slow
 def test_tanh_normal_acts_within_the_bounds_and_keeps_the_sample_before_squashing():
     """The env gets tanh(u) mapped onto Pendulum's [-2, 2]; the rollout keeps u and its log-prob;
@@ -407,60 +354,6 @@ def test_reward_scale_scales_the_value_targets():
 
 def obs_stats(trainer, state):
     return trainer.par.first(state.params)[obs_norm.OBS_STATS]
-
-
-def test_unrolls_take_gae_within_each_unroll_with_the_critic_they_are_given():
-    """--unroll-length 4 on a rollout of 12 steps x 3 environments: each unroll is 4 steps of one
-    environment, followed by the observation its next unroll starts with (the one after the
-    rollout, for the last); its advantages are GAE within the unroll, bootstrapped from the value
-    given for that observation (the rollout's value of the final observation where a time limit
-    cut an episode, nothing where it terminated), normalised over the minibatch; the targets are
-    advantage + value before normalising. Checked against a backward loop in numpy."""
-    T, E, N = 12, 3, 4
-    cfg = small_config(num_envs=E, num_steps=T, unroll_length=N, gamma=0.9, gae_lambda=0.8, total_timesteps=T * E)
-    rng = np.random.default_rng(0)
-    ended = rng.random((T, E)) < 0.25
-    terminated = (ended & (rng.random((T, E)) < 0.5)).astype(np.float32)
-    truncated = (ended & (terminated == 0)).astype(np.float32)
-    obs = (np.arange(T)[:, None] * 10 + np.arange(E)[None, :]).astype(np.float32)[..., None]  # t * 10 + e
-    traj = ppo.Rollout(obs, rng.normal(size=(T, E, 1)).astype(np.float32), rng.normal(size=(T, E)).astype(np.float32),
-                       rng.normal(size=(T, E)).astype(np.float32), rng.normal(size=(T, E)).astype(np.float32),
-                       terminated, truncated, np.where(truncated > 0, rng.normal(size=(T, E)), 0).astype(np.float32))
-    after = np.full((E, 1), -1.0, np.float32)
-    batch = ppo.unrolls(cfg, traj, after)
-    assert batch.inputs.shape == (T // N * E, N, 1) and batch.unroll.next_inputs.shape == (T // N * E, 1)
-    critic = rng.normal(size=(T // N * E, N)).astype(np.float32)  # the values "the critic" gives now
-    next_value = rng.normal(size=T // N * E).astype(np.float32)
-    par = parallel.setup("pmap", 1)
-    adv, target = par.first(par.map(lambda b, v, nv: ppo.unroll_targets(cfg, b, v, nv))(
-        *par.replicate((batch, critic, next_value))))
-
-    expected_adv, expected_target = np.zeros_like(critic), np.zeros_like(critic)
-    for u in range(T // N * E):
-        k, e = divmod(u, E)  # unroll k of environment e
-        steps = range(k * N, (k + 1) * N)
-        np.testing.assert_array_equal(batch.inputs[u, :, 0], [t * 10 + e for t in steps])
-        np.testing.assert_array_equal(batch.unroll.next_inputs[u, 0], -1.0 if k == T // N - 1 else (k + 1) * N * 10 + e)
-        later = 0.0
-        for i in reversed(range(N)):
-            t = k * N + i
-            following = next_value[u] if i == N - 1 else critic[u, i + 1]
-            following = traj.bootstrap[t, e] if truncated[t, e] else following * (1 - terminated[t, e])
-            delta = traj.reward[t, e] + cfg.gamma * following - critic[u, i]
-            later = delta + (0.0 if ended[t, e] else cfg.gamma * cfg.gae_lambda * later)
-            expected_adv[u, i] = later
-        expected_target[u] = expected_adv[u] + critic[u]
-    np.testing.assert_allclose(target, expected_target, rtol=1e-5, atol=1e-5)
-    normalised = (expected_adv - expected_adv.mean()) / (expected_adv.std() + 1e-8)
-    np.testing.assert_allclose(adv, normalised, rtol=1e-4, atol=1e-4)
-
-
-def test_unroll_length_must_fit_the_batch_in_one_line():
-    for overrides, words in (({"num_steps": 16, "unroll_length": 5}, "does not divide --num-steps 16"),
-                             ({"num_envs": 16, "unroll_length": 16, "num_minibatches": 32}, "unrolls per device"),
-                             ({"unroll_length": 4, "grad_accum": 2}, "--grad-accum 1")):
-        with pytest.raises(ConfigError, match=words):
-            ppo.check(small_config(**overrides), 1)
 
 
 def test_observation_statistics_all_reduce_matches_numpy_over_the_whole_batch():

@@ -27,7 +27,7 @@ from jaxrl_mgpu import envs, evaluate  # noqa: E402
 from jaxrl_mgpu.algos import dqn, ppo  # noqa: E402
 from jaxrl_mgpu.envs import timestep  # noqa: E402
 
-from helpers import run  # noqa: E402
+from helpers import rows, run  # noqa: E402
 
 
 # -- the adapters against their suites ---------------------------------------------------------
@@ -303,10 +303,6 @@ def test_ppo_and_dqn_take_the_discrete_tasks(task):
 
 TINY = ["--num-envs", "16", "--num-steps", "8", "--num-minibatches", "2", "--update-epochs", "1", "--hidden-size", "16",
         "--log-every", "2", "--checkpoint-every", "2"]
-
-
-def rows(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow

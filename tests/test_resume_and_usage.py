@@ -11,23 +11,9 @@ from pathlib import Path
 import pytest
 
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import envs, evaluate, log as log_lib
+from jaxrl_mgpu import envs, evaluate
 
-from helpers import run
-
-# 16 envs x 16 steps on 8 devices: an update is 256 env steps.
-TINY = ["--num-envs", "16", "--num-steps", "16", "--num-minibatches", "2", "--hidden-size", "16",
-        "--log-every", "2", "--checkpoint-every", "2"]
-
-
-def rows(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def one_error_line(capsys) -> str:
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: "), err
-    return err[0]
+from helpers import TINY, one_error_line, rows, run
 
 
 @pytest.mark.slow
@@ -88,17 +74,6 @@ def test_stop_at_update_inside_a_chunk_is_exact(tmp_path):
 
 
 @pytest.mark.slow
-def test_resuming_a_finished_run_says_so_and_changes_nothing(tmp_path, capsys):
-    run_dir = tmp_path / "run"
-    assert run(*TINY, "--total-timesteps", str(256 * 2), "--run-dir", str(run_dir)) == 0
-    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
-    capsys.readouterr()
-    assert run("--run-dir", str(run_dir), "--resume") == 0
-    assert "already complete" in capsys.readouterr().out
-    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
-
-
-@pytest.mark.slow
 def test_a_run_ends_with_a_summary_and_the_losses_on_the_console(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert run(*TINY, "--total-timesteps", str(256 * 4), "--run-dir", str(run_dir)) == 0
@@ -110,16 +85,6 @@ def test_a_run_ends_with_a_summary_and_the_losses_on_the_console(tmp_path, capsy
     assert summary["final_return"] == pytest.approx(rows(run_dir)[-1]["episode_return"])
     assert summary["best_return"] >= summary["final_return"]
     assert "summary:" in out and str(run_dir) in out
-
-
-def test_a_slow_wait_says_it_is_still_working(capsys, monkeypatch):
-    import time
-    monkeypatch.setattr(log_lib, "HEARTBEAT_S", 0.5)
-    log = log_lib.RunLog(None, 0)
-    with log.waiting("compiling the training chunk"):
-        time.sleep(2.6)
-    lines = [line for line in capsys.readouterr().out.splitlines() if "compiling the training chunk" in line]
-    assert len(lines) >= 2 and lines[0].endswith("s so far")
 
 
 @pytest.mark.slow
@@ -156,31 +121,8 @@ def test_bad_values_and_ignored_flags_are_one_line(tmp_path, capsys, argv, words
     assert not run_dir.exists()
 
 
-def test_run_dirs_that_cannot_be_made_are_one_line(tmp_path, capsys):
-    afile = tmp_path / "afile"
-    afile.write_text("x")
-    for run_dir, words in [(afile / "run", "is a file"), (Path("/proc/jaxrl_mgpu_test"), "cannot create")]:
-        assert run("--run-dir", str(run_dir), "--total-timesteps", "4096") == 2
-        assert words in one_error_line(capsys)
-    assert afile.read_text() == "x"
-
-
 def test_mnist_bandit_is_not_offered():
     assert "MNISTBandit-bsuite" not in envs.names() and "CartPole-v1" in envs.names()
-
-
-def test_evaluate_refuses_an_ad_run_without_in_context(tmp_path, capsys):
-    run_dir = tmp_path / "ad"
-    (run_dir / "checkpoints").mkdir(parents=True)
-    (run_dir / "config.json").write_text(config_lib.dump(config_lib.Config(algo="ad", env="DarkRoom",
-                                                                          num_updates=10)))
-    with pytest.raises(SystemExit) as e:
-        evaluate.main(["--run-dir", str(run_dir)])
-    assert e.value.code == 2 and "--in-context" in one_error_line(capsys)
-    (run_dir / "config.json").write_text("{garbled")
-    with pytest.raises(SystemExit):
-        evaluate.main(["--run-dir", str(run_dir)])
-    assert "not readable JSON" in one_error_line(capsys)
 
 
 @pytest.mark.parametrize("module, argv, words", [
@@ -211,37 +153,6 @@ def test_a_built_wheel_carries_the_presets(tmp_path):
     names = zipfile.ZipFile(next(tmp_path.glob("*.whl"))).namelist()
     presets = {Path(n).stem for n in names if n.startswith("jaxrl_mgpu/presets/") and n.endswith(".yaml")}
     assert presets == set(config_lib.preset_names()) and "cartpole" in presets
-
-
-@pytest.mark.slow
-def test_profile_traces_the_two_log_intervals_after_the_first(tmp_path, capsys):
-    trace = tmp_path / "trace"
-    assert run(*TINY, "--total-timesteps", str(256 * 8), "--run-dir", str(tmp_path / "run"),
-               "--profile", str(trace)) == 0
-    out = capsys.readouterr().out
-    assert f"profile of updates 3-6 written under {trace}" in out
-    assert list(trace.glob("plugins/profile/*/*.xplane.pb")), sorted(p.name for p in trace.rglob("*"))
-    # A run that ends before the profiled updates says so; one that cannot write there is refused.
-    assert run(*TINY, "--total-timesteps", str(256 * 2), "--run-dir", str(tmp_path / "short"),
-               "--profile", str(tmp_path / "none")) == 0
-    said = [line for line in capsys.readouterr().out.splitlines() if "--profile" in line]
-    assert said == ["  --profile: this run ends at update 2, before the updates to profile (3-6): nothing will be "
-                    "traced (see --profile-from)"] and not (tmp_path / "none").exists()
-    assert run(*TINY, "--total-timesteps", str(256 * 2), "--run-dir", str(tmp_path / "from1000"),
-               "--profile", str(tmp_path / "none"), "--profile-from", "1000") == 0
-    assert "before the updates to profile (1001-1004)" in capsys.readouterr().out
-    (tmp_path / "afile").write_text("x")
-    assert run(*TINY, "--run-dir", str(tmp_path / "refused"), "--profile", str(tmp_path / "afile" / "t")) == 2
-    assert "--profile" in one_error_line(capsys) and not (tmp_path / "refused").exists()
-    assert run("--algo", "dqn", "--mode", "collect", "--run-dir", str(tmp_path / "collect"), "--profile",
-               str(trace)) == 2
-    assert "--profile is only for training" in one_error_line(capsys)
-    assert run(*TINY, "--profile-from", "4") == 2
-    assert "--profile-from is only for --profile" in one_error_line(capsys)
-    # --profile-from moves the window: after update 4, two intervals of 2 (the run ends first).
-    assert run(*TINY, "--total-timesteps", str(256 * 6), "--run-dir", str(tmp_path / "later"),
-               "--profile", str(tmp_path / "later-trace"), "--profile-from", "4") == 0
-    assert "profile of updates 5-6 written under" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""Start-up: one compiled program per run, kept in JAX's persistent compilation cache."""
+"""compile_cache.py and start-up: one compiled program per run, kept in JAX's persistent
+compilation cache."""
 
 import os
 import subprocess

@@ -1,4 +1,4 @@
-"""The data-parallel contract of the PPO core, on 8 virtual CPU devices."""
+"""parallel.py: the data-parallel contract of the PPO core, on 8 virtual CPU devices."""
 
 import jax
 import numpy as np
@@ -91,29 +91,3 @@ def test_fused_collectives_equal_per_leaf_ones(backend):
         for f, r in zip(jax.tree.leaves(fused), jax.tree.leaves(reference)):
             assert f.dtype == r.dtype
             np.testing.assert_allclose(np.asarray(f), np.asarray(r), rtol=1e-6)
-
-
-@pytest.mark.slow
-def test_gae_equals_the_backward_recursion():
-    """The loop-free GAE (an associative scan) gives the textbook backward recursion: no
-    bootstrap through a termination, the pre-reset value's bootstrap at a truncation."""
-    from types import SimpleNamespace
-    from jaxrl_mgpu.algos import ppo
-
-    rng = np.random.default_rng(0)
-    T, E, gamma, lam = 33, 6, 0.99, 0.95
-    value, reward, bootstrap = (rng.normal(size=(T, E)).astype(np.float32) for _ in range(3))
-    terminated = (rng.random((T, E)) < 0.1).astype(np.float32)
-    truncated = ((rng.random((T, E)) < 0.05) * (1 - terminated)).astype(np.float32)
-    last_value = rng.normal(size=E).astype(np.float32)
-    traj = ppo.Rollout(None, None, None, value, reward, terminated, truncated, bootstrap * truncated)
-    adv, target = ppo.gae(SimpleNamespace(gamma=gamma, gae_lambda=lam), traj, last_value)
-
-    expected, running = np.zeros((T, E)), np.zeros(E)
-    for t in reversed(range(T)):
-        next_value = np.where(truncated[t] > 0, bootstrap[t], value[t + 1] if t < T - 1 else last_value)
-        delta = reward[t] + gamma * next_value * (1 - terminated[t]) - value[t]
-        running = delta + gamma * lam * (1 - np.maximum(terminated[t], truncated[t])) * running
-        expected[t] = running
-    np.testing.assert_allclose(np.asarray(adv), expected, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(np.asarray(target), expected + value, rtol=1e-5, atol=1e-5)
