@@ -318,11 +318,10 @@ def _refuse_dmc(task: str) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=None)
 def _built(suite: str, task: str, episode_length: int, action_repeat: int, fresh_reset: bool,
            physics_precision: str, backend: str | None = None) -> tuple[BraxStateEnv, EnvParams]:
-    """One adapter per task and arguments: a run's start-up asks for its environment several
-    times (checks, then the run itself), and building one reads and compiles a MuJoCo model."""
+    """The adapter of a task with its arguments. Building one reads and compiles a MuJoCo model:
+    the registry's cache (envs.make) builds it once per name and arguments."""
     if suite == "brax":
         from brax import envs as brax_envs
         with warnings.catch_warnings():
