@@ -33,7 +33,7 @@ class Opened(NamedTuple):
 class Session(Protocol):
     """How a mode runs the plan's algorithm."""
     unit: str                                   # what the loop's progress counts (a checkpoint's meta)
-    rate: str                                   # what a row's rate ("sps") counts, per second
+    rate: str | None                            # what a row's rate ("sps") counts, per second (None: the unit's steps)
     eager_state: bool                           # the initial state is built (and published) before compiling
 
     def steps_per_update(self, cfg) -> int: ...
@@ -57,7 +57,7 @@ class Training:
 
     def __init__(self, spec):
         self.unit, self.steps_per_update = spec.step_unit, spec.steps_per_update
-        self.rate = spec.step_unit.replace("env_", "")  # steps, tokens
+        self.rate = None  # the unit's own: env steps, tokens (RunLog)
 
     def per_update(self, plan) -> None:
         return None

@@ -43,7 +43,7 @@ def bench_args(argv):
     # allow_abbrev=False: training flags pass through, and `--env` must not be taken for an
     # abbreviation of `--envs-per-device`.
     p = cli.Parser(prog="python -m jaxrl_mgpu.bench", description=__doc__, allow_abbrev=False,
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+                   formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", type=int, nargs="+", default=None, help="device counts to measure (default: all)")
     p.add_argument("--num-envs", type=int, nargs="+", default=None, help="GLOBAL environment counts")
     p.add_argument("--envs-per-device", type=int, nargs="+", default=None,

@@ -24,8 +24,8 @@ import jax
 
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.parallel import memory_limit
-from jaxrl_mgpu.tools.autoscale.rules import (MIN_PER_DEVICE, WITHIN, between, doubling_gain, fit_line, next_size,
-                                      smallest_within)
+from jaxrl_mgpu.tools.autoscale.rules import (MIN_PER_DEVICE, WITHIN, between, doubling_gain, fit_line,
+                                            next_size, smallest_within)
 from jaxrl_mgpu.chunks import Trainer
 from jaxrl_mgpu.cli import count
 from jaxrl_mgpu.cli import ConfigError
