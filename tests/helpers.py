@@ -27,6 +27,16 @@ def rows(run_dir) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+# PPO on Pendulum at a CPU size: 16 envs x 16 steps, 8 updates (algos/ppo.py's continuous tests).
+PENDULUM = dict(env="Pendulum-v1", num_envs=16, num_steps=16, update_epochs=2, hidden_size=32,
+                total_timesteps=16 * 16 * 8)
+
+
+def pendulum_config(**overrides):
+    """PENDULUM's validated config, with `overrides`."""
+    return config_lib.validate(dataclasses.replace(config_lib.Config(), **{**PENDULUM, **overrides}))
+
+
 def run(*argv):
     """train.main in this process; returns its exit code (SystemExit codes included)."""
     try:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gymnax.environments.classic_control.pendulum import Pendulum
 
-from helpers import assert_trees_close, make_trainer
+from helpers import PENDULUM, assert_trees_close, make_trainer, pendulum_config
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs, parallel
 from jaxrl_mgpu.algos import ad, dqn, ppo
@@ -16,13 +16,7 @@ from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.evaluate import make_episodes
 from jaxrl_mgpu.nets import actor_critic, factory, obs_norm
 
-SMALL = dict(env="Pendulum-v1", num_envs=16, num_steps=16, update_epochs=2, hidden_size=32,
-             total_timesteps=16 * 16 * 8)
 HALF_LOG_2_PI_E = 0.5 * np.log(2 * np.pi * np.e)  # entropy of a unit Gaussian
-
-
-def small_config(**overrides):
-    return config_lib.validate(dataclasses.replace(config_lib.Config(), **{**SMALL, **overrides}))
 
 
 class RecordingPendulum(Pendulum):
@@ -61,7 +55,7 @@ def test_gaussian_log_prob_and_entropy_match_a_hand_computation():
 
 @pytest.mark.slow
 def test_the_env_gets_clipped_actions_and_the_log_prob_is_of_the_raw_sample():
-    cfg = small_config(num_envs=32)
+    cfg = pendulum_config(num_envs=32)
     env, env_params = RecordingPendulum(), Pendulum().default_params
     algo = ppo.make(cfg, env, env_params, ppo.check(cfg, 1))
     dist = actor_critic.distribution(env, env_params)
@@ -92,8 +86,8 @@ def test_the_env_gets_clipped_actions_and_the_log_prob_is_of_the_raw_sample():
 @pytest.mark.slow
 @pytest.mark.parametrize("normalize_reward", [False, True])
 def test_one_pendulum_update_on_8_devices_equals_1_device(normalize_reward):
-    one = make_trainer(1, num_minibatches=1, normalize_reward=normalize_reward, **SMALL)
-    eight = make_trainer(8, num_minibatches=1, normalize_reward=normalize_reward, **SMALL)
+    one = make_trainer(1, num_minibatches=1, normalize_reward=normalize_reward, **PENDULUM)
+    eight = make_trainer(8, num_minibatches=1, normalize_reward=normalize_reward, **PENDULUM)
     (state1, _), (state8, _) = (t.chunk_fn(1, s)(s) for t, s in ((one, one.init_state()), (eight, eight.init_state())))
     params1, params8 = one.par.first(state1.params), eight.par.first(state8.params)
     assert_trees_close(params1, params8, rtol=1e-5)
@@ -104,7 +98,7 @@ def test_one_pendulum_update_on_8_devices_equals_1_device(normalize_reward):
     if normalize_reward:
         stats1, stats8 = one.par.first(state1.return_stats), eight.par.first(state8.return_stats)
         assert_trees_close(stats1, stats8, rtol=1e-5)
-        assert stats1.count > SMALL["num_envs"] * SMALL["num_steps"] and stats1.var > 10  # Pendulum's returns
+        assert stats1.count > PENDULUM["num_envs"] * PENDULUM["num_steps"] and stats1.var > 10  # Pendulum's returns
         global_returns = lambda t, s: np.asarray(t.par.local(s.returns)).reshape(-1)
         np.testing.assert_allclose(global_returns(one, state1), global_returns(eight, state8), rtol=1e-5)
 
@@ -138,7 +132,7 @@ def test_a_resumed_run_with_reward_normalisation_equals_an_uninterrupted_one(tmp
 
 @pytest.mark.slow
 def test_the_policy_has_one_gaussian_per_action_dimension_and_nonzero_entropy():
-    trainer = make_trainer(1, **{**SMALL, "env": "Reacher-misc"})  # 2 action dimensions
+    trainer = make_trainer(1, **{**PENDULUM, "env": "Reacher-misc"})  # 2 action dimensions
     state = trainer.init_state()
     params = trainer.par.first(state.params)["params"]
     assert params["log_std"].shape == (2,)
@@ -249,7 +243,7 @@ def test_tanh_normal_log_prob_and_entropy_match_a_direct_computation():
 def test_tanh_normal_acts_within_the_bounds_and_keeps_the_sample_before_squashing():
     """The env gets tanh(u) mapped onto Pendulum's [-2, 2]; the rollout keeps u and its log-prob;
     greedy evaluation acts with tanh(loc)."""
-    cfg = small_config(num_envs=32, action_dist="tanh_normal")
+    cfg = pendulum_config(num_envs=32, action_dist="tanh_normal")
     env, env_params = RecordingPendulum(), Pendulum().default_params
     algo = ppo.make(cfg, env, env_params, ppo.check(cfg, 1))
     dist = algo.policy.dist
@@ -299,18 +293,18 @@ def test_tanh_normal_refuses_discrete_and_unbounded_actions_in_one_line():
 
 @pytest.mark.slow
 def test_actor_and_critic_take_their_own_widths():
-    trainer = make_trainer(1, **{**SMALL, "actor_hidden": "32,32,32,32", "critic_hidden": "256,256,256,256,256",
+    trainer = make_trainer(1, **{**PENDULUM, "actor_hidden": "32,32,32,32", "critic_hidden": "256,256,256,256,256",
                                  "action_dist": "tanh_normal", "activation": "swish"})
     params = trainer.par.first(trainer.init_state().params)["params"]
     shapes = lambda net: [params[net][f"Dense_{i}"]["kernel"].shape for i in range(len(params[net]))]  # noqa: E731
     assert shapes("actor") == [(3, 32), (32, 32), (32, 32), (32, 32), (32, 2)]  # Pendulum: 3 obs, loc and scale
     assert shapes("critic") == [(3, 256)] + [(256, 256)] * 4 + [(256, 1)]
-    default = make_trainer(1, **{**SMALL, "hidden_size": 24, "num_layers": 3})
+    default = make_trainer(1, **{**PENDULUM, "hidden_size": 24, "num_layers": 3})
     params = default.par.first(default.init_state().params)["params"]
     assert shapes("actor") == [(3, 24), (24, 24), (24, 24), (24, 1)] and shapes("critic")[-1] == (24, 1)
     for bad in ("32,,32", "0,4", "a", ""):
         with pytest.raises(ConfigError, match="--actor-hidden .*positive whole numbers separated by commas"):
-            ppo.check(small_config(actor_hidden=bad), 1)
+            ppo.check(pendulum_config(actor_hidden=bad), 1)
 
 
 def test_bad_new_options_on_the_command_line_are_one_line_exit_2_and_nothing_written(tmp_path, capsys):
@@ -344,7 +338,7 @@ def test_reward_scale_scales_the_value_targets():
     traj = ppo.Rollout(None, None, None, jnp.zeros((steps, n)), jnp.asarray(rng.normal(size=(steps, n)), jnp.float32),
                        jnp.asarray(ends & (rng.random((steps, n)) < 0.5), jnp.float32),
                        jnp.asarray(ends & (rng.random((steps, n)) >= 0.5), jnp.float32), jnp.zeros((steps, n)))
-    cfg = small_config()
+    cfg = pendulum_config()
     targets = {scale: ppo.learning_targets(dataclasses.replace(cfg, reward_scale=scale), traj, jnp.zeros(n), (), ())[1]
                for scale in (1.0, 10.0)}
     # With a zero value function the targets are discounted reward sums: linear in the rewards.
@@ -397,7 +391,7 @@ def test_observation_statistics_count_each_rollout_before_the_learner_uses_it():
     new ones: its first minibatch already sees the policy move (ratio != 1)."""
     # One epoch of one minibatch: had the learner used the statistics the rollout acted with,
     # its only minibatch would see the rollout's own policy (ratio exactly 1, KL exactly 0).
-    trainer = make_trainer(1, normalize_obs=True, num_minibatches=1, **{**SMALL, "update_epochs": 1})
+    trainer = make_trainer(1, normalize_obs=True, num_minibatches=1, **{**PENDULUM, "update_epochs": 1})
     state = trainer.init_state()
     algo, par = trainer.algorithm.parts, trainer.par
 
@@ -409,7 +403,7 @@ def test_observation_statistics_count_each_rollout_before_the_learner_uses_it():
     assert float(obs_stats(trainer, state).count) == 0
     after, metrics = trainer.chunk_fn(1, state)(state)  # (donates `state`)
     stats = obs_stats(trainer, after)
-    assert float(stats.count) == len(observed) == SMALL["num_envs"] * SMALL["num_steps"]
+    assert float(stats.count) == len(observed) == PENDULUM["num_envs"] * PENDULUM["num_steps"]
     np.testing.assert_allclose(stats.mean, observed.mean(0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(stats.m2 / stats.count, observed.var(0), rtol=1e-4)
     assert np.asarray(metrics.losses["loss/approx_kl"]).ravel()[0] > 1e-6
@@ -418,12 +412,12 @@ def test_observation_statistics_count_each_rollout_before_the_learner_uses_it():
 @pytest.mark.slow
 @pytest.mark.parametrize("action_dist, unroll_length", [("clipped_normal", 0), ("tanh_normal", 0), ("tanh_normal", 4)])
 def test_two_updates_with_observation_normalisation_on_8_devices_equal_1_device(action_dist, unroll_length):
-    opts = dict(SMALL, normalize_obs=True, num_minibatches=1, action_dist=action_dist, reward_scale=0.1,
+    opts = dict(PENDULUM, normalize_obs=True, num_minibatches=1, action_dist=action_dist, reward_scale=0.1,
                 clip_value=False, unroll_length=unroll_length)
     one, eight = make_trainer(1, **opts), make_trainer(8, **opts)
     (state1, _), (state8, _) = (t.chunk_fn(2, s)(s) for t, s in ((one, one.init_state()), (eight, eight.init_state())))
     stats1, stats8 = obs_stats(one, state1), obs_stats(eight, state8)
-    assert float(stats1.count) == float(stats8.count) == 2 * SMALL["num_envs"] * SMALL["num_steps"]
+    assert float(stats1.count) == float(stats8.count) == 2 * PENDULUM["num_envs"] * PENDULUM["num_steps"]
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6), stats1, stats8)
     assert_trees_close(one.par.first(state1.params), eight.par.first(state8.params), rtol=1e-5)
     for leaf in jax.tree.leaves(eight.par.local(state8.params)):  # the same on every device
@@ -496,7 +490,7 @@ def test_evaluate_normalises_observations_with_the_runs_statistics(normalized_ru
 def test_many_runs_keep_their_own_observation_statistics():
     """--num-seeds 2 --sweep reward_scale=1,10 with --normalize-obs and the tanh-squashed
     normal: run i equals the single run of its seed and reward scale, statistics included."""
-    opts = dict(SMALL, normalize_obs=True, num_minibatches=1, action_dist="tanh_normal", clip_value=False)
+    opts = dict(PENDULUM, normalize_obs=True, num_minibatches=1, action_dist="tanh_normal", clip_value=False)
     multi = make_trainer(2, "shard_map", num_seeds=2, sweep="reward_scale=1,10", **opts)
     state, _ = multi.chunk_fn(2, multi.init_state())(multi.init_state())
     params = multi.par.runs_of(state.params)
@@ -505,7 +499,7 @@ def test_many_runs_keep_their_own_observation_statistics():
         state1, _ = single.chunk_fn(2, single.init_state())(single.init_state())
         assert_trees_close(single.par.first(state1.params), jax.tree.map(lambda x: x[i], params), rtol=1e-5, atol=1e-6)
     counts = params[obs_norm.OBS_STATS].count
-    np.testing.assert_array_equal(counts, 2 * SMALL["num_envs"] * SMALL["num_steps"])
+    np.testing.assert_array_equal(counts, 2 * PENDULUM["num_envs"] * PENDULUM["num_steps"])
     assert np.abs(params[obs_norm.OBS_STATS].mean[0] - params[obs_norm.OBS_STATS].mean[1]).max() > 1e-3  # seeds differ
 
 

@@ -1,7 +1,6 @@
 """algos/ppo.py's pure parts, by hand: GAE, the clipped surrogate, reward normalisation over
 devices, and the unrolls of --unroll-length."""
 
-import dataclasses
 from types import SimpleNamespace
 
 import jax
@@ -9,17 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_mgpu import config as config_lib
+from helpers import pendulum_config
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.algos import ppo
 from jaxrl_mgpu.cli import ConfigError
-
-SMALL = dict(env="Pendulum-v1", num_envs=16, num_steps=16, update_epochs=2, hidden_size=32,
-             total_timesteps=16 * 16 * 8)
-
-
-def small_config(**overrides):
-    return config_lib.validate(dataclasses.replace(config_lib.Config(), **{**SMALL, **overrides}))
 
 
 @pytest.mark.slow
@@ -104,7 +96,7 @@ def test_unrolls_take_gae_within_each_unroll_with_the_critic_they_are_given():
     cut an episode, nothing where it terminated), normalised over the minibatch; the targets are
     advantage + value before normalising. Checked against a backward loop in numpy."""
     T, E, N = 12, 3, 4
-    cfg = small_config(num_envs=E, num_steps=T, unroll_length=N, gamma=0.9, gae_lambda=0.8, total_timesteps=T * E)
+    cfg = pendulum_config(num_envs=E, num_steps=T, unroll_length=N, gamma=0.9, gae_lambda=0.8, total_timesteps=T * E)
     rng = np.random.default_rng(0)
     ended = rng.random((T, E)) < 0.25
     terminated = (ended & (rng.random((T, E)) < 0.5)).astype(np.float32)
@@ -147,7 +139,7 @@ def test_unroll_length_must_fit_the_batch_in_one_line():
                              ({"num_envs": 16, "unroll_length": 16, "num_minibatches": 32}, "unrolls per device"),
                              ({"unroll_length": 4, "grad_accum": 2}, "--grad-accum 1")):
         with pytest.raises(ConfigError, match=words):
-            ppo.check(small_config(**overrides), 1)
+            ppo.check(pendulum_config(**overrides), 1)
 
 
 def test_the_clipped_surrogate_takes_the_pessimistic_bound_and_no_gradient_past_the_clip():
