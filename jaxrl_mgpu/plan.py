@@ -30,6 +30,7 @@ from jaxrl_mgpu import multirun, parallel, rundir
 from jaxrl_mgpu.algos import for_run
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
 from jaxrl_mgpu.algos.spec import Spec
+from jaxrl_mgpu.asynchronous import collector
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.parallel import Parallel
 
@@ -112,8 +113,10 @@ def resolve(cfg, given: config_lib.Given) -> Plan:
     cfg = config_lib.validate(cfg)
     # a ConfigError naming the algorithms there are, before any option's "applies to"
     config_lib.check_applicable(cfg, given, algos.get(cfg.algo).reads)
-    if cfg.mode == "collect" and not cfg.run_dir:
-        raise ConfigError("--mode collect needs --run-dir: the run whose store it fills")
+    if cfg.mode == "collect":
+        if not cfg.run_dir:
+            raise ConfigError("--mode collect needs --run-dir: the run whose store it fills")
+        collector.check_run_dir(cfg)  # not a run of another algorithm, nor a finished one
     par = parallel.setup(cfg.parallel, cfg.devices)
     config_lib.check_platform(cfg, par.devices[0].platform)
     plan = of_config(cfg)

@@ -14,7 +14,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from helpers import spawn_train, wait_until
+from helpers import one_error_line, run, spawn_train, wait_until
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.algos.replay import Transitions
@@ -202,6 +202,105 @@ def test_collect_mode_needs_a_run_dir_and_an_off_policy_algo(capsys):
             assert e.code == 2
         err = capsys.readouterr().err
         assert words in err and err.count("\n") == 1, err
+
+
+def files_under(path) -> dict:
+    """Every file under `path` with its bytes (nothing written: the same before and after)."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("bad", ["a/b", "../up", ".hidden", "", "two words", "x" * 65, "tab\tid"])
+def test_a_collector_id_that_is_no_file_name_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch, bad):
+    """--collector-id becomes part of every shard's file name: one with a '/' nested the shards in
+    folders the learner never lists (it starved while the store grew). Refused at validation,
+    before the run directory exists; ids that are one file-name component pass."""
+    from jaxrl_mgpu import train
+
+    def started(*_):
+        raise AssertionError("the collector started")
+
+    monkeypatch.setattr(train, "collect", started)
+    run_dir = tmp_path / "run"
+    assert run("--config", "pendulum-sac", "--mode", "collect", "--run-dir", str(run_dir), "--collector-id", bad) == 2
+    line = one_error_line(capsys)
+    assert "--collector-id" in line and "file name" in line, line
+    assert not run_dir.exists()
+    for good in ("c1", "gpu-1.a_b", "X" * 64):
+        config_lib.validate(dataclasses.replace(config_lib.Config(), algo="dqn", mode="collect", collector_id=good))
+
+
+@pytest.mark.parametrize("run_of, words", [
+    ("finished ppo", "holds a run of --algo ppo"),
+    ("sac both", "holds a --mode both run"),
+    ("sac learner done", "its learner is done"),
+])
+def test_a_collector_for_a_run_no_learner_will_serve_is_one_line_and_writes_nothing(tmp_path, capsys, monkeypatch,
+                                                                                   run_of, words):
+    """A collector pointed at a run of another algorithm (a finished PPO run), at a --mode both
+    run (it never reads a store) or at a run whose learner is done waited for params that never
+    come; now one line, exit 2, and the run directory as it was."""
+    from jaxrl_mgpu import train
+
+    def started(*_):
+        raise AssertionError("the collector started")
+
+    monkeypatch.setattr(train, "collect", started)
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    algo, mode = {"finished ppo": ("ppo", "both"), "sac both": ("sac", "both"),
+                  "sac learner done": ("sac", "learn")}[run_of]
+    (run_dir / "config.json").write_text(config_lib.dump(dataclasses.replace(
+        config_lib.Config(), algo=algo, mode=mode, env="Pendulum-v1")))
+    (run_dir / "summary.json").write_text(json.dumps({"status": "complete"}))
+    if mode == "learn":
+        (run_dir / "learner_done").write_text(json.dumps({"iteration": 100}))
+    before = files_under(run_dir)
+    assert run("--config", "pendulum-sac", "--mode", "collect", "--run-dir", str(run_dir)) == 2
+    line = one_error_line(capsys)
+    assert words in line and str(run_dir) in line, line
+    assert files_under(run_dir) == before and not (run_dir / "store").exists()
+
+
+def test_store_entries_that_are_not_shards_are_strays_and_the_learner_says_so_once(tmp_path):
+    """What a collector whose id held a '/' wrote (its shards nested in folders of their own) and
+    a stray file are no shards: the store lists each once as a stray (never reads nor deletes
+    it), and a learner that has held strays STRAY_S says so in one line, naming the store and
+    what it sees, and whether it has received nothing meanwhile."""
+    from jaxrl_mgpu.asynchronous import source
+    store = Store(tmp_path)
+    episode = {"observation": np.zeros((3, 2), np.float32), "action": np.zeros(3, np.int32),
+               "reward": np.ones(3, np.float32), "terminated": True, "final_observation": np.zeros(2, np.float32)}
+    good = store.write(Segments.whole([episode]), "c0", 0, "CartPole-v1")
+    nested = store.write(Segments.whole([episode]), "a/b", 0, "CartPole-v1")  # what the old version wrote
+    (store.root / "notes.txt").write_text("left by hand")
+    assert [s.path for s in store.shards()] == [good]
+    strays = store.strays()
+    assert list(strays) == sorted([nested.parent.name, "notes.txt"])
+    listing = store._listing
+    assert store.shards() and store._listing is listing  # strays are not looked at again
+    first = min(strays.values())
+    assert source.stray_warning(store.root, strays, idle_s=0.0, now=first + source.STRAY_S - 1) is None
+    line = source.stray_warning(store.root, strays, idle_s=45.0, now=first + source.STRAY_S)
+    assert line.startswith("warning: the learner has received nothing for 45s, and its store ") and "\n" not in line
+    assert f"{store.root} holds 2 entries that are not shards" in line
+    assert f"{nested.parent.name}/, a folder without a shard's metadata.json, holding {nested.name}" in line
+    fed = source.stray_warning(store.root, strays, idle_s=1.0, now=first + source.STRAY_S)
+    assert fed.startswith(f"warning: the store {store.root} holds 2 entries")
+
+    # The learner's source says it once, from its store's last listing.
+    said = []
+    learner = types.SimpleNamespace(store=store, received_at=time.monotonic() - 100, _said_strays=False,
+                                    log=types.SimpleNamespace(print=said.append))
+    source.StoreSource.say_strays(learner)  # strays first listed just now: not yet
+    assert said == []
+    store._listing = store._listing._replace(strays={n: t - source.STRAY_S for n, t in strays.items()})
+    for _ in range(3):
+        source.StoreSource.say_strays(learner)
+    assert len(said) == 1 and "received nothing for 100s" in said[0]
+    # Gone from the directory, gone from the listing.
+    shutil.rmtree(nested.parent)
+    (store.root / "notes.txt").unlink()
+    assert [s.path for s in store.shards()] == [good] and store.strays() == {}
 
 
 def test_shard_reader_order_refill_skips_and_errors(tmp_path):

@@ -1,21 +1,48 @@
-"""What every collector shares, DQN's and AD's: its name and the seed drawn from it, how often
-it reports, and its side of the rate limiter (`Pacer`)."""
+"""What every collector shares, DQN's and AD's: the run it may collect for, its name and the
+seed drawn from it, how often it reports, and its side of the rate limiter (`Pacer`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 import zlib
 from pathlib import Path
 
 from jaxrl_mgpu.asynchronous import rate
+from jaxrl_mgpu.asynchronous.checkpoints import DONE_MARKER, learner_done
 from jaxrl_mgpu.asynchronous.store import Store
+from jaxrl_mgpu.cli import ConfigError
 
 COLLECTOR_LOG_S = 30.0        # a collector's progress line, at most this often
 PAUSE_LOG_S = 60.0            # a collector paused for the learner says so this often
 PAUSED_BECAUSE = {rate.START: "no learner yet; the store holds what it will start with",
                   rate.READING: "it has not taken in the data on its way (--max-data-lag)",
                   rate.SAMPLES: "behind its samples per insert"}
+
+
+def check_run_dir(cfg) -> None:
+    """A ConfigError where `--run-dir` holds a run no learner will ever read this collector's
+    data for: a run of another algorithm, a `--mode both` run (it learns from its own rollouts,
+    and a resume keeps its mode), or one whose learner is done. A collector would otherwise wait
+    for params that never come, or fill a store nobody reads. No run there yet is fine: a
+    learner may start after its collectors."""
+    run_dir = Path(cfg.run_dir)
+    try:
+        saved = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):  # none yet (or a learner writing it this moment)
+        saved = None
+    if isinstance(saved, dict) and isinstance(saved.get("algo"), str):  # a run's (else no learner starts there)
+        if saved.get("algo") != cfg.algo:
+            raise ConfigError(f"--run-dir {run_dir} holds a run of --algo {saved.get('algo')} (its config.json): no "
+                              f"--algo {cfg.algo} learner will read this collector's data there; collect for a "
+                              f"--mode learn run of --algo {cfg.algo}")
+        if saved.get("mode", "both") != "learn":
+            raise ConfigError(f"--run-dir {run_dir} holds a --mode {saved.get('mode', 'both')} run, which learns "
+                              f"from its own rollouts and never reads a store: collect for a --mode learn run")
+    if learner_done(run_dir):
+        raise ConfigError(f"--run-dir {run_dir}: its learner is done ({DONE_MARKER}); resume it with more to train "
+                          f"(--mode learn --resume) before starting collectors, or collect for a new run")
 
 
 def collector_name(cfg) -> str:

@@ -1,13 +1,16 @@
 """What the learners' data sources share (`StoreSource`, the base of algos/dqn_async.py's and
 ad.py's; each is the loop's `loop.Source`): the store, read on a background thread; the ledger
 and the checkpoints published with it; the rate limiter with the progress it publishes for
-the collectors; and the log's data and rate metrics."""
+the collectors; the log's data and rate metrics; and the warning when the store holds entries
+it cannot read (`stray_warning`)."""
 
 from __future__ import annotations
 
 import concurrent.futures
 import copy
+import os
 import time
+from pathlib import Path
 
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.asynchronous import rate
@@ -19,6 +22,8 @@ from jaxrl_mgpu.asynchronous.workers import default_workers
 # A learner with nothing to learn from looks for new data this often, and while a chunk runs
 # takes in what arrived this often (a poll is cheap).
 POLL_S = 0.005
+# The store holding entries that are not shards this long: the learner says so, once (stray_warning).
+STRAY_S = 30.0
 
 
 class StoreSource:
@@ -48,6 +53,8 @@ class StoreSource:
         self.reader = ShardReader(self.store, self.ledger.consumed, refill=resume_step is not None, read=self.read,
                                   decode=self.decode, workers=self.cfg.store_workers or default_workers())
         self.largest_shard, self.waiting_since = 0, None
+        self.received_at = time.monotonic()  # when the last shard arrived (or the learner started)
+        self._said_strays = False
         self._taken_in = False  # take_in ran since the last poll
         # checkpoints are published on a thread of their own (checkpoint())
         self._background = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="checkpoint-publisher")
@@ -75,6 +82,7 @@ class StoreSource:
         """(shard, is it new, read(shard)) of the shards read since the last call, oldest
         first; each is counted in the ledger (a new one) and marked consumed."""
         for shard, new, data in self.reader.ready():
+            self.received_at = time.monotonic()
             self.ledger.consumed.add(shard.path.name)
             self.largest_shard = max(self.largest_shard, shard.meta["env_steps"])
             if new:
@@ -110,8 +118,9 @@ class StoreSource:
         ran into the learner's memory (the subclass's `insert_ready`), then the iterations the
         rate limiter allows now; with none, takes in what arrived first (nothing runs) and
         publishes the counts; so too where no take_in ran since the last poll (a chunk done
-        before the host looked). Times the learner's waits. Little else happens here: on a GPU
-        the devices idle between chunks (loop.py)."""
+        before the host looked). Times the learner's waits; says once if the store holds what it
+        cannot read (stray_warning). Little else happens here: on a GPU the devices idle between
+        chunks (loop.py)."""
         start, self.update = time.perf_counter(), update
         received = not self._taken_in  # no take_in since the last poll: the chunk ended before the host looked
         if received:
@@ -133,7 +142,18 @@ class StoreSource:
         elif allowed and self.waiting_since is not None:
             self.window["learner_wait_s"] += now - self.waiting_since
             self.waiting_since = None
+        self.say_strays()
         return min(allowed, self.cfg.total_updates, self.max_chunk or allowed)
+
+    def say_strays(self) -> None:
+        """Once, stray_warning's line, when the store has held entries that are not shards for
+        STRAY_S (from the reader's last listing: no I/O until then)."""
+        if self._said_strays or not self.store.strays():
+            return
+        line = stray_warning(self.store.root, self.store.strays(), time.monotonic() - self.received_at)
+        if line is not None:
+            self.log.print(line)
+            self._said_strays = True
 
     def take_in(self, update: int) -> None:
         """While a chunk runs: the shards read since, as far towards the
@@ -236,3 +256,32 @@ class StoreSource:
         except Exception as e:  # noqa: BLE001 - closing after another error
             self.log.print(f"  the last checkpoint publication failed: {type(e).__name__}: {e}")
         self._background.shutdown(wait=True)
+
+
+def stray_warning(root: Path, strays: dict[str, float], idle_s: float, now: float | None = None) -> str | None:
+    """The line a learner says once its store (`root`) has held entries that are not shards
+    (`strays`: Store.strays) for STRAY_S seconds; None before. The learner never reads nor
+    deletes them, so whatever writes them fills the disk, and where they are all that arrives
+    the learner starves: a collector of another version, whose --collector-id held a '/', wrote
+    its shards into folders of their own, and the learner stayed at update 0 while the store
+    grew, saying nothing. `idle_s`: how long the learner has received no shard."""
+    now = time.time() if now is None else now
+    if not strays or now - next(iter(strays.values())) < STRAY_S:
+        return None
+    entries = "1 entry that is not a shard" if len(strays) == 1 else f"{len(strays):,} entries that are not shards"
+    head = (f"the learner has received nothing for {idle_s:.0f}s, and its store {root} holds"
+            if idle_s >= STRAY_S else f"the store {root} holds")
+    return (f"warning: {head} {entries} (e.g. {_describe(root / next(iter(strays)))}), which the learner never "
+            f"reads nor deletes: written by hand, or by a collector of another version?")
+
+
+def _describe(path: Path) -> str:
+    """What a stray of the store is, for stray_warning."""
+    try:
+        if not path.is_dir():
+            return f"{path.name}, a file"
+        inside = sorted(os.listdir(path))
+    except OSError:  # gone since the listing
+        return path.name
+    held = ", ".join(inside[:2]) + (", ..." if len(inside) > 2 else "") if inside else "nothing"
+    return f"{path.name}/, a folder without a shard's metadata.json, holding {held}"

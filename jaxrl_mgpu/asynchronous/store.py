@@ -25,7 +25,9 @@ reader ever sees a partial shard. Every shard's metadata records who wrote it: `
 
 Shard names start with the writer's wall-clock time in nanoseconds, so sorting names is
 first-in-first-out across collectors, which is the eviction order (a collector's writer
-processes may finish its shards a little out of order).
+processes may finish its shards a little out of order). Anything else in the store (a file, a
+folder without a shard's metadata.json) is a stray: listed once, never read nor deleted, and
+counted so that a learner can say so (`Store.strays`).
 """
 
 from __future__ import annotations
@@ -110,10 +112,19 @@ def _features(obs: np.ndarray, action: np.ndarray) -> tfds.features.FeaturesDict
     return tfds.features.FeaturesDict({"steps": rlds.steps_feature(obs, action), "segments": segments})
 
 
+class Listing(NamedTuple):
+    """What a Store listed last: replaced whole, so that threads sharing the Store see one
+    listing or the next."""
+    shards: dict[str, Shard]   # {name: Shard}, oldest first
+    names: list[str]           # their names ...
+    in_order: list[Shard]      # ... and the shards, oldest first
+    strays: dict[str, float]   # {name: wall-clock time first listed} of the entries that are not shards
+
+
 class Store:
     def __init__(self, run_dir: str | os.PathLike):
         self.root = Path(run_dir).absolute() / "store"
-        self._listing: tuple[dict, list[str], list[Shard]] = ({}, [], [])  # the last listing (_list)
+        self._listing = Listing({}, [], [], {})  # the last listing (_list)
 
     def write(self, segments: Segments, collector: str, policy_step: int, env: str,
               waited: dict[str, float] | None = None, acted: dict[str, float] | None = None) -> Path:
@@ -166,35 +177,44 @@ class Store:
         directory's names only: the learner's reader and paused collectors list every few ms,
         and rebuilding every shard's entry each time would hold the GIL the learner's thread
         needs."""
-        return list(self._list()[2])
+        return list(self._list().in_order)
 
-    def _list(self) -> tuple[dict, list[str], list[Shard]]:
-        """The listing: {name: Shard}, the names and the shards, oldest first (one tuple,
-        replaced whole, so threads that share the Store see one listing or the next)."""
+    def strays(self) -> dict[str, float]:
+        """The entries of the last listing that are not shards, with the wall-clock time each was
+        first listed, oldest first (no listing of its own: a learner's reader lists every few ms)."""
+        return self._listing.strays
+
+    def _list(self) -> Listing:
         listing = self._listing
         if not self.root.is_dir():
             return listing
         names = {n for n in os.listdir(self.root) if not n.startswith(".")}
-        if names == listing[0].keys():
+        # A stray is not looked at again while it stays: a shard appears whole, by a rename.
+        gone = listing.strays.keys() - names
+        names -= listing.strays.keys()
+        if names == listing.shards.keys() and not gone:
             return listing
-        known = {n: shard for n, shard in listing[0].items() if n in names}
+        known = {n: shard for n, shard in listing.shards.items() if n in names}
+        strays = {n: t for n, t in listing.strays.items() if n not in gone}
         new = sorted(names - known.keys())
         in_order = not (new and known and new[0] < next(reversed(known)))
         for n in new:
             try:
                 known[n] = Shard(self.root / n, json.loads((self.root / n / "metadata.json").read_text()), time.time())
-            except FileNotFoundError:  # evicted by the learner since the listing
-                continue
+            except (FileNotFoundError, NotADirectoryError):
+                # a stray, or a shard evicted by the learner since the listing (gone at the next one)
+                strays[n] = time.time()
         if not in_order:  # a writer finished after a later-started one
             known = dict(sorted(known.items()))
-        self._listing = (known, list(known), list(known.values()))
+        self._listing = Listing(known, list(known), list(known.values()), strays)
         return self._listing
 
     def unread_steps(self, after: str | None) -> int:
         """Transitions in the shards named after `after` (the newest shard a reader has taken;
         None: all of them)."""
-        _, names, shards = self._list()
-        return sum(s.meta["env_steps"] for s in shards[0 if after is None else bisect.bisect_right(names, after):])
+        listing = self._list()
+        start = 0 if after is None else bisect.bisect_right(listing.names, after)
+        return sum(s.meta["env_steps"] for s in listing.in_order[start:])
 
     def episodes(self) -> int:
         """Episodes ended in the store's shards now."""

@@ -4,6 +4,7 @@ built: `validate`, the many-runs options (`--sweep`), the log grid, the kernels,
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.config.options import Config, FIELDS, OPTIONS, check_value, flag, sweepable
@@ -87,12 +88,26 @@ def validate(cfg: Config) -> Config:
     if cfg.d_model % cfg.n_heads or (cfg.d_model // cfg.n_heads) % 2:
         raise ConfigError(f"--d-model {cfg.d_model} / --n-heads {cfg.n_heads} must be an even whole number "
                           f"(the head size)")
+    check_collector_id(cfg.collector_id)
     check_kernels(cfg)
     check_multirun(cfg)
     if cfg.total_updates < 1:
         raise ConfigError(f"--total-timesteps {cfg.total_timesteps} is less than one update of "
                           f"{cfg.batch_size} steps (--num-envs x --num-steps)")
     return cfg
+
+
+# A collector's id is part of the name of every shard it writes (`<time>-<id>-<random>`, one
+# directory of the store): a '/' in it would nest its shards in folders the learner never lists.
+COLLECTOR_ID = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,63}")
+
+
+def check_collector_id(name: str | None) -> None:
+    """--collector-id: one file-name component (letters, digits, '-', '_', '.'; not starting with
+    '.'; at most 64 characters), or a ConfigError."""
+    if name is not None and not COLLECTOR_ID.fullmatch(name):
+        raise ConfigError(f"--collector-id {name!r}: use 1 to 64 letters, digits, '-', '_' or '.' (not first): it "
+                          f"becomes part of the file name of every shard the collector writes")
 
 
 GRID = ("checkpoint_every", "eval_every")  # options that act between chunks, on multiples of --log-every
