@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import inspect
 import json
 import logging
+import re
 import shutil
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -141,25 +144,71 @@ class _Dropped(logging.Filter):
 logging.getLogger("absl").addFilter(_Dropped("Failed to json parse Metadata file"))
 
 
+_ORBAX = str(Path(ocp.__file__).parent)  # Orbax's code, to tell its coroutines from others
+
+
 def _quiet_failed_read() -> None:
     """After a failed read, TensorStore completes the reads still in flight on its own threads
     and hands each result to Orbax's asyncio loop, which the failure closed: every one is a
-    'RuntimeError: Event loop is closed' that Python reports as unraisable, and the tasks whose
-    exceptions nobody awaits any more are logged by asyncio, a traceback each on stderr. The
-    failure itself is reported in one line, so these are dropped (only these)."""
+    'RuntimeError: Event loop is closed' that Python reports as unraisable, and the tasks (and
+    gathers) whose exceptions nobody awaits any more are logged by asyncio, a traceback each
+    on stderr. The reads still waiting when the loop closed are left suspended; when the
+    garbage collector finalises one, Python closes it (GeneratorExit at its await), Orbax's
+    read turns any BaseException into an Exception whose message holds a TensorStore's whole
+    repr, and Python reports that as unraisable ("Exception ignored in: <coroutine ...>", some
+    65 lines each). The failure itself is reported in one line, so these are dropped (only
+    these: of coroutines, only Orbax's, and only an error raised while it was closed). Called
+    before every read, not after a failed one: TensorStore's threads may complete a read in
+    flight before the failure has reached this module."""
     previous = sys.unraisablehook
     if getattr(previous, "quiet_closed_loop", False):
         return
     logging.getLogger("asyncio").addFilter(_Dropped("Future exception was never retrieved",
-                                                    "Task exception was never retrieved"))
+                                                    "Task exception was never retrieved",
+                                                    "_GatheringFuture exception was never retrieved"))
 
     def hook(unraisable):
         error = unraisable.exc_value
-        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+        closed_loop = isinstance(error, RuntimeError) and str(error) == "Event loop is closed"
+        abandoned = (inspect.iscoroutine(unraisable.object) and isinstance(error.__context__, GeneratorExit)
+                     and unraisable.object.cr_code.co_filename.startswith(_ORBAX))
+        if not (closed_loop or abandoned):
             previous(unraisable)
 
     hook.quiet_closed_loop = True
     sys.unraisablehook = hook
+
+
+_LOCAL_FILE = re.compile(r'local file "([^"]+)"')  # how TensorStore names a file in its errors
+_ARRAY = re.compile(r'Error reading "([^"/]+)/')     # ... and the array (its key in the item's database)
+
+
+def _causes(error: BaseException):
+    """`error` and the exceptions it was raised from, outermost first."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def _damage(step_dir: Path, error: BaseException) -> str:
+    """A failed read in words: the damaged part (the checkpoint's item, named after the state's
+    field: replay, params, ...), its array, the file and what is wrong with it. TensorStore's
+    error names the files but ends with its whole spec as JSON, and Orbax wraps it in an error
+    that prints a TensorStore's repr (many lines): only the names and the last reason are kept.
+    An error that names no file of the step: its first line."""
+    prefix = str(step_dir).rstrip("/") + "/"
+    for text in reversed([str(e) for e in _causes(error)]):  # innermost first: TensorStore's own
+        text = text.split(" [tensorstore_spec")[0]
+        files = [f for f in _LOCAL_FILE.findall(text) if f.startswith(prefix)]
+        if files:
+            part = files[0][len(prefix):].split("/")[0]
+            problem = (text.rsplit(f'local file "{files[-1]}": ', 1)[-1].strip().splitlines() or ["unreadable"])[0]
+            array = _ARRAY.search(text)
+            name = f" ({array[1].removeprefix(part + '.')})" if array else ""
+            return f"damaged {part}{name}: {files[-1].rstrip('/')}: {problem}"
+    return one_line(error).split(". See full TensorStore details:")[0]
 
 
 class CheckpointMismatch(Exception):
@@ -276,13 +325,17 @@ class Checkpoints:
                 json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, ValueError) as e:
             raise DamagedCheckpoint(step, f"{path.name} is not readable JSON ({e})") from None
+        _quiet_failed_read()
         try:
             yield
         except CheckpointMismatch:
             raise
         except Exception as e:  # noqa: BLE001  (Orbax and TensorStore raise many kinds)
-            _quiet_failed_read()
-            raise DamagedCheckpoint(step, one_line(e)) from e
+            # The reads Orbax had not started when its loop closed are collected later, each a
+            # "coroutine ... was never awaited" warning. This project has no coroutines of its
+            # own, so after a failed read these are Orbax's: dropped from here on.
+            warnings.filterwarnings("ignore", r"coroutine '.*' was never awaited", RuntimeWarning)
+            raise DamagedCheckpoint(step, _damage(path.parent, e)) from e
 
     def set_aside(self, step: int) -> Path:
         """Moves a damaged checkpoint out of the listing, to `<run-dir>/damaged/checkpoints-<step>`

@@ -231,8 +231,8 @@ def test_with_no_whole_checkpoint_left_resume_and_evaluate_are_one_line(six_upda
     for step in (2, 4, 6):
         DAMAGE["one params file truncated"][0](run_dir / "checkpoints" / str(step))
     capsys.readouterr()
-    for argv, words in [([], "no checkpoint reads back whole (updates 6, 4, 2; the latest: ValueError: OUT_OF_RANGE"),
-                        (["--step", "4"], "--step 4: the checkpoint at update 4 cannot be read (ValueError")]:
+    for argv, words in [([], "no checkpoint reads back whole (updates 6, 4, 2; the latest: damaged params ("),
+                        (["--step", "4"], "--step 4: the checkpoint at update 4 cannot be read (damaged params (")]:
         with pytest.raises(SystemExit) as e:
             evaluate.main(["--run-dir", str(run_dir), *argv])
         err = capsys.readouterr().err
@@ -261,6 +261,102 @@ def test_a_resume_with_every_metadata_file_emptied_prints_only_its_own_line(six_
     assert out.stderr.startswith("error: --resume: no checkpoint of") and out.stderr.count("\n") == 1, out.stderr
 
 
+# SAC with its replay on 2 devices, checkpoints at updates 2 and 4. Each replay chunk is then
+# over the 1 KiB that OCDBT keeps inside its tree nodes, so it lies in the data files damaged.
+SAC = ["--algo", "sac", "--env", "Pendulum-v1", "--num-envs", "16", "--num-steps", "8", "--buffer-size", "512",
+       "--replay-batch-size", "64", "--learning-starts", "128", "--updates-per-step", "0.25", "--hidden-size", "16",
+       "--total-timesteps", str(16 * 8 * 6), "--log-every", "2", "--checkpoint-every", "2", "--devices", "2"]
+
+
+def _scramble(files):
+    for f in files:
+        f.write_bytes(b"\xff" * f.stat().st_size)
+
+
+@pytest.mark.slow
+def test_a_damaged_replay_is_named_in_one_line_and_passed_over_like_damaged_params(tmp_path, capsys):
+    """Issue 70: a replay's damage was reported as Orbax's wrapper of TensorStore's error (a
+    TensorStore repr, cut at its first line), after some 65 lines of 'Exception ignored in:
+    <coroutine ...>' per read left in flight. The line names the part and its file instead."""
+    import shutil
+    base = tmp_path / "base"
+    assert run(*SAC, "--run-dir", str(base), "--stop-at-update", "4") == 0
+    # every checkpoint's replay damaged: the resume is one line, exit 2, the run directory as it was
+    every = tmp_path / "every"
+    shutil.copytree(base, every)
+    for step in (2, 4):
+        _scramble(_arrays(every / "checkpoints" / str(step), "replay"))
+    files = (every / "config.json").read_text(), (every / "metrics.jsonl").read_text()
+    out = subprocess.run([sys.executable, "-m", "jaxrl_mgpu.train", "--run-dir", str(every), "--resume"],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith(f"error: --resume: no checkpoint of {every} reads back whole: checkpoint at update 2 "
+                                 f"cannot be read (damaged replay ("), out.stderr
+    assert f"{every / 'checkpoints' / '2' / 'replay'}: " in out.stderr, out.stderr
+    assert "TensorStore" not in out.stderr and "tensorstore_spec" not in out.stderr, out.stderr
+    assert files == ((every / "config.json").read_text(), (every / "metrics.jsonl").read_text())
+    # the newest one's replay damaged: set aside, said in one line, the run goes on from the one before
+    newest = tmp_path / "newest"
+    shutil.copytree(base, newest)
+    _scramble(_arrays(newest / "checkpoints" / "4", "replay"))
+    capsys.readouterr()
+    assert run(*SAC, "--run-dir", str(newest), "--resume") == 0
+    out, err = capsys.readouterr()
+    said = [line for line in out.splitlines() if "cannot be read" in line]
+    assert len(said) == 1 and "checkpoint at update 4 cannot be read (damaged replay (" in said[0], out
+    assert "resuming from update 2" in said[0] and "TensorStore" not in out + err, out + err
+    assert (newest / "damaged" / "checkpoints-4").is_dir() and rows(newest)[-1]["update"] == 6
+
+
+class _Pending:
+    def __await__(self):
+        yield  # suspends the coroutine, as a read waiting for TensorStore
+
+
+async def _read():
+    try:
+        await _Pending()
+    except BaseException as e:  # as Orbax's read does, GeneratorExit included
+        raise Exception("Encountered error while reading array index") from e
+
+
+def test_the_reads_a_failed_restore_leaves_behind_are_not_reported_when_collected(tmp_path):
+    """Orbax's loop closes on a failed read with its other reads suspended or not yet started.
+    When a suspended one is collected, Python closes it, Orbax's read turns the GeneratorExit
+    into an Exception, and Python reports that as unraisable (some 65 lines each); one not
+    started is a 'never awaited' warning: both dropped. The same error from a coroutine that is
+    not Orbax's is still reported."""
+    import gc
+    import types
+    import warnings
+
+    import orbax.checkpoint as ocp
+
+    from jaxrl_mgpu.checkpoint import DamagedCheckpoint
+    # the same read as if it were Orbax's: its code in Orbax's package
+    orbax_file = os.path.join(os.path.dirname(ocp.__file__), "read.py")
+    orbax_read = types.FunctionType(_read.__code__.replace(co_filename=orbax_file), globals())
+    reported, previous = [], sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: reported.append(unraisable.object.cr_code.co_filename)
+    ckpts = Checkpoints(tmp_path, read_only=True)
+    try:
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            with pytest.raises(DamagedCheckpoint), ckpts._reading(1, ckpts.latest):
+                raise ValueError("a read that fails")
+            for read in (orbax_read, _read):
+                coroutine = read()
+                coroutine.send(None)
+                del coroutine  # collected while suspended: closed
+            coroutine = orbax_read()
+            del coroutine  # collected before it started
+            gc.collect()
+    finally:
+        sys.unraisablehook = previous
+        ckpts.close()
+    assert reported == [__file__] and not [str(w.message) for w in warned]
+
+
 def test_after_a_failed_read_asyncio_s_unretrieved_exceptions_are_not_logged(caplog):
     import logging
 
@@ -269,6 +365,7 @@ def test_after_a_failed_read_asyncio_s_unretrieved_exceptions_are_not_logged(cap
     with caplog.at_level(logging.ERROR):
         logging.getLogger("asyncio").error("Task exception was never retrieved")
         logging.getLogger("asyncio").error("Future exception was never retrieved")
+        logging.getLogger("asyncio").error("_GatheringFuture exception was never retrieved")
         logging.getLogger("absl").error("Failed to json parse Metadata file: x")
         logging.getLogger("asyncio").error("something else")
     assert [r.getMessage() for r in caplog.records] == ["something else"]
