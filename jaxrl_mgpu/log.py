@@ -45,6 +45,7 @@ class RunLog:
         self.tty = sys.stdout.isatty()
         self.last: dict = {}
         self.best: dict = {}  # the best episode_return and eval/episode_return logged, with their step
+        self.latest_return: float | None = None  # the last episode_return logged (a row may have none)
         self.timeline: dict = {}  # start-up phases in seconds (the summary reports them)
         self._jsonl = self._tb = self._bar = None
         self._activity: tuple[str, float, float] | None = None  # (what, started, last said)
@@ -119,6 +120,8 @@ class RunLog:
         row = {k: _clean(v) for k, v in row.items() if k != "runs"}
         lines = [row] if per_run is None else [self._run_row(row, i, r) for i, r in enumerate(per_run)]
         self.last = row
+        if row.get("episode_return") is not None:
+            self.latest_return = row["episode_return"]
         for key in ("episode_return", "eval/episode_return"):
             if row.get(key) is not None and row[key] > self.best.get(key, (-math.inf,))[0]:
                 self.best[key] = (row[key], row[self.unit])

@@ -202,7 +202,9 @@ def summary(plan, log: RunLog, last: dict, done: int, unit: str, steps: int | No
         "time_s": round(seconds, 1),
     }
     if log.episodic:
-        values["final_return"] = last.get("episode_return")
+        # the last row's, or where no episode ended in its interval, the last one logged before it
+        final = last.get("episode_return")
+        values["final_return"] = final if final is not None else log.latest_return
         values["best_return"] = best.get("episode_return", (None,))[0]
         if "eval/episode_return" in best:
             values["best_eval_return"] = best["eval/episode_return"][0]

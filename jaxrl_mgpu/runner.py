@@ -123,10 +123,14 @@ def train(plan: Plan, session: Session, trainer: Trainer, state, step: int | Non
     ckpts = Checkpoints(run_dir, keep=cfg.keep_checkpoints)
     agents = trainer.algorithm.agents_per_env
 
+    written: dict = {}  # the last row as written: a learner's session rewrites the loop's (its episodes arrive apart)
+
     def write(row: dict) -> None:
         if agents > 1:  # a multi-agent game's env step is `agents` agent steps
             row["agent_sps"] = row["sps"] * agents
         log.write(row)
+        written.clear()
+        written.update(row)
         if on_row is not None and parallel.is_main():
             on_row(dict(row))
 
@@ -143,9 +147,11 @@ def train(plan: Plan, session: Session, trainer: Trainer, state, step: int | Non
         # A resumed run's diverged runs (their frozen state is in the checkpoint) keep the update
         # where they went non-finite, from the rows logged before it.
         diverged = runstats.diverged_runs(runstats.read_rows(run_dir / "metrics.jsonl")) if runs else {}
-        reader = ChunkReader(trainer.par, diverged, say_diverged if runs else None)
+        reader = ChunkReader(trainer.par, diverged, say_diverged if runs else None,
+                             on_growth=lambda text: log.print(f"  warning: {text}"))
         state, last, done = Loop(trainer, log, opened.source, callbacks, start_update, cfg.stop_at_update, reader,
                                  opened.saved).run(state)
+        last = dict(written) or last
         opened.finish(done, state, done < cfg.total_updates)
     except NonFinite as e:
         if opened is not None:

@@ -99,6 +99,8 @@ def test_learner_with_two_collectors_one_killed(tmp_path):
         seconds = [r[f"async/latency_s/{stage}"] for r in rows if r[f"async/latency_s/{stage}"] is not None]
         assert seconds and all(0 <= s < 120 for s in seconds), (stage, seconds)
     assert np.isfinite(last["loss/td"])
+    returns = [r["episode_return"] for r in rows if r["episode_return"] is not None]
+    assert json.loads((run_dir / "summary.json").read_text())["final_return"] == pytest.approx(returns[-1])
     assert last["async/decode_s_per_shard"] is None or last["async/decode_s_per_shard"] > 0
     assert 0 <= last["async/ingest_fraction"] < 1
     # Chunks run at most --max-data-lag / 2 (4) iterations, fewer than --log-every's 10: data

@@ -109,4 +109,6 @@ def test_a_learner_fed_by_a_collector_learns_pendulum_and_resumes(tmp_path):
     assert rows[-1]["grad_steps"] == 250 * 32
     returns = [r["episode_return"] for r in rows if r["episode_return"] is not None]
     assert max(returns[-4:]) > -600, returns
+    # the summary's final return is the last one logged (the learner's rows carry the collectors' episodes)
+    assert json.loads((run_dir / "summary.json").read_text())["final_return"] == pytest.approx(returns[-1])
     assert "env steps received/s" in out
