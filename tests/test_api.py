@@ -47,6 +47,9 @@ def test_train_from_python_is_the_command_line_s_run_with_rows_and_state(tmp_pat
     ({"num_envs": "many"}, "option: num_envs must be an integer, got 'many'"),
     ({"lr": -1.0}, "lr"),
     ({"config": "no-such-preset"}, "no-such-preset"),
+    ({"on_row": 5}, "on_row must be a function of one log row (a dict), got 5"),
+    ({"on_row": lambda: None}, "must take one argument, the log row"),
+    ({"on_row": lambda row, extra: None}, "must take one argument, the log row"),
 ])
 def test_bad_options_raise_the_command_line_s_error_and_write_nothing(options, words, tmp_path):
     with pytest.raises(ConfigError) as raised:
