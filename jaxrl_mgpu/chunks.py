@@ -270,15 +270,28 @@ def read_chunk(par: Parallel, chunk: Chunk, first_update: int, diverged: dict | 
     return {**means, "episodes": sum(r["episodes"] for r in rows), "runs": rows}
 
 
+# A loss logged at this many times its first logged size (or 1, if larger), or above LOSS_LIMIT,
+# is taken for one that diverges while still finite: a step size far too large (PPO's value loss
+# was 6e19 in its first log interval at --lr 1e9, DQN's TD loss 1e10 at --lr 1e3). Legitimate
+# growth, as values rise with the returns, stays orders of magnitude below both.
+LOSS_GROWTH = 1e6
+LOSS_LIMIT = 1e9
+
+
 class ChunkReader:
     """Reads chunks' numbers on the host for the loop (blocking until they are done): a row
     where one is due, else the non-finite check alone. With many runs it keeps which went
     non-finite and where (`diverged`: a resumed run's earlier ones to begin with), and tells
-    `on_diverged(run, update, diverged so far)` once per run, so the loop knows none of it."""
+    `on_diverged(run, update, diverged so far)` once per run, so the loop knows none of it.
+    `on_growth(text)` is told once per run, of its first loss that grows past LOSS_GROWTH times
+    its first logged size, or past LOSS_LIMIT."""
 
     def __init__(self, par: Parallel, diverged: dict[int, int] | None = None,
-                 on_diverged: Callable[[int, int, int], None] | None = None):
-        self.par, self.diverged, self.on_diverged = par, dict(diverged or {}), on_diverged
+                 on_diverged: Callable[[int, int, int], None] | None = None,
+                 on_growth: Callable[[str], None] | None = None):
+        self.par, self.diverged, self.on_diverged, self.on_growth = par, dict(diverged or {}), on_diverged, on_growth
+        self.sizes: dict[tuple, float] = {}  # (run, loss) -> its first logged size
+        self.told: set = set()  # the runs (None: the single run) whose losses have been said to diverge
 
     def read(self, chunk: Chunk, first_update: int, row: bool) -> dict | None:
         known = len(self.diverged)
@@ -287,7 +300,28 @@ class ChunkReader:
         if self.on_diverged is not None:
             for run in list(self.diverged)[known:]:
                 self.on_diverged(run, self.diverged[run], len(self.diverged))
+        if out is not None and self.on_growth is not None:
+            self.watch_growth(out, first_update)
         return out
+
+    def watch_growth(self, row: dict, first_update: int) -> None:
+        runs = [(None, row)] if "runs" not in row else list(enumerate(row["runs"]))
+        for run, numbers in runs:
+            grown = []
+            for key, value in numbers.items():
+                # zeros are an interval before learning starts (SAC, DQN), not a size
+                if run in self.told or not (key == "loss" or key.startswith("loss/")) or not np.isfinite(value) \
+                        or value == 0:
+                    continue
+                first = self.sizes.setdefault((run, key), abs(value))
+                if abs(value) > min(LOSS_GROWTH * max(first, 1.0), LOSS_LIMIT):
+                    grown.append((abs(value), key, value, first))
+            if grown:  # the largest of them
+                _, key, value, first = max(grown)
+                self.told.add(run)
+                who = "" if run is None else f"run {run}: "
+                self.on_growth(f"{who}{key} is {value:.3g} in the log interval from update {first_update} (first "
+                               f"logged: {first:.3g}): training is diverging though still finite (a smaller --lr?)")
 
 
 def _mean(values: list[float]) -> float:

@@ -47,3 +47,33 @@ def test_many_runs_keep_who_diverged_tell_it_once_and_stop_when_all_have():
     assert told == [(1, 22, 2)] and reader.diverged[1] == 22  # told once; its first update kept
     with pytest.raises(NonFinite, match="every run"):
         reader.read(chunk([3, 0, 0], [np.nan] * 3, [0.0] * 3), 29, row=False)
+
+
+def test_a_loss_grown_a_million_times_is_told_once_per_run():
+    told = []
+    reader = ChunkReader(single(), on_growth=told.append)
+    for loss in (0.0, 3.0, 300.0, 2.9e6):  # zero: before learning starts; then 3, then growth within bounds
+        reader.read(chunk([-1], [loss], [1.0]), 1, row=True)
+    assert told == []
+    reader.read(chunk([-1], [3.1e6], [1.0]), 41, row=True)
+    reader.read(chunk([-1], [6.5e18], [1.0]), 51, row=True)
+    assert len(told) == 1 and "loss is 3.1e+06 in the log interval from update 41 (first logged: 3)" in told[0], told
+    assert "\n" not in told[0]
+    # many runs: each run's own first size; the mean row is not what is watched; a loss past
+    # LOSS_LIMIT is told even where it was that large from the first row (run 2)
+    told.clear()
+    reader = ChunkReader(many(3), on_growth=told.append)
+    reader.read(chunk([-1, -1, -1], [0.5, 1e3, 6e19], [1.0] * 3), 1, row=True)
+    assert told == ["run 2: loss is 6e+19 in the log interval from update 1 (first logged: 6e+19): training is "
+                    "diverging though still finite (a smaller --lr?)"], told
+    reader.read(chunk([-1, -1, -1], [2e6, 2e8, 6e19], [1.0] * 3), 11, row=True)
+    assert len(told) == 2 and told[1].startswith("run 0: loss is 2e+06"), told
+
+
+def test_a_run_whose_loss_explodes_says_so_once_and_finishes(tmp_path, capsys):
+    """PPO at --lr 1e9: its value loss is finite but enormous from the first row; the run says so
+    in one warning line, once, and completes (it is the user's call)."""
+    from helpers import TINY, run
+    assert run(*TINY, "--lr", "1e9", "--total-timesteps", str(16 * 16 * 6), "--run-dir", str(tmp_path / "run")) == 0
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "warning:" in line]
+    assert len(warnings) == 1 and "loss/value is" in warnings[0] and "diverging though still finite" in warnings[0]
