@@ -22,7 +22,7 @@ RUN, ENV, LEARNING, NETWORK, PPO, DQN, OFF_POLICY, AD, MULTIRUN, ASYNC, DEVICES 
 GROUPS = {
     RUN: "what to train, for how long; the run directory, logs, checkpoints, evaluation, resume",
     ENV: "the environment, and how many of it step at once",
-    LEARNING: "the optimizer, the discount, the compute precision (PPO, DQN and AD)",
+    LEARNING: "the optimizer, the discount, the compute precision (every algorithm)",
     NETWORK: "the policy network: the MLP, the transformer and its fused kernels",
     PPO: "PPO: its loss, minibatches and epochs, normalisation, actor and critic widths",
     DQN: "DQN (the replay's and the targets' options also SAC's and TD3's): the replay, the target network, "
