@@ -43,7 +43,7 @@ def run(given: config_lib.Given, started: float, on_row: Callable[[dict], None] 
     """Trains with the options `given` (a command line's or a Python caller's, api.train); a
     UserError for bad input, before anything is written. `on_row(row)` gets each log row as
     metrics.jsonl does (process 0)."""
-    cfg = config_lib.check_distributed(config_lib.Config(**given))
+    cfg = config_lib.check_distributed(config_lib.build(given))
     _, warning = compile_cache.configure(cfg.compile_cache)  # before anything compiles
     if warning and not cfg.process_id:
         print(warning, file=sys.stderr)

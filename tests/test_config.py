@@ -33,3 +33,22 @@ def test_bad_keyword_options_are_one_line(options, words):
     with pytest.raises(ConfigError) as raised:
         config_lib.given_from(options)
     assert words in str(raised.value) and "\n" not in str(raised.value), raised.value
+
+
+def test_each_algorithm_starts_from_its_own_defaults_under_the_preset_and_the_flags():
+    """--algo sac alone takes SAC's usual settings, not PPO's or DQN's (it used to run with
+    --tau 1, 32 x 128 steps per update and 64-wide tanh nets, and did not learn); a preset and
+    the flags still override them, and PPO keeps the declared defaults."""
+    sac = config_lib.parse_args(["--algo", "sac"])
+    assert (sac.tau, sac.num_envs, sac.num_steps, sac.hidden_size, sac.activation, sac.anneal_lr, sac.lr) == \
+        (0.005, 8, 8, 256, "relu", False, 3e-4)
+    assert config_lib.parse_args(["--algo", "sac", "--tau", "0.1"]).tau == 0.1
+    preset = config_lib.parse_args(["--config", "pendulum-sac"])  # algo: sac, hidden_size: 128
+    assert (preset.hidden_size, preset.buffer_size, preset.log_every) == (128, 16000, 25)
+    assert config_lib.parse_args(["--algo", "td3"]).buffer_size == 1_000_000
+    assert config_lib.parse_args(["--algo", "dqn"]).target_update_every == 100
+    assert config_lib.parse_args(["--algo", "ad"]).env == "DarkRoom"
+    ppo = config_lib.parse_args([])
+    assert (ppo.num_envs, ppo.hidden_size, ppo.tau) == (32, 64, 1.0) and ppo == config_lib.Config()
+    # the Python API builds its config the same way
+    assert config_lib.build(config_lib.given_from({"algo": "sac"})) == sac

@@ -140,7 +140,7 @@ def test_help_lists_choices_presets_and_each_default_once():
     text = " ".join(out.stdout.split())
     assert "algorithm: ppo, dqn, ad, sac, td3 (default: ppo)" in text and "one of pmap, shard_map" in text
     assert "presets (--config NAME):" in text and "breakout-minatar-dqn" in text
-    assert text.count("(default: 3000000)") == 1 and "(default: None)" not in text
+    assert text.count("(default: 3000000; dqn: 500000; sac, td3: 1000000)") == 1 and "(default: None)" not in text
 
 
 @pytest.mark.slow

@@ -165,7 +165,8 @@ def test_the_tiny_preset_learns_pendulum(tmp_path):
     (["--algo", "td3", "--init-alpha", "0.1"], "--init-alpha is only for --algo sac"),
     (["--algo", "sac", "--mode", "learn", "--buffer-size", "128", "--replay-batch-size", "64"],
      "--buffer-size 128 must hold at least 256 transitions per device"),
-    (["--algo", "sac", "--num-steps", "3", "--policy-delay", "2"], "--policy-delay 2 does not divide the 3"),
+    (["--algo", "sac", "--num-steps", "3", "--updates-per-step", "1", "--policy-delay", "2"],
+     "--policy-delay 2 does not divide the 3"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, argv, words):
     run_dir = tmp_path / "run"
@@ -210,3 +211,17 @@ def test_auto_scale_sizes_a_sac_run_whose_policy_evaluate_draws(tmp_path, capsys
     assert evaluate.main(["--run-dir", str(run_dir), "--episodes", "1", "--devices", "1", "--greedy"]) == 0
     evaluated = json.loads(capsys.readouterr().out.splitlines()[0])
     assert line["return"] == pytest.approx(evaluated["mean_return"], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_with_none_of_its_options_given_each_learns_pendulum(tmp_path, algo):
+    """The algorithms' own defaults (config/offpolicy.py): with only --env and a length given,
+    SAC and TD3 learn Pendulum. With DQN's and PPO's settings, SAC ended at -1,346 after 100k
+    steps; random actions score about -1,200."""
+    run_dir = tmp_path / algo
+    assert run("--algo", algo, "--env", "Pendulum-v1", "--total-timesteps", "19200", "--checkpoint-every", "0",
+               "--run-dir", str(run_dir)) == 0
+    returns = [json.loads(line)["episode_return"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    returns = [r for r in returns if r is not None]
+    assert returns[0] < -900 and returns[-1] > -400, returns

@@ -1,6 +1,6 @@
 """Every option of a run, in one typed dataclass; YAML presets; the command line.
 
-Precedence: dataclass defaults < `--config` preset (YAML, shipped in jaxrl_mgpu/presets/, or
+Precedence: the option's default (or its algorithm's own, `ALGO_DEFAULTS`) < `--config` preset (YAML, shipped in jaxrl_mgpu/presets/, or
 any path) < flags given on the command line. Numbers on the command line are GLOBAL (over all devices and hosts);
 per-device values are derived from them once the devices are known.
 
@@ -18,16 +18,16 @@ ad.py, and `Config` inherits them), parse.py (the command line, its help, preset
 
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.config.declare import ALGOS, GROUPS, POLICIES, PRECISIONS, SOURCE_ALGOS
-from jaxrl_mgpu.config.options import (FIELDS, OPTIONS, Config, check_applicable, check_value, flag, from_dict,
-                                       per_invocation, resumable, state_keys, sweepable)
+from jaxrl_mgpu.config.options import (ALGO_DEFAULTS, FIELDS, OPTIONS, Config, build, check_applicable, check_value,
+                                       defaults, flag, from_dict, per_invocation, resumable, state_keys, sweepable)
 from jaxrl_mgpu.config.checks import (check_kernels, check_multirun, check_platform, follow_log_grid, parse_sweep,
                                       validate)
 from jaxrl_mgpu.config.parse import (Given, check_distributed, from_args, given_from, help_text, load_preset,
                                      parse_args, parse_given, parser, preset_names)
 from jaxrl_mgpu.config.resume import dump, incompatible, read_saved, resumed
 
-__all__ = ["ALGOS", "FIELDS", "GROUPS", "OPTIONS", "POLICIES", "PRECISIONS", "SOURCE_ALGOS", "Config", "ConfigError",
-           "Given", "check_applicable", "check_distributed", "check_kernels", "check_multirun", "check_platform",
-           "check_value", "dump", "flag", "follow_log_grid", "from_args", "from_dict", "given_from", "help_text",
+__all__ = ["ALGOS", "ALGO_DEFAULTS", "FIELDS", "GROUPS", "OPTIONS", "POLICIES", "PRECISIONS", "SOURCE_ALGOS", "Config", "ConfigError",
+           "Given", "build", "check_applicable", "check_distributed", "check_kernels", "check_multirun", "check_platform",
+           "check_value", "defaults", "dump", "flag", "follow_log_grid", "from_args", "from_dict", "given_from", "help_text",
            "incompatible", "load_preset", "parse_args", "parse_given", "parse_sweep", "parser", "per_invocation",
            "preset_names", "read_saved", "resumable", "resumed", "state_keys", "sweepable", "validate"]

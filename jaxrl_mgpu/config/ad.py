@@ -31,3 +31,10 @@ class AdOptions:
                                        "per store shard", AD, check=POSITIVE, applies=FOR_AD_STORE)
     ad_source: str = option("ucb", "--mode collect: exploration of the tabular Q-learning source", AD,
                             choices=SOURCE_ALGOS, applies=FOR_AD_STORE)
+
+
+# AD's own defaults (config/options.py ALGO_DEFAULTS), as the darkroom-ad preset measured them:
+# DarkRoom, the task its histories are of; windows of 8 episodes of every 10th episode of a
+# history, so that a context spans the source's learning (with every episode kept, a window
+# shows almost no improvement and AD only imitates); Adam at 3e-4, gradients clipped at 1.
+AD_DEFAULTS = dict(env="DarkRoom", n_transit=160, ad_episode_stride=10, lr=3e-4, max_grad_norm=1.0)

@@ -42,3 +42,13 @@ class DqnOptions:
                                            "eps-end", DQN, check=NON_NEGATIVE, applies=FOR_DQN)
     n_step: int = option(1, "n-step returns (cut at episode ends; time limits bootstrap from the final "
                             "observation)", DQN, check=POSITIVE, applies=FOR_REPLAY)
+
+
+# DQN's own defaults for the options it shares with PPO (config/options.py ALGO_DEFAULTS) and
+# for its replay's: 8 environments stepped 8 times per update, a gradient step per 8 env steps,
+# 3-step returns, a target copied every 100 gradient steps (800 env steps), two 128-wide ReLU
+# layers, Adam at 1e-3 decayed linearly to 0 (at a constant rate, 2.5e-4 or 1e-3, CartPole's
+# return fell back after each peak below 250 and ended under 120). With none of its options given
+# it learns CartPole-v1 (docs/algorithms.md: the measurement).
+DQN_DEFAULTS = dict(total_timesteps=500_000, num_envs=8, num_steps=8, lr=1e-3, max_grad_norm=10.0, hidden_size=128,
+                    activation="relu", n_step=3, target_update_every=100, log_every=50)

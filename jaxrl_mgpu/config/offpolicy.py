@@ -41,3 +41,13 @@ class OffPolicyOptions:
                                  OFF_POLICY, check=NON_NEGATIVE, applies=FOR_TD3)
     noise_clip: float = option(0.5, "TD3: the target noise is clipped to +-this", OFF_POLICY, check=UNIT_OPEN,
                                applies=FOR_TD3)
+
+
+# SAC's and TD3's own defaults for the options they share with DQN and PPO (config/options.py
+# ALGO_DEFAULTS): the usual settings of CleanRL's and Stable-Baselines3's SAC and TD3 (a 1M
+# replay, batches of 256, Polyak targets with tau 0.005, Adam at 3e-4 without decay, two 256-wide
+# ReLU layers), on 8 environments with a gradient step per 2 env steps. With none of its options
+# given, each learns Pendulum-v1 (docs/algorithms.md: the measurement).
+OFF_POLICY_DEFAULTS = dict(total_timesteps=1_000_000, num_envs=8, num_steps=8, updates_per_step=4.0,
+                           replay_batch_size=256, buffer_size=1_000_000, learning_starts=5_000, tau=0.005, lr=3e-4,
+                           anneal_lr=False, max_grad_norm=100.0, hidden_size=256, activation="relu", log_every=50)

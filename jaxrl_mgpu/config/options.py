@@ -11,9 +11,9 @@ import typing
 from typing import Any
 
 from jaxrl_mgpu.cli import ConfigError
-from jaxrl_mgpu.config.ad import AdOptions
-from jaxrl_mgpu.config.dqn import DqnOptions
-from jaxrl_mgpu.config.offpolicy import OffPolicyOptions
+from jaxrl_mgpu.config.ad import AD_DEFAULTS, AdOptions
+from jaxrl_mgpu.config.dqn import DQN_DEFAULTS, DqnOptions
+from jaxrl_mgpu.config.offpolicy import OFF_POLICY_DEFAULTS, OffPolicyOptions
 from jaxrl_mgpu.config.ppo import PpoOptions
 from jaxrl_mgpu.config.declare import (ALGOS, ASYNC, DEVICES, ENV, EVERY_ALGO, FOR_AD, FOR_AUTO_SCALE,
                                        FOR_AUTO_SCALE_STEPS, FOR_ENV_STEPS, FOR_MANY_RUNS, FOR_MLP, FOR_PROFILE,
@@ -260,6 +260,26 @@ class Config(AdOptions, OffPolicyOptions, DqnOptions, PpoOptions):
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 OPTIONS: dict[str, Option] = {name: f.metadata["option"] for name, f in FIELDS.items()}
 
+# -- each algorithm's own defaults ---------------------------------------------------------------
+
+# An option's declared default is PPO's (the default algorithm's) or the only one. Where another
+# algorithm's usual setting differs (an off-policy learner's batch, its target network, its
+# networks), that algorithm declares its own default, in its options' module: a run of it with
+# the option unset takes that value. Algorithms registered from outside have none here.
+ALGO_DEFAULTS: dict[str, dict[str, Any]] = {"dqn": DQN_DEFAULTS, "sac": OFF_POLICY_DEFAULTS,
+                                            "td3": OFF_POLICY_DEFAULTS, "ad": AD_DEFAULTS}
+
+
+def defaults(algo: str) -> dict[str, Any]:
+    """Every option's default for a run of `algo`."""
+    return {name: f.default for name, f in FIELDS.items()} | ALGO_DEFAULTS.get(algo, {})
+
+
+def build(given: dict) -> Config:
+    """The Config of the options `given` (a preset's and the flags', or a Python caller's): each
+    option it does not set takes its algorithm's default."""
+    return Config(**{**ALGO_DEFAULTS.get(given.get("algo", FIELDS["algo"].default), {}), **given})
+
 
 # -- the lists other modules need, from the declarations --------------------------------------
 
@@ -377,4 +397,5 @@ def _coerce(name: str, value: Any, source: str) -> Any:
 
 
 def from_dict(values: dict) -> Config:
+    """A saved config (config.json, every option written) as a Config."""
     return Config(**{k: v for k, v in values.items() if k in FIELDS})

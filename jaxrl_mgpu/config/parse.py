@@ -13,7 +13,7 @@ import yaml
 
 from jaxrl_mgpu.cli import ConfigError, Parser
 from jaxrl_mgpu.config.declare import GROUPS, POSITIVE, RESUME_MAY_CHANGE, THIS_INVOCATION
-from jaxrl_mgpu.config.options import FIELDS, OPTIONS, Config, _base_type, _coerce, flag
+from jaxrl_mgpu.config.options import ALGO_DEFAULTS, FIELDS, OPTIONS, Config, _base_type, _coerce, build, flag
 from jaxrl_mgpu.config.checks import validate
 
 
@@ -42,7 +42,7 @@ def _describe(name: str, width: int, whole: bool) -> list[str]:
     the declaration says about it; else its brief), its choices and its default."""
     o, default = OPTIONS[name], FIELDS[name].default
     text = (o.help if whole else o.brief or o.help) + (f"; one of {', '.join(map(str, o.choices))}" if o.choices else "")
-    text += f" (default: {default})" if default is not None else ""
+    text += f" (default: {default}{_algo_defaults(name)})" if default is not None else ""
     if whole:  # what the declaration says, but what the group's name says already
         at_least_1 = o.check is POSITIVE and _base_type(name) is int
         notes = [("at least 1" if at_least_1 else o.check.text)] if o.check else []
@@ -56,6 +56,16 @@ def _describe(name: str, width: int, whole: bool) -> list[str]:
     if len(head) >= FLAG_COLUMN - 1:  # a long flag: its text starts on the next line
         return [head] + [" " * FLAG_COLUMN + line for line in body]
     return [head.ljust(FLAG_COLUMN) + body[0]] + [" " * FLAG_COLUMN + line for line in body[1:]]
+
+
+def _algo_defaults(name: str) -> str:
+    """The algorithms whose own default of option `name` differs from its declared one, as the
+    help says it: '; sac, td3: 256'."""
+    by_value: dict = {}
+    for algo, values in ALGO_DEFAULTS.items():
+        if name in values:
+            by_value.setdefault(values[name], []).append(algo)
+    return "".join(f"; {', '.join(algos)}: {value}" for value, algos in by_value.items())
 
 
 def help_text(group: str | None = None, width: int | None = None) -> str:
@@ -196,7 +206,7 @@ def parse_args(argv: list[str] | None = None) -> Config:
     """The command line (with its preset) as a Config; only the multi-host flags are checked
     (the rest by `validate`, which may import environments, hence JAX's backend, so it must
     come after `parallel.initialize`)."""
-    return check_distributed(Config(**parse_given(argv)))
+    return check_distributed(build(parse_given(argv)))
 
 
 def from_args(argv: list[str] | None = None) -> Config:

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from jaxrl_mgpu.cli import ConfigError
-from jaxrl_mgpu.config.options import Config, FIELDS, _coerce, flag, from_dict, per_invocation, resumable, state_keys
+from jaxrl_mgpu.config.options import (Config, FIELDS, _coerce, defaults, flag, from_dict, per_invocation, resumable,
+                                       state_keys)
 from jaxrl_mgpu.config.checks import parse_sweep
 
 
@@ -37,7 +38,7 @@ def resumed(saved: dict, given: dict) -> tuple[Config, list[str]]:
     (`per_invocation`). Returns it and the changes, as 'name old -> new' strings; any other
     option set to a different value is a ConfigError."""
     saved_cfg = from_dict(saved)
-    defaults = Config()
+    fresh = Config()
     may_change, invocation = resumable(saved_cfg.algo), per_invocation()
     swept = dict(parse_sweep(saved_cfg)) if saved_cfg.sweep else {}
     changes, refused = [], []
@@ -59,7 +60,7 @@ def resumed(saved: dict, given: dict) -> tuple[Config, list[str]]:
         raise ConfigError(f"--resume keeps the run's own settings (its config.json); this command changes "
                           f"{'; '.join(refused)}. A resume may change {allowed}, and the per-invocation options "
                           f"(--stop-at-update, --devices, the multi-host flags)")
-    this_invocation = {name: given.get(name, getattr(defaults, name)) for name in invocation}
+    this_invocation = {name: given.get(name, getattr(fresh, name)) for name in invocation}
     return dataclasses.replace(saved_cfg, **{k: v for k, v in given.items() if k in may_change},
                                **this_invocation), changes
 
@@ -67,11 +68,11 @@ def resumed(saved: dict, given: dict) -> tuple[Config, list[str]]:
 def incompatible(saved: dict, cfg: Config, keys: tuple[str, ...] | None = None) -> list[str]:
     """The options among `keys` (default: those that shape the state of `cfg`'s algorithm)
     whose values differ between a saved run and `cfg`. An option the saved config predates had
-    its default then."""
-    defaults = {f.name: f.default for f in dataclasses.fields(Config)}
-    return [f"{k.replace('_', '-')} ({saved.get(k, defaults.get(k))!r} vs {getattr(cfg, k)!r})"
+    its algorithm's default then."""
+    then = defaults(saved.get("algo", cfg.algo))
+    return [f"{k.replace('_', '-')} ({saved.get(k, then.get(k))!r} vs {getattr(cfg, k)!r})"
             for k in (state_keys(cfg.algo) if keys is None else keys)
-            if saved.get(k, defaults.get(k)) != getattr(cfg, k)]
+            if saved.get(k, then.get(k)) != getattr(cfg, k)]
 
 
 def dump(cfg: Config) -> str:
