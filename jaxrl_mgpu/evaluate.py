@@ -41,7 +41,7 @@ from jaxrl_mgpu import cli, parallel
 from jaxrl_mgpu.tools import incontext, video
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu import plan as plan_lib
-from jaxrl_mgpu.algos import mappo
+from jaxrl_mgpu.algos.mappo import mappo
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.episodes import make_episodes, summarize
 from jaxrl_mgpu.runs import load_params, load_run, readable_params  # noqa: F401  (load_params: for callers)

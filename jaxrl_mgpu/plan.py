@@ -23,7 +23,7 @@ from typing import Any
 import jax
 
 from jaxrl_mgpu import algos
-from jaxrl_mgpu.tools import autoscale
+from jaxrl_mgpu import autoscale
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu import multirun, parallel, rundir

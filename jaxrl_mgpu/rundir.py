@@ -20,10 +20,9 @@ import jax
 
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel
-from jaxrl_mgpu.tools import runstats
 from jaxrl_mgpu.checkpoint import CheckpointMismatch, Checkpoints, DamagedCheckpoint
 from jaxrl_mgpu.cli import ConfigError
-from jaxrl_mgpu.log import RunLog, truncate_metrics
+from jaxrl_mgpu.log import RunLog, runs_summary_lines, truncate_metrics, write_runs_summary
 
 
 def resolve(cfg, given: dict):
@@ -236,9 +235,9 @@ def ending(plan, log: RunLog, last: dict, done: int, unit: str, steps: int | Non
         values["diverged_runs"] = ", ".join(stopped_runs)
     across = []
     if runs is not None and parallel.is_main():  # per configuration, across its seeds
-        across = runstats.write(run_dir, runs.names, unit, cfg.target_return)
+        across = write_runs_summary(run_dir, runs.names, unit, cfg.target_return)
         values["across_runs"] = (f"{len(across)} configuration(s) x {runs.seeds} seed(s): runs_summary.json, "
                                  f"learning_curves.png")
     log.summary(values)
-    for line in runstats.lines(across, () if runs is None else runs.names):
+    for line in runs_summary_lines(across, () if runs is None else runs.names):
         log.print(f"  {line}")

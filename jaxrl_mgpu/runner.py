@@ -15,11 +15,10 @@ from typing import Callable
 import jax
 
 from jaxrl_mgpu import compile_cache, parallel, session as session_lib
-from jaxrl_mgpu.tools import runstats
 from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.chunks import ChunkReader, NonFinite, Trainer
 from jaxrl_mgpu.cli import count
-from jaxrl_mgpu.log import RunLog
+from jaxrl_mgpu.log import RunLog, diverged_runs, read_rows
 from jaxrl_mgpu.loop import Loop
 from jaxrl_mgpu.plan import Plan
 from jaxrl_mgpu.result import Result
@@ -146,7 +145,7 @@ def train(plan: Plan, session: Session, trainer: Trainer, state, step: int | Non
         callbacks = opened.callbacks._replace(profile=profile(cfg, start_update, trainer.end(cfg.stop_at_update), log))
         # A resumed run's diverged runs (their frozen state is in the checkpoint) keep the update
         # where they went non-finite, from the rows logged before it.
-        diverged = runstats.diverged_runs(runstats.read_rows(run_dir / "metrics.jsonl")) if runs else {}
+        diverged = diverged_runs(read_rows(run_dir / "metrics.jsonl")) if runs else {}
         reader = ChunkReader(trainer.par, diverged, say_diverged if runs else None,
                              on_growth=lambda text: log.print(f"  warning: {text}"))
         state, last, done = Loop(trainer, log, opened.source, callbacks, start_update, cfg.stop_at_update, reader,

@@ -14,7 +14,7 @@ from helpers import assert_trees_close, make_trainer
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs, evaluate, parallel, train
 from jaxrl_mgpu.tools import histories, incontext
-from jaxrl_mgpu.algos import ad
+from jaxrl_mgpu.algos.ad import ad
 from jaxrl_mgpu.data import rlds
 
 TINY = dict(algo="ad", env="DarkRoom", d_model=16, n_layers=2, n_heads=2, n_transit=24, ad_batch_size=16,

@@ -18,9 +18,9 @@ from helpers import one_error_line, run, spawn_train, wait_until
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.algos.replay import Transitions
-from jaxrl_mgpu.algos import dqn_async as async_dqn
+from jaxrl_mgpu.algos.dqn import asynchronous as async_dqn
 from jaxrl_mgpu.algos import replay_async
-from jaxrl_mgpu.algos import dqn_ingest as async_ingest
+from jaxrl_mgpu.algos import ingest as async_ingest
 from jaxrl_mgpu.asynchronous import policy, rate
 from jaxrl_mgpu.asynchronous.store import Segments, Store
 from jaxrl_mgpu.checkpoint import Checkpoints

@@ -13,8 +13,8 @@ from helpers import rows, spawn_train, wait_until
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import train
 from jaxrl_mgpu.tools import incontext
-from jaxrl_mgpu.algos import ad_async as async_ad
-from jaxrl_mgpu.algos import ad
+from jaxrl_mgpu.algos.ad import asynchronous as async_ad
+from jaxrl_mgpu.algos.ad import ad
 from jaxrl_mgpu.asynchronous.store import Store
 
 AD = ["--algo", "ad", "--env", "DarkRoom", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",

@@ -1,4 +1,4 @@
-"""--auto-scale on CPU (tools/autoscale/): the choice from the compiled chunk's memory analysis,
+"""--auto-scale on CPU (autoscale/): the choice from the compiled chunk's memory analysis,
 the throughput probe, the minimum of updates and the time budget, the lines printed as it
 searches, the same choice on every device and process, resume, bad input."""
 
@@ -12,7 +12,7 @@ import pytest
 
 import jaxrl_mgpu
 from jaxrl_mgpu import algos, parallel
-from jaxrl_mgpu.tools import autoscale
+from jaxrl_mgpu import autoscale
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import log as log_lib
 from jaxrl_mgpu import plan as plan_lib

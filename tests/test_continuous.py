@@ -11,7 +11,9 @@ from gymnax.environments.classic_control.pendulum import Pendulum
 from helpers import PENDULUM, assert_trees_close, make_trainer, pendulum_config
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs, parallel
-from jaxrl_mgpu.algos import ad, dqn, ppo
+from jaxrl_mgpu.algos.ad import ad
+from jaxrl_mgpu.algos.dqn import dqn
+from jaxrl_mgpu.algos.ppo import ppo
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.evaluate import make_episodes
 from jaxrl_mgpu.nets import actor_critic, factory, obs_norm

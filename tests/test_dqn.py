@@ -12,7 +12,7 @@ import pytest
 from helpers import assert_trees_close, make_trainer
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import train
-from jaxrl_mgpu.algos import dqn
+from jaxrl_mgpu.algos.dqn import dqn
 from jaxrl_mgpu.algos.replay import Replay, replay_gather, replay_sample, replay_window
 from jaxrl_mgpu.cli import ConfigError
 

@@ -210,7 +210,7 @@ def test_physics_that_blows_up_ends_the_episode_with_reward_0_and_nothing_non_fi
 
 @needs_brax
 def test_a_physics_rollout_is_not_unrolled_on_a_gpu(monkeypatch):
-    from jaxrl_mgpu.algos import ppo
+    from jaxrl_mgpu.algos.ppo import ppo
     physics, cartpole = envs.make("brax:fast", "")[0], envs.make("CartPole-v1", "")[0]
     assert ppo.rollout_unroll(physics) == ppo.rollout_unroll(cartpole) == 1  # this CPU
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")

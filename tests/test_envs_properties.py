@@ -15,7 +15,7 @@ import pytest
 
 from helpers import assert_trees_close, make_trainer, run
 from jaxrl_mgpu import evaluate, parallel
-from jaxrl_mgpu.tools import autoscale
+from jaxrl_mgpu import autoscale
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import plan as plan_lib
 

@@ -24,7 +24,8 @@ from jumanji import specs  # noqa: E402
 
 from jaxrl_mgpu import config as config_lib  # noqa: E402
 from jaxrl_mgpu import envs, evaluate  # noqa: E402
-from jaxrl_mgpu.algos import dqn, ppo  # noqa: E402
+from jaxrl_mgpu.algos.dqn import dqn
+from jaxrl_mgpu.algos.ppo import ppo  # noqa: E402
 from jaxrl_mgpu.envs import timestep  # noqa: E402
 
 from helpers import rows, run  # noqa: E402
@@ -235,7 +236,7 @@ def test_craftax_matches_the_suite_truncates_at_its_limit_and_a_death_is_termina
 
 
 def test_a_craftax_rollout_is_not_unrolled_on_a_gpu(monkeypatch):
-    from jaxrl_mgpu.algos import ppo
+    from jaxrl_mgpu.algos.ppo import ppo
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     assert ppo.rollout_unroll(envs.make("craftax:Craftax-Classic-Symbolic-v1")[0]) == 1
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxrl_mgpu import evaluate
-from jaxrl_mgpu.algos import mappo
+from jaxrl_mgpu.algos.mappo import mappo
 
 from helpers import assert_trees_close, make_trainer, run
 

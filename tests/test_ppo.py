@@ -10,7 +10,7 @@ import pytest
 
 from helpers import pendulum_config
 from jaxrl_mgpu import parallel
-from jaxrl_mgpu.algos import ppo
+from jaxrl_mgpu.algos.ppo import ppo
 from jaxrl_mgpu.cli import ConfigError
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from helpers import assert_trees_close, make_trainer, run
 from jaxrl_mgpu import config as config_lib, evaluate
-from jaxrl_mgpu.algos import sac
+from jaxrl_mgpu.algos.sac import sac
 from jaxrl_mgpu.algos.replay import Replay, Transitions, replay_sample
 
 SMALL = dict(algo="sac", env="Pendulum-v1", num_envs=16, num_steps=4, buffer_size=16 * 32, replay_batch_size=64,

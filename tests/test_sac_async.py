@@ -14,7 +14,8 @@ from helpers import assert_trees_close, spawn_train, wait_until
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu import parallel
-from jaxrl_mgpu.algos import sac, sac_async
+from jaxrl_mgpu.algos.sac import sac
+from jaxrl_mgpu.algos.sac import asynchronous as sac_async
 from jaxrl_mgpu.algos.replay import Transitions, ring_sample
 
 SMALL = dict(env="Pendulum-v1", num_envs=8, num_steps=2, updates_per_step=2.0, replay_batch_size=32,

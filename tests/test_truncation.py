@@ -14,7 +14,8 @@ from gymnax.environments import environment, spaces
 
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs, parallel
-from jaxrl_mgpu.algos import dqn, ppo
+from jaxrl_mgpu.algos.dqn import dqn
+from jaxrl_mgpu.algos.ppo import ppo
 from jaxrl_mgpu.algos.replay import replay_gather
 
 T = 5  # the time limit: every episode is T steps, each with reward 1

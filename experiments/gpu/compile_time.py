@@ -15,7 +15,7 @@ import time
 import jax
 
 from jaxrl_mgpu import parallel, rundir
-from jaxrl_mgpu.tools import autoscale
+from jaxrl_mgpu import autoscale
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import algos, plan as plan_lib
 from jaxrl_mgpu.chunks import Trainer

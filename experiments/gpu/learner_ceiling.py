@@ -18,10 +18,10 @@ import numpy as np
 from jaxrl_mgpu import plan as plan_lib
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import chunks, parallel
-from jaxrl_mgpu.algos import dqn
-from jaxrl_mgpu.algos.replay import Transitions
-from jaxrl_mgpu.algos import dqn_async as learner_lib
-from jaxrl_mgpu.algos.dqn_ingest import LARGE_BLOCK
+from jaxrl_mgpu.algos.dqn import dqn
+from jaxrl_mgpu.algos.replay import Transitions, grad_steps_per_update
+from jaxrl_mgpu.algos.dqn import asynchronous as learner_lib
+from jaxrl_mgpu.algos.ingest import LARGE_BLOCK
 
 p = argparse.ArgumentParser()
 p.add_argument("--seconds", type=float, default=5.0)
@@ -49,7 +49,7 @@ for _ in range(split.per_device("replay buffer") // rows):
     replay = lrn.insert(replay, block)
 jax.block_until_ready(replay)
 trainer.compile(state, (replay,))
-per_update = dqn.grad_steps_per_update(cfg)
+per_update = grad_steps_per_update(cfg)
 print(f"{jax.devices()[0].device_kind}, {par.num_devices} device(s), XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; "
       f"{per_update} gradient steps of "
       f"{cfg.replay_batch_size} an update", flush=True)

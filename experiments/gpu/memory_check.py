@@ -23,7 +23,7 @@ if args.cache:
 
 from jaxrl_mgpu import algos, plan as plan_lib
 from jaxrl_mgpu import chunks, config as config_lib, parallel  # noqa: E402
-from jaxrl_mgpu.tools import autoscale  # noqa: E402
+from jaxrl_mgpu import autoscale  # noqa: E402
 
 cfg = config_lib.validate(config_lib.from_args(args.train_args + ["--compile-cache", "off"]))
 cfg = autoscale.probe_config(cfg, algos.get(cfg.algo), args.envs_per_device)

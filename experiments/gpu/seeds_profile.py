@@ -27,7 +27,7 @@ if "pjr" in what:
 for variant in [w for w in what if w.startswith("ours")]:
     from jaxrl_mgpu import config as C, chunks, parallel, plan as plan_lib
     if variant == "ours_nounroll":
-        from jaxrl_mgpu.algos import ppo; ppo.GPU_ROLLOUT_UNROLL = 1
+        from jaxrl_mgpu.algos.ppo import ppo; ppo.GPU_ROLLOUT_UNROLL = 1
     cfg = C.validate(C.from_args(["--config", "cartpole", "--num-envs", "4", "--num-steps", "128", "--num-seeds", str(K),
                                   "--total-timesteps", str(U * 512 * 10), "--devices", "1"]))
     par = parallel.setup(cfg.parallel, 1)

@@ -9,7 +9,7 @@ import sys
 
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu.tools import bench
-from jaxrl_mgpu.algos import ppo
+from jaxrl_mgpu.algos.ppo import ppo
 
 for unroll in [int(u) for u in sys.argv[1].split(",")]:
     ppo.GPU_ROLLOUT_UNROLL = unroll

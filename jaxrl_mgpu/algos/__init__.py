@@ -8,7 +8,14 @@ PPO), chosen once, in the run's plan (plan.py)."""
 
 import dataclasses
 
-from jaxrl_mgpu.algos import ad, ad_async, dqn, dqn_async, mappo, ppo, sac, sac_async
+from jaxrl_mgpu.algos.ad import ad
+from jaxrl_mgpu.algos.ad import asynchronous as ad_async
+from jaxrl_mgpu.algos.dqn import dqn
+from jaxrl_mgpu.algos.dqn import asynchronous as dqn_async
+from jaxrl_mgpu.algos.mappo import mappo
+from jaxrl_mgpu.algos.ppo import ppo
+from jaxrl_mgpu.algos.sac import sac
+from jaxrl_mgpu.algos.sac import asynchronous as sac_async
 from jaxrl_mgpu.algos.spec import Asynchronous, Spec, for_run, get, names, register
 
 register("ppo", dataclasses.replace(ppo.SPEC, multi_agent=mappo.SPEC))

@@ -25,14 +25,20 @@ it samples, the learner's segments when they are decoded.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
+from jaxrl_mgpu.algos.base import BatchSplit, Share
+from jaxrl_mgpu.cli import ConfigError, count
 from jaxrl_mgpu.envs import vec
+from jaxrl_mgpu.parallel import ParallelError, split_evenly
 
 
 class Replay(NamedTuple):
@@ -240,3 +246,77 @@ def ring_sample(ring: TransitionRing, key: jax.Array, batch_size: int) -> Transi
     idx = jax.random.randint(key, (batch_size,), 0, jnp.minimum(ring.written, ring.reward.shape[0]))
     return Transitions(as_input(ring.obs[idx]), ring.action[idx], ring.reward[idx], ring.discount[idx],
                        as_input(ring.next_obs[idx]))
+
+# -- the schedule of a learner that samples per-environment replays (DQN, SAC, TD3) ----------
+
+def steady_state(cfg):
+    """`cfg` as a throughput probe times it (auto-scale, bench): learning from its first update,
+    since before --learning-starts an update only collects and is several times faster."""
+    return dataclasses.replace(cfg, learning_starts=0)
+
+
+def steps_per_update(cfg) -> int:
+    return cfg.batch_size  # num_envs x num_steps
+
+
+def _divide(total: int, parts: int, what: str) -> int:
+    try:
+        return split_evenly(total, parts, what)
+    except ParallelError as e:
+        raise ConfigError(str(e)) from None
+
+
+def grad_steps_per_update(cfg) -> int:
+    return int(round(cfg.num_steps * cfg.updates_per_step))
+
+
+def replay_split(cfg, num_devices: int, who: str = "--algo dqn") -> BatchSplit:
+    """The batch over `num_devices` of an algorithm that learns from per-environment replays
+    (DQN, SAC, TD3), or a ConfigError naming the option that breaks it."""
+    grads = cfg.num_steps * cfg.updates_per_step
+    if abs(grads - round(grads)) > 1e-6:
+        raise ConfigError(f"--updates-per-step {cfg.updates_per_step} x --num-steps {cfg.num_steps} must be a "
+                          f"positive whole number of gradient steps per update")
+    envs_per_device = _divide(cfg.num_envs, num_devices, "--num-envs")
+    _divide(cfg.buffer_size, num_devices, "--buffer-size")
+    batch_per_device = _divide(cfg.replay_batch_size, num_devices, "--replay-batch-size")
+    if batch_per_device % cfg.grad_accum:
+        raise ConfigError(f"--grad-accum {cfg.grad_accum} does not divide the per-device replay batch of "
+                          f"{batch_per_device} (--replay-batch-size {cfg.replay_batch_size} / {count(num_devices, 'device')})")
+    if cfg.buffer_size % cfg.num_envs:
+        raise ConfigError(f"--buffer-size {cfg.buffer_size} is not a multiple of --num-envs {cfg.num_envs} "
+                          f"(the buffer holds buffer-size / num-envs steps of every environment)")
+    if cfg.buffer_size // cfg.num_envs < cfg.n_step:
+        raise ConfigError(f"--buffer-size {cfg.buffer_size} holds fewer than --n-step {cfg.n_step} steps of each "
+                          f"of the {cfg.num_envs} environments")
+    if cfg.learning_starts >= cfg.total_timesteps:
+        raise ConfigError(f"--learning-starts {cfg.learning_starts} is not below --total-timesteps "
+                          f"{cfg.total_timesteps}: no gradient step of {who} would run")
+    return BatchSplit(num_devices, environments=Share(cfg.num_envs, envs_per_device),
+                      minibatch=Share(cfg.replay_batch_size, batch_per_device),
+                      replay=Share(cfg.buffer_size, cfg.buffer_size // num_devices))
+
+
+def first_learning_update(cfg) -> int:
+    """Index of the first update that does gradient steps (its data reaches learning_starts)."""
+    return max(math.ceil(cfg.learning_starts / cfg.batch_size) - 1, 0)
+
+
+def gradient_steps(cfg) -> int:
+    """Gradient steps over the whole run (the learning-rate schedule's length)."""
+    return max((cfg.total_updates - first_learning_update(cfg)) * grad_steps_per_update(cfg), 1)
+
+
+def target_update(cfg, params, target_params, step):
+    """The target network after gradient step `step`: with --tau < 1 Polyak-averaged towards
+    `params`, with --tau 1 a copy of them every --target-update-every steps (DQN, SAC, TD3)."""
+    if cfg.tau < 1.0:
+        return optax.incremental_update(params, target_params, cfg.tau)
+    return optax.periodic_update(params, target_params, step, cfg.target_update_every)
+
+
+# What --auto-scale leaves of the replay algorithms (DQN, SAC, TD3): an update's gradient steps
+# are --num-steps x --updates-per-step whatever the environments, so more of them learn less
+# per env step (docs/auto-scale.md).
+AUTO_SCALE_KEEPS = ("--replay-batch-size and gradient steps per update as configured, so gradient steps per env "
+                    "step fall as environments grow")

@@ -18,10 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_mgpu.algos import dqn
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
-from jaxrl_mgpu.algos.dqn_ingest import BLOCK, Ingest
-from jaxrl_mgpu.algos.replay import TransitionRing, Transitions, ring_insert, segment_transitions
+from jaxrl_mgpu.algos.ingest import BLOCK, Ingest
+from jaxrl_mgpu.algos.replay import TransitionRing, Transitions, grad_steps_per_update, ring_insert, segment_transitions
 from jaxrl_mgpu.asynchronous.checkpoints import learner_done
 from jaxrl_mgpu.asynchronous.collector import COLLECTOR_LOG_S, Pacer, collector_name, collector_seed
 from jaxrl_mgpu.asynchronous.policy import POLICY, ParamsFollower, ParamsPublisher
@@ -129,7 +128,7 @@ class ReplaySource(StoreSource):
         self.latency_window = {stage: [0.0, 0] for stage in STAGES}  # seconds summed, and over how many
         # Counted on the host (every iteration does the same number), so the loop never waits
         # on the devices to decide what to do next.
-        self.per_learn = dqn.grad_steps_per_update(cfg)
+        self.per_learn = grad_steps_per_update(cfg)
         self.grads = self.grads_logged = int(par.first(state.grad_steps))
         # the params collectors act with, fresh after every chunk (policy.py)
         self.update = resume_step or 0

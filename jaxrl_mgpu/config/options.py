@@ -201,7 +201,7 @@ class Config(AdOptions, OffPolicyOptions, DqnOptions, PpoOptions):
     parallel: str = option("pmap", "how the per-device update is mapped over devices", DEVICES, common=True,
                            brief="mapping over devices",
                            choices=("pmap", "shard_map"), resume=RESUME_MAY_CHANGE)
-    # sizing the work to the device (tools/autoscale/)
+    # sizing the work to the device (autoscale/)
     auto_scale: str | None = option(None, "choose the environments per device (AD: sequences per device) before "
                                           "training, from XLA's memory analysis of the compiled training chunk: "
                                           "'throughput' (what a bare --auto-scale means: the smallest size within "

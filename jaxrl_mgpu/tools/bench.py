@@ -31,7 +31,8 @@ import optax
 
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import chunks, parallel
-from jaxrl_mgpu.tools import autoscale, reference_ppo
+from jaxrl_mgpu import autoscale
+from jaxrl_mgpu.tools import reference_ppo
 from jaxrl_mgpu import plan as plan_lib
 from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu import cli

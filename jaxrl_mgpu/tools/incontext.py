@@ -36,11 +36,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mgpu import chunks, cli, parallel
-from jaxrl_mgpu.tools import histories
-from jaxrl_mgpu.algos import ad_async as async_ad
+from jaxrl_mgpu.algos.ad import histories
+from jaxrl_mgpu.algos.ad import asynchronous as async_ad
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import plan as plan_lib
-from jaxrl_mgpu.algos import ad
+from jaxrl_mgpu.algos.ad import ad
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.data import rlds
 from jaxrl_mgpu.envs import darkroom, vec

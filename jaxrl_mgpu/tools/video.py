@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mgpu import envs as envs_lib
-from jaxrl_mgpu.algos import mappo
+from jaxrl_mgpu.algos.mappo import mappo
 from jaxrl_mgpu.cli import ConfigError, UserError
 from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.nets import actor_critic

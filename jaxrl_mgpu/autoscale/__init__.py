@@ -24,7 +24,7 @@ import jax
 
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.parallel import memory_limit
-from jaxrl_mgpu.tools.autoscale.rules import (MIN_PER_DEVICE, WITHIN, between, doubling_gain, fit_line,
+from jaxrl_mgpu.autoscale.rules import (MIN_PER_DEVICE, WITHIN, between, doubling_gain, fit_line,
                                             next_size, smallest_within)
 from jaxrl_mgpu.chunks import Trainer
 from jaxrl_mgpu.cli import count

@@ -55,9 +55,7 @@ epsilon-greedily, their argmax (`--greedy`) is acting greedily.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import math
 from typing import Any, NamedTuple
 
 import jax
@@ -67,16 +65,17 @@ import optax
 
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import learner
-from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
 from jaxrl_mgpu.algos.spec import Spec
-from jaxrl_mgpu.algos.replay import Replay, SeqBatch, Transitions, replay_add, replay_init, replay_sample
+from jaxrl_mgpu.algos.replay import (AUTO_SCALE_KEEPS, Replay, SeqBatch, Transitions, first_learning_update,
+                                     grad_steps_per_update, gradient_steps, replay_add, replay_init, replay_sample,
+                                     replay_split, steady_state, steps_per_update, target_update)
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.nets import actor_critic, factory
 from jaxrl_mgpu.nets.actor_critic import Memory, Policy
-from jaxrl_mgpu.parallel import ParallelError, device_index, global_indices, split_evenly, zeros
-from jaxrl_mgpu.cli import count
+from jaxrl_mgpu.parallel import device_index, global_indices, zeros
 
 
 class DQNState(NamedTuple):
@@ -90,16 +89,6 @@ class DQNState(NamedTuple):
     key: jax.Array         # the same on every device; split once per update
     update: jax.Array      # updates done so far (x num_steps = vector steps written to the replay)
     grad_steps: jax.Array  # gradient steps done so far (drives the target-network updates)
-
-
-def steady_state(cfg):
-    """`cfg` as a throughput probe times it (auto-scale, bench): learning from its first update,
-    since before --learning-starts an update only collects and is several times faster."""
-    return dataclasses.replace(cfg, learning_starts=0)
-
-
-def steps_per_update(cfg) -> int:
-    return cfg.batch_size  # num_envs x num_steps
 
 
 # How each state field is laid out over devices (see checkpoint.py).
@@ -120,44 +109,6 @@ class Algo(NamedTuple):
 
 
 # -- layout and checks -------------------------------------------------------------------
-
-def _divide(total: int, parts: int, what: str) -> int:
-    try:
-        return split_evenly(total, parts, what)
-    except ParallelError as e:
-        raise ConfigError(str(e)) from None
-
-
-def grad_steps_per_update(cfg) -> int:
-    return int(round(cfg.num_steps * cfg.updates_per_step))
-
-
-def replay_split(cfg, num_devices: int, who: str = "--algo dqn") -> BatchSplit:
-    """The batch over `num_devices` of an algorithm that learns from per-environment replays
-    (DQN, SAC, TD3), or a ConfigError naming the option that breaks it."""
-    grads = cfg.num_steps * cfg.updates_per_step
-    if abs(grads - round(grads)) > 1e-6:
-        raise ConfigError(f"--updates-per-step {cfg.updates_per_step} x --num-steps {cfg.num_steps} must be a "
-                          f"positive whole number of gradient steps per update")
-    envs_per_device = _divide(cfg.num_envs, num_devices, "--num-envs")
-    _divide(cfg.buffer_size, num_devices, "--buffer-size")
-    batch_per_device = _divide(cfg.replay_batch_size, num_devices, "--replay-batch-size")
-    if batch_per_device % cfg.grad_accum:
-        raise ConfigError(f"--grad-accum {cfg.grad_accum} does not divide the per-device replay batch of "
-                          f"{batch_per_device} (--replay-batch-size {cfg.replay_batch_size} / {count(num_devices, 'device')})")
-    if cfg.buffer_size % cfg.num_envs:
-        raise ConfigError(f"--buffer-size {cfg.buffer_size} is not a multiple of --num-envs {cfg.num_envs} "
-                          f"(the buffer holds buffer-size / num-envs steps of every environment)")
-    if cfg.buffer_size // cfg.num_envs < cfg.n_step:
-        raise ConfigError(f"--buffer-size {cfg.buffer_size} holds fewer than --n-step {cfg.n_step} steps of each "
-                          f"of the {cfg.num_envs} environments")
-    if cfg.learning_starts >= cfg.total_timesteps:
-        raise ConfigError(f"--learning-starts {cfg.learning_starts} is not below --total-timesteps "
-                          f"{cfg.total_timesteps}: no gradient step of {who} would run")
-    return BatchSplit(num_devices, environments=Share(cfg.num_envs, envs_per_device),
-                      minibatch=Share(cfg.replay_batch_size, batch_per_device),
-                      replay=Share(cfg.buffer_size, cfg.buffer_size // num_devices))
-
 
 def check(cfg, num_devices: int) -> BatchSplit:
     """The batch layout over `num_devices`, or a ConfigError naming the option that breaks it."""
@@ -214,16 +165,6 @@ def make_network(cfg, env, env_params):
     return factory.q_network(cfg, env.num_actions, len(obs_shape))
 
 
-def first_learning_update(cfg) -> int:
-    """Index of the first update that does gradient steps (its data reaches learning_starts)."""
-    return max(math.ceil(cfg.learning_starts / cfg.batch_size) - 1, 0)
-
-
-def gradient_steps(cfg) -> int:
-    """Gradient steps over the whole run (the learning-rate schedule's length)."""
-    return max((cfg.total_updates - first_learning_update(cfg)) * grad_steps_per_update(cfg), 1)
-
-
 def epsilon(cfg, env_steps: jax.Array) -> jax.Array:
     """Linear from eps_start to eps_end over eps_decay_steps global env steps, then flat."""
     frac = jnp.clip(env_steps / max(cfg.eps_decay_steps, 1), 0.0, 1.0)
@@ -262,14 +203,6 @@ def make_train_step(cfg, q_values, tx, sequence: bool = False):
         return (params, target_update(cfg, params, target_params, step), opt_state, loss_scale, step), stats
 
     return learn, train_step
-
-
-def target_update(cfg, params, target_params, step):
-    """The target network after gradient step `step`: with --tau < 1 Polyak-averaged towards
-    `params`, with --tau 1 a copy of them every --target-update-every steps (DQN, SAC, TD3)."""
-    if cfg.tau < 1.0:
-        return optax.incremental_update(params, target_params, cfg.tau)
-    return optax.periodic_update(params, target_params, step, cfg.target_update_every)
 
 
 def sampled_steps(train_step, sample, carry, xs):
@@ -454,12 +387,6 @@ def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
     return Algorithm(algo.init, algo.update, STATE_LAYOUT, SPEC.step_unit, steps_per_update(cfg), algo.policy,
                      parts=algo)
 
-
-# What --auto-scale leaves of the replay algorithms (DQN, SAC, TD3): an update's gradient steps
-# are --num-steps x --updates-per-step whatever the environments, so more of them learn less
-# per env step (docs/auto-scale.md).
-AUTO_SCALE_KEEPS = ("--replay-batch-size and gradient steps per update as configured, so gradient steps per env "
-                    "step fall as environments grow")
 
 # What the code outside algos/ reads of DQN (algos/spec.py).
 SPEC = Spec(name="dqn", check=check, algorithm=algorithm, policy=q_policy, steps_per_update=steps_per_update,

@@ -13,10 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mgpu import envs as envs_lib
-from jaxrl_mgpu.algos import dqn, replay_async
+from jaxrl_mgpu.algos import replay_async
+from jaxrl_mgpu.algos.dqn import dqn
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
 from jaxrl_mgpu.algos.learner import LossScale, adam
-from jaxrl_mgpu.algos.replay import TransitionRing, ring_init, ring_sample
+from jaxrl_mgpu.algos.replay import TransitionRing, grad_steps_per_update, ring_init, ring_sample
 from jaxrl_mgpu.algos.replay_async import Acting
 from jaxrl_mgpu.checkpoint import REPLICATED
 from jaxrl_mgpu.cli import ConfigError
@@ -32,7 +33,7 @@ def check(cfg, num_devices: int) -> BatchSplit:
 
 
 def per_update(cfg) -> str:
-    return f"{dqn.grad_steps_per_update(cfg)} gradient steps of {cfg.replay_batch_size} transitions"
+    return f"{grad_steps_per_update(cfg)} gradient steps of {cfg.replay_batch_size} transitions"
 
 
 # -- the learner ---------------------------------------------------------------------------
@@ -56,7 +57,7 @@ def algorithm(cfg, par: Parallel, split: BatchSplit) -> Algorithm:
     env, env_params = envs_lib.make(cfg.env, cfg.env_args)
     obs_shape = env.observation_space(env_params).shape
     qf = dqn.q_functions(cfg, dqn.make_network(cfg, env, env_params), env, obs_shape)
-    grad_steps = dqn.grad_steps_per_update(cfg)
+    grad_steps = grad_steps_per_update(cfg)
     tx = adam(cfg, max(cfg.total_updates * grad_steps, 1))
     _, train_step = dqn.make_train_step(cfg, qf.learner, tx)
     capacity, batch = split.replay.per_device, split.minibatch.per_device

@@ -1,6 +1,6 @@
 """SAC and TD3 for continuous actions (Box), over shared parts, for ONE device's slice of the work.
 
-One update (as DQN's, algos/dqn.py): `num_steps` vector steps of this device's environments go
+One update (as DQN's, algos/dqn/dqn.py): `num_steps` vector steps of this device's environments go
 into its replay (algos/replay.py: per-environment rings, checkpointed with the state, so a
 resume is exact and restores on any device count); then, once `--learning-starts` env steps
 (global) are in, `num_steps x --updates-per-step` gradient steps, each on this device's share of
@@ -41,9 +41,11 @@ import numpy as np
 import optax
 
 from jaxrl_mgpu import envs as envs_lib
-from jaxrl_mgpu.algos import dqn, learner
+from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
-from jaxrl_mgpu.algos.replay import Replay, Transitions, replay_add, replay_init, replay_sample
+from jaxrl_mgpu.algos.replay import (AUTO_SCALE_KEEPS, Replay, Transitions, first_learning_update, grad_steps_per_update,
+                                     gradient_steps, replay_add, replay_init, replay_sample, replay_split,
+                                     steady_state, steps_per_update, target_update)
 from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.cli import ConfigError, count
@@ -109,9 +111,9 @@ def check(cfg, num_devices: int) -> BatchSplit:
     if cfg.replay_batch_size > cfg.buffer_size:
         raise ConfigError(f"--replay-batch-size {cfg.replay_batch_size} is larger than the replay (--buffer-size "
                           f"{cfg.buffer_size})")
-    split = dqn.replay_split(cfg, num_devices, f"--algo {cfg.algo}")
-    if dqn.grad_steps_per_update(cfg) % cfg.policy_delay:
-        raise ConfigError(f"--policy-delay {cfg.policy_delay} does not divide the {dqn.grad_steps_per_update(cfg)} "
+    split = replay_split(cfg, num_devices, f"--algo {cfg.algo}")
+    if grad_steps_per_update(cfg) % cfg.policy_delay:
+        raise ConfigError(f"--policy-delay {cfg.policy_delay} does not divide the {grad_steps_per_update(cfg)} "
                           f"gradient steps of an update (--num-steps {cfg.num_steps} x --updates-per-step "
                           f"{cfg.updates_per_step:g})")
     device = this_device().devices[0]
@@ -233,10 +235,10 @@ def make(cfg, env, env_params, split: BatchSplit):
     obs_shape, num_dims = env.observation_space(env_params).shape, dist.num_dims
     envs_per_device, batch_per_device = split.environments.per_device, split.minibatch.per_device
     rows = cfg.buffer_size // cfg.num_envs
-    grad_steps = dqn.grad_steps_per_update(cfg)
-    learn_from = dqn.first_learning_update(cfg)
-    tx = learner.adam(cfg, dqn.gradient_steps(cfg))
-    actor_tx = learner.adam(cfg, max(dqn.gradient_steps(cfg) // cfg.policy_delay, 1))
+    grad_steps = grad_steps_per_update(cfg)
+    learn_from = first_learning_update(cfg)
+    tx = learner.adam(cfg, gradient_steps(cfg))
+    actor_tx = learner.adam(cfg, max(gradient_steps(cfg) // cfg.policy_delay, 1))
     alpha_tx = optax.adam(cfg.lr)
     target_entropy = -float(num_dims)
     low, high = np.asarray(dist.low, np.float32), np.asarray(dist.high, np.float32)
@@ -339,7 +341,7 @@ def make(cfg, env, env_params, split: BatchSplit):
             gap = jax.lax.stop_gradient(stats["entropy"] - target_entropy)
             log_alpha, alpha_opt, _, _ = learner.step(lambda la, _: (la * gap, {}), alpha_tx, log_alpha, alpha_opt,
                                                       state.loss_scale, ())
-        target_actor = () if sac else dqn.target_update(cfg, weights, state.target_actor, state.grad_steps)
+        target_actor = () if sac else target_update(cfg, weights, state.target_actor, state.grad_steps)
         stats = {**stats, "alpha": jnp.exp(log_alpha)}
         return state._replace(params=params, actor_opt=actor_opt, log_alpha=log_alpha, alpha_opt=alpha_opt,
                               target_actor=target_actor), stats
@@ -350,7 +352,7 @@ def make(cfg, env, env_params, split: BatchSplit):
             state, stats = critic_step(state, batch)
             n = state.grad_steps + 1
             return state._replace(grad_steps=n,
-                                  target_critic=dqn.target_update(cfg, state.critic, state.target_critic, n)), stats
+                                  target_critic=target_update(cfg, state.critic, state.target_critic, n)), stats
         return jax.lax.scan(one, state, batches)
 
     def train_step(state: State, batches: Batch):
@@ -420,11 +422,11 @@ LEARNED, OPTIMIZERS = ("params", "critic", "log_alpha"), ("actor_opt", "critic_o
 
 def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
     parts = make(cfg, env, env_params, split)
-    return Algorithm(parts.init, parts.update, STATE_LAYOUT, "env_steps", dqn.steps_per_update(cfg), parts.policy,
+    return Algorithm(parts.init, parts.update, STATE_LAYOUT, "env_steps", steps_per_update(cfg), parts.policy,
                      parts=parts, learned=LEARNED, optimizers=OPTIMIZERS)
 
 
-_COMMON = dict(check=check, algorithm=algorithm, policy=sac_policy, steps_per_update=dqn.steps_per_update,
-               steady_state=dqn.steady_state, auto_scale_keeps=dqn.AUTO_SCALE_KEEPS)
+_COMMON = dict(check=check, algorithm=algorithm, policy=sac_policy, steps_per_update=steps_per_update,
+               steady_state=steady_state, auto_scale_keeps=AUTO_SCALE_KEEPS)
 SAC = Spec(name="sac", console=(("critic", "loss/critic", ".3f"), ("alpha", "alpha", ".3f")), **_COMMON)
 TD3 = Spec(name="td3", console=(("critic", "loss/critic", ".3f"), ("q", "loss/q_mean", ".1f")), **_COMMON)

@@ -30,7 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxrl_mgpu.algos import learner, ppo
+from jaxrl_mgpu.algos import learner
+from jaxrl_mgpu.algos.ppo import ppo
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share
 from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED

@@ -4,7 +4,7 @@
     CUDA_VISIBLE_DEVICES=1 python -m jaxrl_mgpu.train --config darkroom-ad --mode collect --run-dir R  # any number,
     CUDA_VISIBLE_DEVICES=2 python -m jaxrl_mgpu.train --config darkroom-ad --mode collect --run-dir R  # any time
 
-A history collector runs the tabular source learner of `tools/histories.py` on `--ad-history-tasks`
+A history collector runs the tabular source learner of `algos/ad/histories.py` on `--ad-history-tasks`
 new training tasks at once (goals of the train split, drawn from the collector's own stream),
 for `--ad-history-steps` steps each, and appends their whole learning histories to the run's
 store (`store.py`) as one atomically written shard; then the next batch, until the learner
@@ -47,8 +47,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu.tools import histories
-from jaxrl_mgpu.algos import ad
+from jaxrl_mgpu.algos.ad import histories
+from jaxrl_mgpu.algos.ad import ad
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share
 from jaxrl_mgpu.algos.spec import Asynchronous
 from jaxrl_mgpu.asynchronous.checkpoints import learner_done

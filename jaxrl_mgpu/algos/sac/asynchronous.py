@@ -19,9 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mgpu import envs as envs_lib
-from jaxrl_mgpu.algos import dqn, replay_async, sac
+from jaxrl_mgpu.algos import replay_async
+from jaxrl_mgpu.algos.sac import sac
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
-from jaxrl_mgpu.algos.replay import TransitionRing, ring_init, ring_sample
+from jaxrl_mgpu.algos.replay import TransitionRing, grad_steps_per_update, ring_init, ring_sample
 from jaxrl_mgpu.algos.replay_async import Acting
 from jaxrl_mgpu.checkpoint import REPLICATED
 from jaxrl_mgpu.envs import vec
@@ -34,7 +35,7 @@ def check(cfg, num_devices: int) -> BatchSplit:
 
 
 def per_update(cfg) -> str:
-    grads = dqn.grad_steps_per_update(cfg)
+    grads = grad_steps_per_update(cfg)
     return (f"{grads} critic steps and {grads // cfg.policy_delay} actor steps of {cfg.replay_batch_size} "
             f"transitions")
 
