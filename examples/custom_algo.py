@@ -1,31 +1,53 @@
-"""A user's own algorithm, trained, resumed and evaluated through jaxrl_mgpu's command line.
+"""A user's own algorithm, trained, resumed, swept and evaluated through jaxrl_mgpu's command line.
 
 A2C (synchronous advantage actor-critic): every update rolls out --num-steps steps of this
 device's environments, computes n-step returns that bootstrap through truncation, and takes
 ONE gradient step of the policy-gradient, value and entropy losses, averaged over every
 device (algos.learner.step all-reduces the gradients). The file is what adding an algorithm
-costs: per-device functions, a `Spec` that tells the host how to run them, and
-`algos.register`. Everything else (devices and hosts, --num-seeds, checkpoints and --resume,
-logs, evaluation) comes from the package:
+costs: its options, per-device functions, a `Spec` that tells the host how to run them, and
+`algos.register`. Everything else (devices and hosts, --num-seeds and --sweep, checkpoints and
+--resume, logs, evaluation) comes from the package. `--algo MODULE:NAME` imports the module,
+which registers NAME; from the repository's root:
 
-    python examples/custom_algo.py train --algo a2c --env CartPole-v1 --num-envs 32 --num-steps 16 \\
+    python -m jaxrl_mgpu.train --algo examples.custom_algo:a2c --env CartPole-v1 --num-envs 32 --num-steps 16 \\
         --total-timesteps 100000 --run-dir runs/a2c           # all local devices
-    python examples/custom_algo.py train --run-dir runs/a2c --resume --total-timesteps 200000
-    python examples/custom_algo.py evaluate --run-dir runs/a2c --episodes 32
+    python -m jaxrl_mgpu.train --run-dir runs/a2c --resume --total-timesteps 200000
+    python -m jaxrl_mgpu.train --algo examples.custom_algo:a2c --sweep value_weight=0.25,0.5 --num-seeds 2
+    python -m jaxrl_mgpu.evaluate --run-dir runs/a2c --episodes 32
+    python -m jaxrl_mgpu.train --algo examples.custom_algo:a2c --help-all   # its options, with the common ones
 """
-import sys
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-from jaxrl_mgpu import algos, evaluate, train
+from jaxrl_mgpu import algos
 from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share
+from jaxrl_mgpu.algos.option_groups import ActionDistribution, ActorCriticNets
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
+from jaxrl_mgpu.config import AlgoOptions
+from jaxrl_mgpu.config.declare import ENV_STEPPING, NON_NEGATIVE, option
 from jaxrl_mgpu.envs import vec
-from jaxrl_mgpu.nets import actor_critic
+from jaxrl_mgpu.nets import actor_critic, obs_norm
 from jaxrl_mgpu.parallel import global_indices, split_evenly
+
+
+@dataclasses.dataclass(frozen=True)
+class A2cOptions(ActorCriticNets, ActionDistribution):
+    """A2C's options: its loss weights, beside the actor-critic MLP's it shares with PPO (their
+    widths, --normalize-obs, --action-dist). `--help a2c` lists them."""
+    GROUPS = {"a2c": "A2C (examples/custom_algo.py): its loss weights"}
+    value_weight: float = option(0.5, "weight of the value loss", "a2c", check=NON_NEGATIVE, sweep=True)
+    entropy_weight: float = option(0.01, "weight of the entropy bonus", "a2c", check=NON_NEGATIVE, sweep=True)
+
+
+# What the options layer knows of A2C: its options; the common options it reads beyond those
+# every run reads (it steps environments; an MLP policy: no --policy); the common ones its
+# --sweep may vary (besides its own, declared sweep=True).
+OPTIONS = AlgoOptions(fields=A2cOptions, uses=ENV_STEPPING + ("hidden_size", "num_layers", "activation"),
+                      sweep=("lr", "gamma", "max_grad_norm"))
 
 
 class State(NamedTuple):
@@ -89,7 +111,7 @@ def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
         policy_loss = -(dist.log_prob(pi, action) * advantage).mean()
         value_loss = 0.5 * jnp.square(returns - value).mean()
         entropy = dist.entropy(pi, ()).mean()
-        total = policy_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
+        total = policy_loss + cfg.value_weight * value_loss - cfg.entropy_weight * entropy
         return total, {"loss/total": total, "loss/policy": policy_loss, "loss/value": value_loss,
                        "loss/entropy": entropy}
 
@@ -105,22 +127,14 @@ def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
         weights, opt_state, loss_scale, losses = learner.step(weights_loss, tx, state.params["params"], state.opt_state,
                                                               state.loss_scale, flat, precision=cfg.precision)
         params = {**state.params, "params": weights}
+        if cfg.normalize_obs:  # the observation statistics the policy normalises with, all-reduced
+            params = {**params, obs_norm.OBS_STATS: obs_norm.update(params[obs_norm.OBS_STATS], obs)}
         return State(params, opt_state, loss_scale, envs, key), (losses, vec.EpisodeStats.of(done_return, done_length))
 
     return Algorithm(init, update, LAYOUT, "env_steps", cfg.num_envs * cfg.num_steps, policy)
 
 
 algos.register("a2c", algos.Spec(
-    name="a2c", check=check, algorithm=algorithm, policy=actor_critic.make,
-    steps_per_update=lambda cfg: cfg.num_envs * cfg.num_steps, reads=("vf_coef", "ent_coef"),  # PPO's loss weights
+    options=OPTIONS, check=check, algorithm=algorithm, policy=actor_critic.make,
+    steps_per_update=lambda cfg: cfg.num_envs * cfg.num_steps,
     console=(("policy", "loss/policy", ".3f"), ("value", "loss/value", ".3f"))))
-
-COMMANDS = {"train": train.main, "evaluate": evaluate.main}
-
-if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
-        given = f"unknown command {sys.argv[1]!r}; " if len(sys.argv) > 1 else ""
-        print(f"error: {given}usage: python examples/custom_algo.py {{{','.join(COMMANDS)}}} [OPTIONS]  "
-              f"(--help after a command lists its options)", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(COMMANDS[sys.argv[1]](sys.argv[2:]))

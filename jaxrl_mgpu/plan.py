@@ -2,7 +2,7 @@
 
 `resolve(given)` turns a command line's (or a Python caller's, api.py) options into a `Plan`:
 the config checked (a resumed run's own, with the changes a resume may make), the environment
-made, the algorithm's spec chosen for it (algos.for_run: PPO on a multi-agent game is MAPPO),
+made, the algorithm's spec chosen for it (`spec_for`: PPO on a multi-agent game is MAPPO),
 --auto-scale's size chosen, the devices set up (with a runs axis for --num-seeds / --sweep) and
 the batch split over them by the spec (or, for --mode learn|collect, by its asynchronous
 session). Everything after it (the run directory, the trainer, the loop, evaluation, bench,
@@ -27,11 +27,11 @@ from jaxrl_mgpu import autoscale
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu import multirun, parallel, rundir
-from jaxrl_mgpu.algos import for_run
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
 from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu.asynchronous import collector
 from jaxrl_mgpu.cli import ConfigError
+from jaxrl_mgpu.nets import fused_attention, fused_mlp
 from jaxrl_mgpu.parallel import Parallel
 
 
@@ -41,7 +41,7 @@ class Plan:
     cfg: Any                        # the validated config (config.Config)
     env: Any                        # the environment and its parameters (envs.make)
     env_params: Any
-    spec: Spec                      # the algorithm that trains it (algos.for_run)
+    spec: Spec                      # the algorithm that trains it (spec_for)
     runs: multirun.Runs | None      # --num-seeds / --sweep (None: one run)
     par: Parallel | None = None     # the devices (with a runs axis for many runs); None: a tool's plan
     split: BatchSplit | None = None  # the batch over `par`'s data devices
@@ -76,6 +76,7 @@ class Plan:
         if cfg.mode != "both" and self.spec.asynchronous is None:
             raise ConfigError(f"--mode {cfg.mode}: --algo {cfg.algo} runs only as --mode both (learners and "
                               f"collectors: --algo {', '.join(n for n in algos.names() if algos.get(n).asynchronous)})")
+        check_kernels(cfg, self.spec.attention_window(cfg) if self.spec.attention_window else None)
         par = multirun.setup(cfg, par)
         check = self.spec.check if cfg.mode == "both" else self.spec.asynchronous.check
         return dataclasses.replace(self, cfg=cfg, par=par, split=check(cfg, par.data_devices), **more)
@@ -90,11 +91,54 @@ class Plan:
         return jax.eval_shape(self.policy().init_params, jax.random.PRNGKey(0))
 
 
+def spec_for(cfg, env) -> Spec:
+    """The spec `--algo` trains `env` with: on a multi-agent game, the algorithm's multi-agent
+    spec (PPO's is multi-agent PPO), the one place that choice is made."""
+    spec = algos.get(cfg.algo)
+    if not envs_lib.is_multi_agent(env):
+        return spec
+    if spec.multi_agent is None:
+        able = [n for n in algos.names() if algos.get(n).multi_agent is not None]
+        raise ConfigError(f"--env {cfg.env} is a multi-agent game: it trains with --algo {' or '.join(able)} "
+                          f"--policy mlp (one network per team) in --mode both, without --normalize-reward")
+    return spec.multi_agent
+
+
+def check_kernels(cfg, window: int | None) -> None:
+    """--attention / --mlp: what the fused kernels take (they run in bf16/fp16 only). `window`:
+    the tokens the algorithm's learner attends over whole, without a cache (its spec's
+    attention_window), which --attention pallas fuses; None: it attends over a cached prefix."""
+    if not config_lib.uses(cfg, "attention"):
+        return
+    if cfg.attention == "cudnn" and jax.default_backend() != "gpu":  # before the precision: it would not help
+        raise ConfigError(f"--attention cudnn is cuDNN's flash attention, for NVIDIA GPUs; this run's devices are "
+                          f"{jax.default_backend()}: use --attention xla")
+    if (cfg.attention, cfg.mlp) != ("xla", "xla") and cfg.precision == "fp32":
+        raise ConfigError(f"--attention {cfg.attention} / --mlp {cfg.mlp}: the fused kernels compute in "
+                          f"bf16 or fp16; add --precision bf16")
+    if cfg.mlp == "pallas" and not fused_mlp.supported(cfg.d_model, 4 * cfg.d_model):
+        raise ConfigError(f"--mlp pallas needs --d-model a power of 2 from 16 to {fused_mlp.MAX_D_MODEL}, "
+                          f"got {cfg.d_model}")
+    if cfg.attention == "pallas":
+        if window is None:
+            able = [n for n in algos.names() if algos.get(n).attention_window is not None]
+            raise ConfigError(f"--attention pallas fuses the cache-free learner of --algo {' or '.join(able)}; "
+                              f"--algo {cfg.algo}'s learner attends over a key/value prefix: use --attention xla or "
+                              f"cudnn")
+        if not fused_attention.supported(window, cfg.d_model // cfg.n_heads, cfg.d_model):
+            raise ConfigError(f"--attention pallas takes windows of at most {fused_attention.MAX_LEN} tokens, "
+                              f"--d-model a power of 2 from 16 to {fused_attention.MAX_D_MODEL} and a head size "
+                              f"(--d-model / --n-heads) that is a multiple of 32 up to 128; got {window} "
+                              f"tokens, d_model {cfg.d_model} and head size {cfg.d_model // cfg.n_heads}")
+
+
 def of_config(cfg) -> Plan:
     """The plan of a validated config without devices (a run directory's config, for the tools
-    that read it)."""
+    that read it): its environment made (a ConfigError for a bad --env or --env-args) and its
+    algorithm's spec chosen for it."""
+    envs_lib.check(cfg.env)
     env, env_params = envs_lib.make(cfg.env, cfg.env_args)
-    return Plan(cfg, env, env_params, for_run(cfg.algo, env), multirun.Runs.of(cfg))
+    return Plan(cfg, env, env_params, spec_for(cfg, env), multirun.Runs.of(cfg))
 
 
 def on_devices(cfg, par: Parallel, **more) -> Plan:
@@ -111,15 +155,14 @@ def resolve(cfg, given: config_lib.Given) -> Plan:
     cfg, grid = config_lib.follow_log_grid(cfg, given.flags)
     notes = tuple(f"--resume: {change}" for change in changes) + tuple(grid)
     cfg = config_lib.validate(cfg)
-    # a ConfigError naming the algorithms there are, before any option's "applies to"
-    config_lib.check_applicable(cfg, given, algos.get(cfg.algo).reads)
+    plan = of_config(cfg)  # the environment and the algorithm's spec for it, checked
+    config_lib.check_applicable(cfg, given)
     if cfg.mode == "collect":
         if not cfg.run_dir:
             raise ConfigError("--mode collect needs --run-dir: the run whose store it fills")
         collector.check_run_dir(cfg)  # not a run of another algorithm, nor a finished one
     par = parallel.setup(cfg.parallel, cfg.devices)
     config_lib.check_platform(cfg, par.devices[0].platform)
-    plan = of_config(cfg)
     resuming = bool(cfg.resume and cfg.run_dir and (Path(cfg.run_dir) / "config.json").exists())
     if not cfg.auto_scale or resuming:  # a resumed run keeps the size its config.json holds
         return plan.on(par, notes=notes)

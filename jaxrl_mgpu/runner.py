@@ -15,6 +15,7 @@ from typing import Callable
 import jax
 
 from jaxrl_mgpu import compile_cache, parallel, session as session_lib
+from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.chunks import ChunkReader, NonFinite, Trainer
 from jaxrl_mgpu.cli import count
@@ -34,7 +35,7 @@ def banner(plan: Plan, per_update: str) -> dict:
     cfg, par, spec, runs = plan.cfg, plan.par, plan.spec, plan.runs
     device = par.devices[0]
     rows = {
-        "jaxrl_mgpu": f"{cfg.algo} on {cfg.env}" + (f", policy {cfg.policy}" if spec.takes_policy else "")
+        "jaxrl_mgpu": f"{cfg.algo} on {cfg.env}" + (f", policy {cfg.policy}" if config_lib.uses(cfg, "policy") else "")
                       + ("" if cfg.mode == "both" else f", --mode {cfg.mode}"),
         "processes": f"{jax.process_count()} (this is process {jax.process_index()})",
         "devices": f"{par.num_local_devices} local, {par.num_devices} global: "
@@ -51,7 +52,7 @@ def banner(plan: Plan, per_update: str) -> dict:
     rows.update({what: f"{total} global{each}, {per_device} per device{each}"
                  for what, (total, per_device) in plan.split.rows().items()})
     if cfg.auto_scale:
-        size = spec.size_option
+        size = spec.options.size
         rows["auto-scale"] = (f"{cfg.auto_scale}: --{size.replace('_', '-')} {getattr(cfg, size)} chosen at the "
                               f"run's start (kept on resume); {spec.auto_scale_keeps}")
     rows.update({

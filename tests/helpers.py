@@ -34,7 +34,7 @@ PENDULUM = dict(env="Pendulum-v1", num_envs=16, num_steps=16, update_epochs=2, h
 
 def pendulum_config(**overrides):
     """PENDULUM's validated config, with `overrides`."""
-    return config_lib.validate(dataclasses.replace(config_lib.Config(), **{**PENDULUM, **overrides}))
+    return config_lib.validate(config_lib.build({**PENDULUM, **overrides}))
 
 
 def run(*argv):
@@ -63,7 +63,7 @@ def tensorboard_scalars(directory) -> dict:
 
 def make_trainer(devices: int, backend: str = "pmap", **overrides) -> chunks.Trainer:
     """A Trainer for a small config on the first `devices` CPU devices."""
-    cfg = config_lib.validate(dataclasses.replace(config_lib.Config(), **overrides))
+    cfg = config_lib.validate(config_lib.build(overrides))
     return chunks.Trainer(plan.on_devices(cfg, parallel.setup(backend, devices)))
 
 

@@ -57,7 +57,7 @@ def one_step(cfg, devices, batch):
 
 @pytest.mark.slow
 def test_one_update_on_8_devices_equals_one_device(dataset):
-    cfg = dataclasses.replace(config_lib.Config(), dataset=str(dataset), **TINY)
+    cfg = config_lib.build(dict(dataset=str(dataset), **TINY))
     data = jax.tree.map(jnp.asarray, ad.prepare(rlds.read(dataset)))
     batch = ad.sample(data, jax.random.PRNGKey(1), cfg.ad_batch_size, cfg.n_transit)  # one global batch
     assert batch.obs.shape == (16, 24, 3) and batch.action.shape == (16, 24)

@@ -228,7 +228,7 @@ def test_a_collector_id_that_is_no_file_name_is_one_line_and_writes_nothing(tmp_
     assert "--collector-id" in line and "file name" in line, line
     assert not run_dir.exists()
     for good in ("c1", "gpu-1.a_b", "X" * 64):
-        config_lib.validate(dataclasses.replace(config_lib.Config(), algo="dqn", mode="collect", collector_id=good))
+        config_lib.validate(config_lib.build(dict(algo="dqn", mode="collect", collector_id=good)))
 
 
 @pytest.mark.parametrize("run_of, words", [
@@ -251,8 +251,7 @@ def test_a_collector_for_a_run_no_learner_will_serve_is_one_line_and_writes_noth
     (run_dir / "checkpoints").mkdir(parents=True)
     algo, mode = {"finished ppo": ("ppo", "both"), "sac both": ("sac", "both"),
                   "sac learner done": ("sac", "learn")}[run_of]
-    (run_dir / "config.json").write_text(config_lib.dump(dataclasses.replace(
-        config_lib.Config(), algo=algo, mode=mode, env="Pendulum-v1")))
+    (run_dir / "config.json").write_text(config_lib.dump(config_lib.build(dict(algo=algo, mode=mode, env="Pendulum-v1"))))
     (run_dir / "summary.json").write_text(json.dumps({"status": "complete"}))
     if mode == "learn":
         (run_dir / "learner_done").write_text(json.dumps({"iteration": 100}))
@@ -377,10 +376,9 @@ def test_shard_reader_order_refill_skips_and_errors(tmp_path):
 def test_learner_replay_stores_minatar_observations_as_bytes():
     """--mode learn with --replay-obs-dtype uint8: the learner's replay holds bytes, filled from
     the store's float32 transitions unchanged, and learns from them."""
-    cfg = config_lib.validate(dataclasses.replace(
-        config_lib.Config(), algo="dqn", mode="learn", env="Breakout-MinAtar", num_envs=2, num_steps=2,
+    cfg = config_lib.validate(config_lib.build(dict(algo="dqn", mode="learn", env="Breakout-MinAtar", num_envs=2, num_steps=2,
         buffer_size=2 * async_ingest.BLOCK, replay_batch_size=8, hidden_size=8, updates_per_step=0.5,
-        replay_obs_dtype="uint8"))
+        replay_obs_dtype="uint8")))
     par = parallel.setup("pmap", 2)
     learner = async_dqn.algorithm(cfg, par, async_dqn.check(cfg, par.num_devices)).parts
     key = par.replicate(np.asarray(jax.random.PRNGKey(0)))
@@ -404,9 +402,8 @@ def test_a_collector_without_a_learner_says_what_it_waits_for(tmp_path, capsys, 
     """No learner has published its params: the collector says so every WAITING_LOG_S (here
     shortened), instead of waiting in silence."""
     monkeypatch.setattr(replay_async, "WAITING_LOG_S", 0.5)
-    cfg = config_lib.validate(dataclasses.replace(
-        config_lib.Config(), algo="dqn", mode="collect", env="CartPole-v1", num_envs=2, num_steps=2,
-        buffer_size=1024, learning_starts=0, run_dir=str(tmp_path / "run")))
+    cfg = config_lib.validate(config_lib.build(dict(algo="dqn", mode="collect", env="CartPole-v1", num_envs=2, num_steps=2,
+        buffer_size=1024, learning_starts=0, run_dir=str(tmp_path / "run"))))
     par = parallel.setup("pmap", 2)
     looking = []  # when the collector's loop first asked whether to stop (its set-up compiles first)
 
@@ -422,7 +419,7 @@ def test_a_collector_without_a_learner_says_what_it_waits_for(tmp_path, capsys, 
 
 
 def test_rate_limiter_semantics():
-    cfg = config_lib.Config(algo="dqn", num_envs=8, updates_per_step=4, replay_batch_size=64, learning_starts=512)
+    cfg = config_lib.build(dict(algo="dqn", num_envs=8, updates_per_step=4, replay_batch_size=64, learning_starts=512))
     acme = 0.1 * 32 * 512  # Acme's error buffer, in samples: --samples-per-insert-tolerance x 32 x 512
     # ... at least the samples of what collectors may have on its way: --max-data-lag iterations'
     assert rate.Limiter(cfg, samples_per_iteration=256, min_inserts=512).buffer == 8 * 256 > acme
@@ -615,7 +612,7 @@ def test_eviction_deletes_only_consumed_shards_oldest_first(tmp_path, monkeypatc
     names = [store.write(Segments.whole([episode] * 2), "c0", 0, "CartPole-v1").name for _ in range(5)]
     ledger = Ledger.fresh(replay_async.COUNTS)
     ledger.consumed = set(names[:3])
-    cfg = config_lib.Config(algo="dqn", mode="learn", store_max_episodes=6)
+    cfg = config_lib.build(dict(algo="dqn", mode="learn", store_max_episodes=6))
     publisher = CheckpointPublisher(cfg, None, None, {}, store)
     monkeypatch.setattr(publisher, "publish", lambda *a: None)
     evicted = publisher.publish_and_evict(1, None, ledger)

@@ -35,8 +35,7 @@ LONG = 2 ** 30
 def choose(capsys, **overrides):
     """The chosen config and {size per device: autoscale.Row} of a search on 8 devices, and what
     it printed (a line per size as it went, then the table)."""
-    cfg = config_lib.validate(dataclasses.replace(
-        config_lib.Config(), num_steps=8, hidden_size=16, **{"total_timesteps": LONG, **overrides}))
+    cfg = config_lib.validate(config_lib.build(dict(num_steps=8, hidden_size=16, **{"total_timesteps": LONG, **overrides})))
     capsys.readouterr()
     chosen, rows = autoscale.choose(plan_lib.of_config(cfg), parallel.setup("pmap"))
     out = capsys.readouterr().out
@@ -148,7 +147,7 @@ def test_the_climb_on_rates_measured_on_an_h200():
 
 
 def test_the_ceiling_leaves_the_run_its_minimum_of_updates():
-    cfg = dataclasses.replace(config_lib.Config(), auto_scale="throughput")  # CartPole PPO: 3,000,000 steps of 128
+    cfg = config_lib.build(dict(auto_scale="throughput"))  # CartPole PPO: 3,000,000 steps of 128
     assert autoscale.ceiling(cfg, PPO, 1) == 128  # 183 updates; 256 would leave 91
     assert autoscale.ceiling(cfg, PPO, 2) == 64
     assert autoscale.ceiling(dataclasses.replace(cfg, auto_scale_min_updates=1), PPO, 1) == 2 ** 14
@@ -179,7 +178,7 @@ class Simulated(autoscale.Search):
 
 
 def simulated_search(total: int):
-    cfg = dataclasses.replace(config_lib.Config(), num_steps=8, total_timesteps=total, auto_scale="throughput")
+    cfg = config_lib.build(dict(num_steps=8, total_timesteps=total, auto_scale="throughput"))
     plan = plan_lib.Plan(cfg, None, None, PPO, None)  # no environment: the search is simulated
     search = Simulated(plan, parallel.this_device(), RunLog(None, 0), 8)
     search.first()

@@ -69,17 +69,17 @@ def test_help_is_the_common_options_and_the_groups_in_80_lines_of_100_columns():
     lines = config_lib.help_text(width=100).splitlines()
     assert len(lines) <= 80 and max(map(len, lines)) <= 100, (len(lines), max(map(len, lines)))
     text = "\n".join(lines)
-    assert all(f"  {group} " in text for group in config_lib.GROUPS)
-    common = {name for name, o in config_lib.OPTIONS.items() if o.common}
-    for name, o in config_lib.OPTIONS.items():
+    assert all(f"  {group} " in text for group in config_lib.groups())
+    common = {name for name, o in config_lib.known_options().items() if o.common}
+    for name, o in config_lib.known_options().items():
         if not o.internal:
             assert (f"  {config_lib.flag(name)} " in text or f"]{name.replace('_', '-')} " in text) == (name in common), name
 
 
 def test_help_of_a_group_shows_its_options_and_help_all_every_one(capsys):
-    for group in config_lib.GROUPS:
+    for group in config_lib.groups():
         text = config_lib.help_text(group, width=100)
-        assert all(config_lib.flag(n)[2:] in text for n, o in config_lib.OPTIONS.items()
+        assert all(config_lib.flag(n)[2:] in text for n, o in config_lib.known_options().items()
                    if o.group == group and not o.internal), group
     flags = {a for action in config_lib.parser()._actions for a in action.option_strings} - {"-h", "--help", "--help-all"}
     everything = config_lib.help_text("all", width=100).replace("--[no-]", "--")
@@ -90,16 +90,17 @@ def test_help_of_a_group_shows_its_options_and_help_all_every_one(capsys):
     assert exit_info.value.code == 0 and "--reward-scale" in out and "--buffer-size" not in out
     code, err = run_main(capsys, "--help", "tuning")
     assert code == 2 and err.strip() == ("error: --help tuning: no such group; groups: run, env, learning, network, ppo, "
-                                         "dqn, sac-td3, ad, multirun, async, devices (or all)")
+                                         "dqn, ad, sac-td3, multirun, async, devices (or all)")
 
 
 def test_a_resume_may_change_num_envs_unless_it_shapes_the_algorithms_state():
     """--num-envs may change on a resume; DQN's replay is laid out per environment, so its runs keep it."""
-    cfg, changes = config_lib.resumed(config_lib.Config(algo="ppo").to_dict(), {"num_envs": 64})
+    cfg, changes = config_lib.resumed(config_lib.build(dict(algo="ppo")).to_dict(), {"num_envs": 64})
     assert cfg.num_envs == 64 and changes == ["--num-envs 32 -> 64"]
-    with pytest.raises(config_lib.ConfigError, match=r"changes --num-envs 64 \(the run has 32\)"):
-        config_lib.resumed(config_lib.Config(algo="dqn").to_dict(), {"num_envs": 64})
-    assert "num_envs" in config_lib.state_keys("dqn") and "num_envs" not in config_lib.state_keys("ppo")
+    with pytest.raises(config_lib.ConfigError, match=r"changes --num-envs 64 \(the run has 8\)"):
+        config_lib.resumed(config_lib.build(dict(algo="dqn")).to_dict(), {"num_envs": 64})
+    assert "num_envs" in config_lib.state_keys(config_lib.config_class("dqn"))
+    assert "num_envs" not in config_lib.state_keys(config_lib.config_class("ppo"))
 
 
 @pytest.mark.slow

@@ -168,7 +168,7 @@ def test_greedy_evaluation_acts_with_the_mean_clipped_to_the_bounds():
     ("ad", ad, {"num_updates": 1}),
 ])
 def test_dqn_and_ad_refuse_continuous_actions_in_one_line(algo, module, extra):
-    cfg = dataclasses.replace(config_lib.Config(), algo=algo, env="Pendulum-v1", **extra)
+    cfg = config_lib.build(dict(algo=algo, env="Pendulum-v1", **extra))
     with pytest.raises(ConfigError) as e:
         module.check(cfg, 1)
     message = str(e.value)
@@ -176,7 +176,7 @@ def test_dqn_and_ad_refuse_continuous_actions_in_one_line(algo, module, extra):
 
 
 def test_the_transformer_policy_refuses_continuous_actions_in_one_line():
-    cfg = dataclasses.replace(config_lib.Config(), env="MountainCarContinuous-v0", policy="transformer")
+    cfg = config_lib.build(dict(env="MountainCarContinuous-v0", policy="transformer"))
     with pytest.raises(ConfigError, match="--policy transformer.*MountainCarContinuous-v0.*--policy mlp"):
         ppo.check(cfg, 1)
 
@@ -184,7 +184,7 @@ def test_the_transformer_policy_refuses_continuous_actions_in_one_line():
 def test_discrete_action_envs_still_get_a_categorical():
     env, env_params = envs.make("CartPole-v1")
     assert actor_critic.distribution(env, env_params) == actor_critic.Categorical(2)
-    ppo.check(dataclasses.replace(config_lib.Config(), policy="transformer"), 1)  # no refusal
+    ppo.check(config_lib.build(dict(policy="transformer")), 1)  # no refusal
 
 
 # -- continuous control at Brax's scale (issue 50, point 4) ------------------------------------
@@ -278,7 +278,7 @@ def test_tanh_normal_acts_within_the_bounds_and_keeps_the_sample_before_squashin
 
 
 def test_tanh_normal_refuses_discrete_and_unbounded_actions_in_one_line():
-    cfg = dataclasses.replace(config_lib.Config(), action_dist="tanh_normal")
+    cfg = config_lib.build(dict(action_dist="tanh_normal"))
     with pytest.raises(ConfigError, match="--action-dist tanh_normal is for Box.*CartPole-v1") as e:
         ppo.check(cfg, 1)
     assert "\n" not in str(e.value)
@@ -533,7 +533,7 @@ def test_brax_scale_presets_have_brax_batches(preset, envs, batch, minibatches, 
     """Each update is one Brax training step: batch_size x num_minibatches unrolls, split into
     minibatches of batch_size unrolls, passed over num_updates_per_batch times; on 1 and 8
     devices. (Their environments come with the brax and dmc extras; Pendulum-v1 stands in.)"""
-    cfg = config_lib.Config(**config_lib.load_preset(preset))
+    cfg = config_lib.build(config_lib.load_preset(preset))
     assert (cfg.num_envs, cfg.num_minibatches, cfg.update_epochs, cfg.unroll_length) == (envs, minibatches, epochs,
                                                                                           unroll)
     assert cfg.batch_size == batch * minibatches * unroll and cfg.total_updates == updates
@@ -545,7 +545,7 @@ def test_brax_scale_presets_have_brax_batches(preset, envs, batch, minibatches, 
 
 
 def test_the_tiny_preset_has_brax_settings_at_a_cpu_batch():
-    cfg = config_lib.Config(**config_lib.load_preset("brax-inverted-pendulum"))
+    cfg = config_lib.build(config_lib.load_preset("brax-inverted-pendulum"))
     assert (cfg.env, cfg.batch_size, cfg.total_updates, cfg.reward_scale, cfg.gamma, cfg.unroll_length) == (
         "brax:inverted_pendulum", 256 * 40, 60, 10.0, 0.97, 5)
     stand_in = config_lib.validate(dataclasses.replace(cfg, env="Pendulum-v1"))
@@ -553,7 +553,7 @@ def test_the_tiny_preset_has_brax_settings_at_a_cpu_batch():
 
 
 def test_the_craftax_preset_is_the_craftax_baseline():
-    cfg = config_lib.Config(**config_lib.load_preset("craftax-classic"))
+    cfg = config_lib.build(config_lib.load_preset("craftax-classic"))
     assert cfg.env == "craftax:Craftax-Classic-Symbolic-v1" and cfg.total_updates == 1_000_000_000 // (1024 * 64)
     stand_in = config_lib.validate(dataclasses.replace(cfg, env="CartPole-v1"))
     assert ppo.check(stand_in, 8).minibatch.total == 1024 * 64 // 8

@@ -1,5 +1,6 @@
 """examples/custom_algo.py: an algorithm registered from outside the package (A2C) trains on all
-8 devices, stops and resumes exactly, evaluates, and runs as a user runs the script."""
+8 devices, stops and resumes exactly, evaluates, and runs as a user runs it: `python -m
+jaxrl_mgpu.train --algo examples.custom_algo:a2c`, its own option swept and in the help."""
 
 import importlib.util
 import json
@@ -59,29 +60,38 @@ def test_a_registered_algorithm_trains_resumes_exactly_and_evaluates(a2c, tmp_pa
     assert evaluate.main(["--run-dir", str(straight), "--episodes", "16"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["episodes"] == 16 and result["step"] == 8
-    # PPO's loss weights are read by A2C too (its spec's `reads`); PPO's clipping is not
-    assert run(*flags, "--vf-coef", "0.25", "--total-timesteps", "128", "--run-dir", str(tmp_path / "vf")) == 0
+    # A2C's own option is taken; PPO's clipping is refused
+    assert run(*flags, "--value-weight", "0.25", "--total-timesteps", "128", "--run-dir", str(tmp_path / "vf")) == 0
     capsys.readouterr()
     assert run(*flags, "--clip-eps", "0.1", "--run-dir", str(tmp_path / "bad")) == 2
     assert "--clip-eps is only for --algo ppo" in capsys.readouterr().err and not (tmp_path / "bad").exists()
 
 
 @pytest.mark.slow
-def test_the_script_trains_resumes_and_evaluates_from_the_command_line(tmp_path):
+def test_the_command_line_names_it_by_module_trains_sweeps_resumes_and_evaluates_it(tmp_path):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    run_dir = str(tmp_path / "a2c")
-    flags = ["--algo", "a2c", "--env", "CartPole-v1", "--num-envs", "8", "--num-steps", "8", "--hidden-size", "16",
-             "--log-every", "2"]
+    run_dir, swept = str(tmp_path / "a2c"), str(tmp_path / "swept")
+    flags = ["--algo", "examples.custom_algo:a2c", "--env", "CartPole-v1", "--num-envs", "8", "--num-steps", "8",
+             "--hidden-size", "16", "--log-every", "2"]
 
-    def script(*argv):
-        out = subprocess.run([sys.executable, str(EXAMPLE), *argv], capture_output=True, text=True, env=env,
-                             timeout=300)
+    def command(module, *argv):  # as a user runs it, from the repository's root
+        out = subprocess.run([sys.executable, "-m", module, *argv], capture_output=True, text=True, env=env,
+                             timeout=300, cwd=ROOT)
         assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
         return out.stdout
 
-    script("train", *flags, "--total-timesteps", str(8 * 8 * 4), "--run-dir", run_dir)
-    script("train", "--run-dir", run_dir, "--resume", "--total-timesteps", str(8 * 8 * 6))
+    command("jaxrl_mgpu.train", *flags, "--total-timesteps", str(8 * 8 * 4), "--run-dir", run_dir)
+    command("jaxrl_mgpu.train", "--run-dir", run_dir, "--resume", "--total-timesteps", str(8 * 8 * 6))
     rows = [json.loads(line) for line in (tmp_path / "a2c" / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in rows] == [2, 4, 6]
-    result = json.loads(script("evaluate", "--run-dir", run_dir, "--episodes", "4").strip().splitlines()[-1])
+    result = json.loads(command("jaxrl_mgpu.evaluate", "--run-dir", run_dir, "--episodes", "4").strip().splitlines()[-1])
     assert result["episodes"] == 4 and result["step"] == 6
+    # its own option, swept: both values train, in one program
+    command("jaxrl_mgpu.train", *flags, "--total-timesteps", str(8 * 8 * 2), "--sweep", "value_weight=0.25,0.5",
+            "--run-dir", swept)
+    rows = [json.loads(line) for line in (tmp_path / "swept" / "metrics.jsonl").read_text().splitlines()]
+    assert sorted({r["value_weight"] for r in rows}) == [0.25, 0.5]
+    # --help-all of it lists its options, in their group
+    text = command("jaxrl_mgpu.train", "--algo", "examples.custom_algo:a2c", "--help-all")
+    assert "a2c options: A2C (examples/custom_algo.py)" in text and "--value-weight X" in text
+    assert "--clip-eps" not in text

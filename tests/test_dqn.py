@@ -194,7 +194,7 @@ def test_stop_and_resume_equals_an_uninterrupted_run_and_the_replay_moves_betwee
 
 def bad(**overrides):
     """The error of the config's checks (ranges: config.validate) or of DQN's (the split over 8 devices)."""
-    cfg = dataclasses.replace(config_lib.Config(), **{**SMALL, **overrides})
+    cfg = config_lib.build({**SMALL, **overrides})
     with pytest.raises(ConfigError) as info:
         dqn.check(config_lib.validate(cfg), 8)
     return str(info.value)
@@ -258,7 +258,7 @@ def test_byte_replay_trains_exactly_as_float32_on_minatar():
 
 def test_a_saved_config_without_a_newer_option_reads_as_its_default():
     """Runs saved before --replay-obs-dtype existed resume (the option had its default then)."""
-    cfg = dataclasses.replace(config_lib.Config(), **SMALL)
+    cfg = config_lib.build(SMALL)
     saved = {k: v for k, v in cfg.to_dict().items() if k != "replay_obs_dtype"}
     assert config_lib.incompatible(saved, cfg) == []
     assert config_lib.incompatible(saved, dataclasses.replace(cfg, replay_obs_dtype="uint8")) == [

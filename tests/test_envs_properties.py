@@ -77,10 +77,10 @@ def test_many_runs_in_one_program_equal_their_single_runs():
 
 def test_auto_scale_sizes_a_suites_task(capsys):
     needs("navix:Navix-Empty-5x5-v0")
-    cfg = config_lib.validate(config_lib.Config(env="navix:Navix-Empty-5x5-v0", auto_scale="memory",
+    cfg = config_lib.validate(config_lib.build(dict(env="navix:Navix-Empty-5x5-v0", auto_scale="memory",
                                                 num_steps=8, hidden_size=16, total_timesteps=10 ** 9,
                                                 auto_scale_memory=2 ** 22 / autoscale.memory_limit(
-                                                    parallel.this_device().devices[0])[0]))
+                                                    parallel.this_device().devices[0])[0])))
     chosen, rows = autoscale.choose(plan_lib.of_config(cfg), parallel.setup("pmap", 1))
     assert chosen.num_envs >= 256 and any(r.chosen for r in rows)
     assert "auto-scale (memory)" in capsys.readouterr().out

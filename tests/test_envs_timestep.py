@@ -295,8 +295,8 @@ def test_a_bad_suite_task_is_one_line_and_writes_nothing(env, args, words, algo,
                                   "navix:Navix-Empty-8x8-v0", "xminigrid:MiniGrid-EmptyRandom-8x8"])
 def test_ppo_and_dqn_take_the_discrete_tasks(task):
     for algo in (ppo, dqn):
-        cfg = config_lib.validate(dataclasses.replace(config_lib.Config(), env=task, algo=algo.__name__.split(".")[-1],
-                                                      num_envs=16))
+        cfg = config_lib.validate(config_lib.build(dict(env=task, algo=algo.__name__.split(".")[-1],
+                                                      num_envs=16)))
         algo.check(cfg, 8)
 
 

@@ -39,8 +39,8 @@ def test_evaluate_best_and_errors(tmp_path, capsys):
 def test_evaluate_refuses_an_ad_run_without_in_context(tmp_path, capsys):
     run_dir = tmp_path / "ad"
     (run_dir / "checkpoints").mkdir(parents=True)
-    (run_dir / "config.json").write_text(config_lib.dump(config_lib.Config(algo="ad", env="DarkRoom",
-                                                                          num_updates=10)))
+    (run_dir / "config.json").write_text(config_lib.dump(config_lib.build(dict(algo="ad", env="DarkRoom",
+                                                                          num_updates=10))))
     with pytest.raises(SystemExit) as e:
         evaluate.main(["--run-dir", str(run_dir)])
     assert e.value.code == 2 and "--in-context" in one_error_line(capsys)

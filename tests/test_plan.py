@@ -14,17 +14,18 @@ from jaxrl_mgpu.cli import ConfigError, UserError
 
 def resolved(**options):
     given = config_lib.given_from(options)
-    return plan_lib.resolve(config_lib.Config(**given), given)
+    return plan_lib.resolve(config_lib.build(given), given)
 
 
 def small(**overrides):
-    return config_lib.validate(dataclasses.replace(config_lib.Config(), **overrides))
+    return config_lib.validate(config_lib.build(overrides))
 
 
 def test_an_unknown_algorithm_is_one_line_naming_the_registered_ones():
     with pytest.raises(ConfigError) as raised:
         resolved(algo="a2cc")
-    assert str(raised.value) == "--algo a2cc: no such algorithm; choose from " + ", ".join(algos.names())
+    assert str(raised.value) == ("--algo a2cc: no such algorithm; choose from " + ", ".join(algos.names())
+                                 + ", or MODULE:NAME of a module that registers NAME")
 
 
 def test_ppo_on_a_multi_agent_game_is_multi_agent_ppo_chosen_in_the_plan():

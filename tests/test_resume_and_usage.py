@@ -186,8 +186,8 @@ def test_log_every_alone_moves_the_default_intervals_onto_its_grid(tmp_path, cap
 def test_a_hand_edited_config_json_is_checked_like_the_command_line(tmp_path, capsys, field, value, words):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    config = config_lib.Config(num_envs=16, num_steps=16, hidden_size=16, total_timesteps=256 * 4,
-                               run_dir=str(run_dir)).to_dict()
+    config = config_lib.build(dict(num_envs=16, num_steps=16, hidden_size=16, total_timesteps=256 * 4,
+                               run_dir=str(run_dir))).to_dict()
     config[field] = value
     (run_dir / "config.json").write_text(json.dumps(config))
     files = sorted(p.name for p in run_dir.iterdir())
@@ -203,14 +203,12 @@ def test_a_hand_edited_config_json_is_checked_like_the_command_line(tmp_path, ca
 def test_a_resume_cannot_change_a_swept_option(tmp_path, capsys):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "config.json").write_text(config_lib.dump(config_lib.Config(
-        num_envs=16, num_steps=16, total_timesteps=256 * 4, sweep="lr=0.001,0.0005", run_dir=str(run_dir))))
+    (run_dir / "config.json").write_text(config_lib.dump(config_lib.build(dict(num_envs=16, num_steps=16, total_timesteps=256 * 4, sweep="lr=0.001,0.0005", run_dir=str(run_dir)))))
     assert run("--run-dir", str(run_dir), "--resume", "--lr", "1e-4") == 2
     assert one_error_line(capsys) == ("error: --resume: --lr is swept in this run (lr=0.001,0.0005); a resume cannot "
                                       "change a swept option")
     # and an option the run never set says so, rather than "None"
-    (run_dir / "config.json").write_text(config_lib.dump(config_lib.Config(
-        num_envs=16, num_steps=16, total_timesteps=256 * 4, run_dir=str(run_dir))))
+    (run_dir / "config.json").write_text(config_lib.dump(config_lib.build(dict(num_envs=16, num_steps=16, total_timesteps=256 * 4, run_dir=str(run_dir)))))
     assert run("--run-dir", str(run_dir), "--resume", "--samples-per-insert", "2") == 2
     assert "(the run does not set it)" in one_error_line(capsys)
 

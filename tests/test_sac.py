@@ -48,7 +48,7 @@ class FixedCritics:
 
 
 def test_the_plain_critics_loss_by_hand():
-    cfg = dataclasses.replace(config_lib.Config(), algo="sac", critic="plain", clipped_double_q=True)
+    cfg = config_lib.build(dict(algo="sac", critic="plain", clipped_double_q=True))
     batch = Transitions(obs=None, action=None, reward=jnp.array([1.0, 2.0]), discount=jnp.array([0.5, 0.0]),
                         next_obs=None)
     now = jnp.array([[[1.0], [1.0]], [[3.0], [2.0]]])          # [2 critics, B, 1]
@@ -73,7 +73,7 @@ def test_the_categorical_projection_and_loss_by_hand():
     # exactly on an atom, and clipped at the top
     out = sac.project(probs, jnp.array([1.0, 5.0]), jnp.array([1.0, 1.0]), atoms)
     np.testing.assert_allclose(out, [[0.0, 0.0, 1.0], [0.0, 0.0, 1.0]], atol=1e-6)
-    cfg = dataclasses.replace(config_lib.Config(), algo="sac", critic="categorical", clipped_double_q=True)
+    cfg = config_lib.build(dict(algo="sac", critic="categorical", clipped_double_q=True))
     logits = jnp.log(jnp.array([[[0.5, 0.5, 1e-9]], [[1e-9, 0.5, 0.5]]]))  # critic 0's mean 0.5, critic 1's 1.5
     batch = Transitions(None, None, jnp.array([0.0]), jnp.array([1.0]), None)
     now = jnp.log(jnp.array([[[0.2, 0.3, 0.5]], [[0.6, 0.3, 0.1]]]))

@@ -24,7 +24,7 @@ SMALL = dict(env="Pendulum-v1", num_envs=8, num_steps=2, updates_per_step=2.0, r
 
 def config(**overrides):
     cfg = dict(SMALL, **overrides)
-    return config_lib.validate(dataclasses.replace(config_lib.Config(), **cfg))
+    return config_lib.validate(config_lib.build(cfg))
 
 
 @pytest.mark.slow

@@ -85,9 +85,9 @@ def fixed_head(params, out_bias, out_scale):
 
 
 def small_config(**overrides):
-    return config_lib.validate(dataclasses.replace(config_lib.Config(), env=NAME, num_envs=NUM_ENVS,
+    return config_lib.validate(config_lib.build(dict(env=NAME, num_envs=NUM_ENVS,
                                                    num_steps=NUM_STEPS, gamma=GAMMA, hidden_size=8,
-                                                   activation="tanh", **overrides))
+                                                   activation="tanh", **overrides)))
 
 
 @pytest.mark.slow

@@ -1,16 +1,15 @@
-"""What the host reads of an algorithm: one frozen `Spec` per algorithm, registered by name.
+"""What the host reads of an algorithm: one frozen `Spec` per algorithm, registered by name
+(registry.py).
 
-An algorithm is a module of per-device functions (algos/ppo.py, dqn.py, ...) and the `Spec`
-that tells the rest of the program how to run it: how its batch splits over the devices, how
-to build it, how its progress is counted and shown, what --auto-scale varies, how it is
-evaluated. `register(name, spec)` makes it `--algo NAME`; `for_run(cfg, env)` is the one place
-that picks the spec a run trains with (PPO on a multi-agent game is multi-agent PPO).
-An algorithm that also runs as `--mode learn` / `--mode collect` (DQN, AD) says how in its
-`asynchronous` record: the learner's update, its data source (loop.Source) fed from the run's
-store, and the collector.
+An algorithm is a package of per-device functions (algos/ppo/, dqn/, ...) and the `Spec` that
+tells the rest of the program how to run it: its options, how its batch splits over the
+devices, how to build it, how its progress is counted and shown, what --auto-scale leaves, how
+it is evaluated. An algorithm that also runs as `--mode learn` / `--mode collect` (DQN, SAC,
+TD3, AD) says how in its `asynchronous` record: the learner's update, its data source
+(loop.Source) fed from the run's store, and the collector.
 
-Adding an algorithm is a module and a `register` call (examples/custom_algo.py does it from
-outside the package; docs/algorithms.md walks through it).
+Adding an algorithm is a module with its options, its functions and a `register` call
+(examples/custom_algo.py does it from outside the package; docs/algorithms.md walks through it).
 """
 
 from __future__ import annotations
@@ -19,8 +18,7 @@ import dataclasses
 from typing import Any, Callable
 
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
-from jaxrl_mgpu.cli import ConfigError
-from jaxrl_mgpu.envs import is_multi_agent
+from jaxrl_mgpu.config.declare import AlgoOptions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,9 +37,9 @@ class Asynchronous:
 
 @dataclasses.dataclass(frozen=True)
 class Spec:
-    """Everything the host reads of one algorithm. The callables take the validated config
-    (`cfg`); none holds state."""
-    name: str                                   # what the banner and messages call it
+    """Everything the host reads of one algorithm (its name is the one it is registered under).
+    The callables take the validated config (`cfg`); none holds state."""
+    options: AlgoOptions                        # its options, and how it uses the common ones
     # (cfg, data devices) -> how the batch splits over them (base.BatchSplit), or
     # a ConfigError naming the option that does not split
     check: Callable[[Any, int], BatchSplit]
@@ -57,41 +55,12 @@ class Spec:
     step_unit: str = "env_steps"                # what progress is counted in
     console: tuple[tuple[str, str, str], ...] = ()  # (label, metric key, format) on the progress line
     summary: tuple[str, ...] = ()               # metric keys the summary carries
-    size_option: str = "num_envs"               # the option --auto-scale chooses
     # what --auto-scale leaves as configured, and so what grows or shrinks with the size (in words)
     auto_scale_keeps: str = "minibatch count, epochs and lr as configured, so minibatches grow with the batch"
-    takes_policy: bool = True                   # whether --policy (mlp | transformer) shapes it
     evaluated_by: str = "episodes"              # "episodes" (evaluate) or "in-context" (incontext)
-    # options declared for other algorithms (config/options.py) that it reads too: giving one
-    # is not refused as "only for --algo ppo" (an outside algorithm's --vf-coef, say)
-    reads: tuple[str, ...] = ()
+    # cfg -> the tokens its transformer's learner attends over whole, without a key/value cache
+    # (AD's windows), which --attention pallas fuses; None: it attends over a cached prefix (PPO's
+    # and DQN's transformer policies), which the fused kernel does not take
+    attention_window: Callable[[Any], int] | None = None
     multi_agent: "Spec | None" = None           # the spec that trains it on a multi-agent game
     asynchronous: Asynchronous | None = None    # --mode learn|collect (None: --mode both only)
-
-
-_SPECS: dict[str, Spec] = {}
-
-
-def register(name: str, spec: Spec) -> None:
-    """`--algo name` trains with `spec`."""
-    if not isinstance(spec, Spec):
-        raise ConfigError(f"algos.register({name!r}, ...): the second argument is an algos.Spec, not a "
-                          f"{type(spec).__name__}")
-    _SPECS[name] = spec
-
-
-def names() -> list[str]:
-    return list(_SPECS)
-
-
-def get(name: str) -> Spec:
-    if name not in _SPECS:
-        raise ConfigError(f"--algo {name}: no such algorithm; choose from {', '.join(_SPECS)}")
-    return _SPECS[name]
-
-
-def for_run(algo: str, env) -> Spec:
-    """The spec `--algo algo` trains `env` with: its multi-agent spec on a multi-agent game (the
-    one place that choice is made)."""
-    spec = get(algo)
-    return spec.multi_agent if spec.multi_agent is not None and is_multi_agent(env) else spec

@@ -54,7 +54,7 @@ class Row:
 
 def knob(spec) -> str:
     """The option auto-scaling sets: the algorithm's (environments; AD: sequences per update)."""
-    return spec.size_option
+    return spec.options.size
 
 
 def compiled_bytes(compiled) -> int | None:

@@ -7,12 +7,12 @@ import dataclasses
 import re
 
 from jaxrl_mgpu.cli import ConfigError
-from jaxrl_mgpu.config.options import Config, FIELDS, OPTIONS, check_value, flag, sweepable
+from jaxrl_mgpu.config.options import Config, algo_options, check_value, fields_of, flag, known_options, sweepable
 
 
 def parse_sweep(cfg: Config) -> tuple[tuple[str, tuple[float, ...]], ...]:
     """--sweep as ((name, values), ...) in the order given, or a ConfigError naming the bad part."""
-    allowed = sweepable(cfg.algo)
+    allowed = sweepable(cfg)
     out: dict[str, tuple[float, ...]] = {}
     for item in (cfg.sweep or "").split():
         name, eq, text = item.partition("=")
@@ -20,7 +20,7 @@ def parse_sweep(cfg: Config) -> tuple[tuple[str, tuple[float, ...]], ...]:
         flag = "--" + name.replace("_", "-")
         if not eq or not text:
             raise ConfigError(f"--sweep {item!r}: write NAME=v1,v2,... (e.g. lr=1e-3,3e-4)")
-        if name not in OPTIONS or OPTIONS[name].internal or name in ("sweep", "config"):
+        if name not in known_options() or known_options()[name].internal or name in ("sweep", "config"):
             raise ConfigError(f"--sweep {name}: no such option; --algo {cfg.algo} sweeps {', '.join(allowed)}")
         if name not in allowed:
             raise ConfigError(f"--sweep {name}: {flag} changes the compiled program (its shapes or code) or is not "
@@ -48,9 +48,8 @@ def check_multirun(cfg: Config) -> None:
     if cfg.num_seeds == 1 and not cfg.sweep:
         return
     what = "--num-seeds / --sweep"
-    if cfg.algo == "ad":
-        raise ConfigError(f"{what}: --algo ad distils one dataset into one model and is not multi-run; run it once "
-                          f"per seed")
+    if algo_options(cfg).single_run:
+        raise ConfigError(f"{what}: {algo_options(cfg).single_run}")
     if cfg.mode != "both":
         raise ConfigError(f"{what} train in --mode both; --mode {cfg.mode} processes share one run")
     if cfg.auto_scale:
@@ -65,15 +64,9 @@ def check_multirun(cfg: Config) -> None:
 
 
 def validate(cfg: Config) -> Config:
-    """Checks that do not need the devices (the per-device split is the algorithm's `check`)."""
-    from jaxrl_mgpu import envs  # local import: envs pulls in jax
-
-    envs.check(cfg.env)
-    env, _ = envs.make(cfg.env, cfg.env_args)  # builds nothing on a device; checks --env-args
-    if envs.is_multi_agent(env) and (cfg.algo, cfg.policy, cfg.mode, cfg.normalize_reward) != ("ppo", "mlp", "both", False):
-        raise ConfigError(f"--env {cfg.env} is a multi-agent game: it trains with --algo ppo --policy mlp "
-                          f"(one network per team) in --mode both, without --normalize-reward")
-    for name in FIELDS:
+    """The checks of a whole config that need neither the environment nor the devices (those
+    are the plan's, plan.py, and the algorithm's `check`)."""
+    for name in fields_of(cfg):
         check_value(name, getattr(cfg, name))
     for name in GRID:
         if getattr(cfg, name) % cfg.log_every:
@@ -89,7 +82,6 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"--d-model {cfg.d_model} / --n-heads {cfg.n_heads} must be an even whole number "
                           f"(the head size)")
     check_collector_id(cfg.collector_id)
-    check_kernels(cfg)
     check_multirun(cfg)
     if cfg.total_updates < 1:
         raise ConfigError(f"--total-timesteps {cfg.total_timesteps} is less than one update of "
@@ -130,32 +122,6 @@ def follow_log_grid(cfg: Config, flags: set[str] | frozenset[str]) -> tuple[Conf
         notes.append(f"{flag(name)} {changes[name]}: its value {value} is not a multiple of --log-every "
                      f"{cfg.log_every}, so it follows the log points")
     return dataclasses.replace(cfg, **changes), notes
-
-
-def check_kernels(cfg: Config) -> None:
-    """--attention / --mlp: what the fused kernels take (they run in bf16/fp16 only)."""
-    import jax  # local import: a process must start jax.distributed before jax's backend
-
-    from jaxrl_mgpu.nets import fused_attention, fused_mlp  # local import: pulls in jax
-
-    if cfg.attention == "cudnn" and jax.default_backend() != "gpu":  # before the precision: it would not help
-        raise ConfigError(f"--attention cudnn is cuDNN's flash attention, for NVIDIA GPUs; this run's devices are "
-                          f"{jax.default_backend()}: use --attention xla")
-    if (cfg.attention, cfg.mlp) != ("xla", "xla") and cfg.precision == "fp32":
-        raise ConfigError(f"--attention {cfg.attention} / --mlp {cfg.mlp}: the fused kernels compute in "
-                          f"bf16 or fp16; add --precision bf16")
-    if cfg.mlp == "pallas" and not fused_mlp.supported(cfg.d_model, 4 * cfg.d_model):
-        raise ConfigError(f"--mlp pallas needs --d-model a power of 2 from 16 to {fused_mlp.MAX_D_MODEL}, "
-                          f"got {cfg.d_model}")
-    if cfg.attention == "pallas":
-        if cfg.algo != "ad":
-            raise ConfigError("--attention pallas fuses the cache-free learner of --algo ad; PPO and DQN "
-                              "learners attend over a key/value prefix: use --attention xla or cudnn")
-        if not fused_attention.supported(cfg.n_transit, cfg.d_model // cfg.n_heads, cfg.d_model):
-            raise ConfigError(f"--attention pallas takes windows of at most {fused_attention.MAX_LEN} tokens, "
-                              f"--d-model a power of 2 from 16 to {fused_attention.MAX_D_MODEL} and a head size "
-                              f"(--d-model / --n-heads) that is a multiple of 32 up to 128; got {cfg.n_transit} "
-                              f"tokens, d_model {cfg.d_model} and head size {cfg.d_model // cfg.n_heads}")
 
 
 def check_platform(cfg: Config, platform: str) -> None:

@@ -1,6 +1,9 @@
-"""Every option of a run, declared once in the typed `Config`, and what the other modules ask
-of the declarations: the lists of options a resume keeps or may change, the ones that shape an
-algorithm's state or its sweep, and the check of one value (`_coerce`, `check_value`)."""
+"""The common options of a run, declared once in the typed `Config`; a run's config is `Config`
+with its algorithm's own options (algos/<name>/options.py) in one dataclass (`config_class`).
+And what the other modules ask of the declarations: the lists of options a resume keeps or may
+change, the ones that shape an algorithm's state or its sweep, the check of one value
+(`_coerce`, `check_value`), and the algorithms a run may name (`ALGORITHMS`, filled by
+jaxrl_mgpu.algos)."""
 
 from __future__ import annotations
 
@@ -8,30 +11,51 @@ import dataclasses
 import math
 import types
 import typing
-from typing import Any
+from typing import Any, Callable
 
 from jaxrl_mgpu.cli import ConfigError
-from jaxrl_mgpu.config.ad import AD_DEFAULTS, AdOptions
-from jaxrl_mgpu.config.dqn import DQN_DEFAULTS, DqnOptions
-from jaxrl_mgpu.config.offpolicy import OFF_POLICY_DEFAULTS, OffPolicyOptions
-from jaxrl_mgpu.config.ppo import PpoOptions
-from jaxrl_mgpu.config.declare import (ALGOS, ASYNC, DEVICES, ENV, EVERY_ALGO, FOR_AD, FOR_AUTO_SCALE,
-                                       FOR_AUTO_SCALE_STEPS, FOR_ENV_STEPS, FOR_MANY_RUNS, FOR_MLP, FOR_PROFILE,
-                                       FOR_REPLAY_STORE, FOR_STORE, FOR_TRAINING, FOR_TRANSFORMER,
-                                       FOR_TRANSFORMER_POLICY, LEARNING, MULTIRUN, NETWORK, NON_NEGATIVE,
-                                       OFF_POLICY_ALGOS, Option, POLICIES, POSITIVE, PPO_DQN, PRECISIONS,
-                                       RESUME_MAY_CHANGE, RUN, THIS_INVOCATION, UNIT, UNIT_OPEN, option)
+from jaxrl_mgpu.config.declare import (ALGORITHM_DEPENDENT, ASYNC, DEVICES, ENV, LEARNING, MULTIRUN, NETWORK,
+                                       NON_NEGATIVE, POLICIES, POSITIVE, PRECISIONS, RESUME_MAY_CHANGE, RUN,
+                                       THIS_INVOCATION, UNIT, UNIT_OPEN, AlgoOptions, Applies, Option, option)
+
+
+def uses(cfg, name: str) -> bool:
+    """Whether the algorithm of `cfg` reads the common option `name`."""
+    return name not in ALGORITHM_DEPENDENT or name in algo_options(cfg).uses
+
+
+def algo_options(cfg) -> AlgoOptions:
+    """The AlgoOptions of a config's algorithm (an empty one for the bare common Config)."""
+    return getattr(type(cfg), "ALGO_OPTIONS", AlgoOptions())
+
+
+# Who uses the common options that only some runs use ("{algos}": the algorithms that read it).
+USED = Applies("{algos}")
+FOR_MLP = Applies("an MLP (--policy mlp, {algos})", lambda c: c.policy == "mlp")
+# an algorithm without --policy (AD) is a transformer
+FOR_TRANSFORMER = Applies("a transformer (--policy transformer, or {algos})",
+                          lambda c: c.policy == "transformer" or not uses(c, "policy"),
+                          listed=lambda o: "policy" not in o.uses)
+FOR_TRANSFORMER_POLICY = Applies("--policy transformer", lambda c: c.policy == "transformer")
+FOR_STORE = Applies("--mode learn or collect", lambda c: c.mode != "both")
+FOR_STORE_SEGMENTS = Applies("{algos} with --mode learn or collect", lambda c: c.mode != "both")
+FOR_MANY_RUNS = Applies("many runs (--num-seeds > 1 or --sweep)", lambda c: c.num_seeds > 1 or bool(c.sweep))
+FOR_TRAINING = Applies("training (--mode both or learn)", lambda c: c.mode != "collect")
+FOR_PROFILE = Applies("--profile", lambda c: c.profile is not None)
+FOR_AUTO_SCALE = Applies("--auto-scale", lambda c: c.auto_scale is not None)
+FOR_AUTO_SCALE_STEPS = Applies("--auto-scale with {algos}", lambda c: c.auto_scale is not None)
 
 
 @dataclasses.dataclass(frozen=True)
-class Config(AdOptions, OffPolicyOptions, DqnOptions, PpoOptions):
+class Config:
     # -- run: what to train, for how long, where it is written ------------------------------
-    algo: str = option("ppo", f"algorithm: {', '.join(ALGOS)}, or one registered with jaxrl_mgpu.algos.register",
-                       RUN, common=True, brief="algorithm: " + ", ".join(ALGOS), state=EVERY_ALGO, metavar="NAME")
+    algo: str = option("ppo", "algorithm: {algorithms}, or MODULE:NAME, one that MODULE registers with "
+                              "jaxrl_mgpu.algos.register (an installed package's: by its entry point)",
+                       RUN, common=True, brief="algorithm: {algorithms}", state=True, metavar="NAME")
     total_timesteps: int = option(3_000_000, "environment steps to train for, over all devices", RUN, common=True,
-                                  check=POSITIVE, applies=FOR_ENV_STEPS, resume=RESUME_MAY_CHANGE)
+                                  check=POSITIVE, applies=USED, resume=RESUME_MAY_CHANGE)
     num_updates: int | None = option(None, "train for this many updates instead (the unit of --algo ad)", RUN,
-                                     check=POSITIVE, applies=FOR_AD, resume=RESUME_MAY_CHANGE)
+                                     check=POSITIVE, applies=USED, resume=RESUME_MAY_CHANGE)
     seed: int = option(0, "random seed (params, environments and sampling all derive from it)", RUN, common=True,
                        brief="random seed of params, environments and sampling")
     run_dir: str | None = option(None, "output directory (default runs/<env>-<algo>-<time>)", RUN, common=True,
@@ -84,29 +108,26 @@ class Config(AdOptions, OffPolicyOptions, DqnOptions, PpoOptions):
     # -- env ----------------------------------------------------------------------------------
     env: str = option("CartPole-v1", "environment: any gymnax name (e.g. Breakout-MinAtar), SUITE:TASK (e.g. "
                                      "brax:ant, dmc:CheetahRun) or a project env (envs/)", ENV, common=True,
-                      brief="a gymnax name, SUITE:TASK or a project env", state=EVERY_ALGO, metavar="NAME")
+                      brief="a gymnax name, SUITE:TASK or a project env", state=True, metavar="NAME")
     env_args: str | None = option(None, "arguments of a project env, NAME=VALUE,... (e.g. the Tag games' sizes: "
                                         "num_taggers=4,grid_length=100; see envs/tag.py)", ENV, common=True,
                                   brief="a project env's arguments, NAME=VALUE,... (the Tag games' sizes)",
-                                  state=EVERY_ALGO, metavar="ARGS")
+                                  state=True, metavar="ARGS")
     # DQN's replay is a ring per environment, written num_steps rows per update: both shape its state.
     num_envs: int = option(32, "environments, GLOBAL over all devices (per device = num-envs / devices)", ENV,
                            common=True, brief="environments, GLOBAL over all devices", check=POSITIVE,
-                           applies=FOR_ENV_STEPS, resume=RESUME_MAY_CHANGE, state=("dqn",))
+                           applies=USED, resume=RESUME_MAY_CHANGE)
     num_steps: int = option(128, "steps per environment per update (rollout length)", ENV, common=True,
-                            check=POSITIVE, applies=FOR_ENV_STEPS, state=("dqn",))
+                            check=POSITIVE, applies=USED)
 
     # -- learning -----------------------------------------------------------------------------
     lr: float = option(2.5e-4, "Adam learning rate", LEARNING, common=True, check=POSITIVE,
-                       resume=RESUME_MAY_CHANGE, sweep=PPO_DQN + OFF_POLICY_ALGOS)
+                       resume=RESUME_MAY_CHANGE)
     # (PPO's and AD's optimizer state holds a schedule count only when annealing)
-    anneal_lr: bool = option(True, "decay the learning rate linearly to 0 over training", LEARNING,
-                             state=("ppo", "ad") + OFF_POLICY_ALGOS)
-    gamma: float = option(0.99, "discount factor", LEARNING, common=True, check=UNIT, applies=FOR_ENV_STEPS,
-                          sweep=PPO_DQN + OFF_POLICY_ALGOS)
+    anneal_lr: bool = option(True, "decay the learning rate linearly to 0 over training", LEARNING)
+    gamma: float = option(0.99, "discount factor", LEARNING, common=True, check=UNIT, applies=USED)
     max_grad_norm: float = option(0.5, "clip gradients to this global norm (after the all-reduce)", LEARNING,
-                                  common=True, check=POSITIVE, resume=RESUME_MAY_CHANGE,
-                                  sweep=PPO_DQN + OFF_POLICY_ALGOS)
+                                  common=True, check=POSITIVE, resume=RESUME_MAY_CHANGE)
     precision: str = option("fp32", "compute dtype of forward and backward passes; params, optimizer state "
                                     "and metrics stay fp32; fp16 uses dynamic loss scaling", LEARNING,
                             choices=PRECISIONS)
@@ -117,18 +138,18 @@ class Config(AdOptions, OffPolicyOptions, DqnOptions, PpoOptions):
     policy: str = option("mlp", "policy network: mlp, or transformer over the recent history (a conv "
                                 "torso is added for image observations)", NETWORK, common=True,
                          brief="policy network", choices=POLICIES,
-                         applies=FOR_ENV_STEPS, state=EVERY_ALGO)
+                         applies=USED, state=True)
     hidden_size: int = option(64, "width of the MLP layers", NETWORK, common=True, check=POSITIVE, applies=FOR_MLP,
-                              state=EVERY_ALGO)
+                              state=True)
     num_layers: int = option(2, "hidden layers of the actor and of the critic MLP", NETWORK, check=POSITIVE,
-                             applies=FOR_MLP, state=EVERY_ALGO)
+                             applies=FOR_MLP, state=True)
     activation: str = option("tanh", "MLP activation (swish is silu, Brax's name for it)", NETWORK,
-                             choices=("tanh", "relu", "gelu", "silu", "swish"), applies=FOR_MLP, state=EVERY_ALGO)
-    d_model: int = option(128, "transformer width", NETWORK, check=POSITIVE, applies=FOR_TRANSFORMER, state=EVERY_ALGO)
-    n_layers: int = option(2, "transformer blocks", NETWORK, check=POSITIVE, applies=FOR_TRANSFORMER, state=EVERY_ALGO)
-    n_heads: int = option(4, "attention heads", NETWORK, check=POSITIVE, applies=FOR_TRANSFORMER, state=EVERY_ALGO)
+                             choices=("tanh", "relu", "gelu", "silu", "swish"), applies=FOR_MLP, state=True)
+    d_model: int = option(128, "transformer width", NETWORK, check=POSITIVE, applies=FOR_TRANSFORMER, state=True)
+    n_layers: int = option(2, "transformer blocks", NETWORK, check=POSITIVE, applies=FOR_TRANSFORMER, state=True)
+    n_heads: int = option(4, "attention heads", NETWORK, check=POSITIVE, applies=FOR_TRANSFORMER, state=True)
     context_len: int = option(64, "tokens (steps) each layer attends to, itself included", NETWORK, check=POSITIVE,
-                              applies=FOR_TRANSFORMER_POLICY, state=PPO_DQN)
+                              applies=FOR_TRANSFORMER_POLICY)
     context_across_episodes: bool = option(False, "let the context window cross episode boundaries (meta-RL)",
                                            NETWORK, applies=FOR_TRANSFORMER_POLICY)
     attention: str = option("xla", "transformer attention: xla; cudnn (flash attention, GPU); pallas (LayerNorm, "
@@ -143,12 +164,12 @@ class Config(AdOptions, OffPolicyOptions, DqnOptions, PpoOptions):
                                "own params, optimizer state, environments and keys; each run has --num-envs "
                                "environments", MULTIRUN, common=True,
                             brief="independent runs in one program, seeds seed, seed+1, ...", check=POSITIVE,
-                            state=EVERY_ALGO)
+                            state=True)
     sweep: str | None = option(None, "NAME=v1,v2,... [NAME=...]: also cross these values of numeric options that "
                                      "do not change the program's shapes (lr, ent-coef, ...) with the seeds, as "
                                      "per-run values in the one compiled program", MULTIRUN, common=True,
                                brief="also cross these values of numeric options (lr, ...) with the seeds",
-                               nargs="+", metavar="NAME=V,...", state=EVERY_ALGO)
+                               nargs="+", metavar="NAME=V,...", state=True)
     target_return: float | None = option(None, "the summary gives the fraction of seeds whose final return is "
                                                "above this", MULTIRUN, applies=FOR_MANY_RUNS,
                                          resume=RESUME_MAY_CHANGE)
@@ -190,10 +211,10 @@ class Config(AdOptions, OffPolicyOptions, DqnOptions, PpoOptions):
                                  ASYNC, check=POSITIVE, applies=FOR_STORE, resume=RESUME_MAY_CHANGE)
     shard_steps: int = option(16, "collect: vector steps of all environments per store shard (the unit the "
                                   "learner receives: larger shards, fewer files but staler data)", ASYNC,
-                              check=POSITIVE, applies=FOR_REPLAY_STORE)
+                              check=POSITIVE, applies=FOR_STORE_SEGMENTS)
     store_workers: int = option(0, "processes that decode (learner) or encode (collector) the store's shards, "
                                    "several at once (0: a quarter of the host's cores, 1 to 4)", ASYNC,
-                                check=NON_NEGATIVE, applies=FOR_REPLAY_STORE, resume=THIS_INVOCATION)
+                                check=NON_NEGATIVE, applies=FOR_STORE_SEGMENTS, resume=THIS_INVOCATION)
 
     # -- devices and hosts ----------------------------------------------------------------------
     devices: int | None = option(None, "use the first k local devices of each host (default: all)", DEVICES,
@@ -257,61 +278,188 @@ class Config(AdOptions, OffPolicyOptions, DqnOptions, PpoOptions):
         return dataclasses.asdict(self)
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(Config)}
-OPTIONS: dict[str, Option] = {name: f.metadata["option"] for name, f in FIELDS.items()}
+    def __reduce__(self):
+        # a run's config is its algorithm's class, made at run time: rebuilt by the name it keeps
+        return _rebuild, (self.to_dict(),)
 
-# -- each algorithm's own defaults ---------------------------------------------------------------
 
-# An option's declared default is PPO's (the default algorithm's) or the only one. Where another
-# algorithm's usual setting differs (an off-policy learner's batch, its target network, its
-# networks), that algorithm declares its own default, in its options' module: a run of it with
-# the option unset takes that value. Algorithms registered from outside have none here.
-ALGO_DEFAULTS: dict[str, dict[str, Any]] = {"dqn": DQN_DEFAULTS, "sac": OFF_POLICY_DEFAULTS,
-                                            "td3": OFF_POLICY_DEFAULTS, "ad": AD_DEFAULTS}
+COMMON_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+def _rebuild(values: dict):
+    return config_class(values["algo"])(**values)
+
+
+# -- the algorithms a run may name ---------------------------------------------------------------
+
+class Algorithms:
+    """The algorithms a run may name, as the options layer knows them: name -> AlgoOptions.
+    jaxrl_mgpu.algos fills it: the built-ins by loaders (their light options modules load on
+    first use), the others when registered; `resolver(name)` (algos' registry) is asked for a
+    name it does not know, and imports MODULE of MODULE:NAME or an installed package's entry
+    point, which registers it."""
+
+    def __init__(self):
+        self._loaders: dict[str, Callable[[], AlgoOptions]] = {}
+        self._known: dict[str, AlgoOptions] = {}
+        self._order: list[str] = []
+        self.resolver: Callable[[str], None] = lambda name: None
+
+    def add(self, name: str, options: AlgoOptions | Callable[[], AlgoOptions]) -> None:
+        if isinstance(options, AlgoOptions):
+            self._known[name] = options
+            _CLASSES.pop(name, None)  # a name registered again: its class is made again
+        else:
+            self._loaders[name] = options
+        if name not in self._order:
+            self._order.append(name)
+
+    def names(self) -> list[str]:
+        """The names known so far, in the order they were added (the built-ins first)."""
+        return list(self._order)
+
+    def options(self, name: str) -> AlgoOptions:
+        """The AlgoOptions of `--algo name`, or a ConfigError naming the algorithms there are."""
+        if name not in self._known and name not in self._loaders:
+            self.resolver(name)
+        if name not in self._known:
+            if name not in self._loaders:
+                raise ConfigError(f"--algo {name}: no such algorithm; choose from {', '.join(self.names())}, or "
+                                  f"MODULE:NAME of a module that registers NAME")
+            self._known[name] = self._loaders[name]()
+        return self._known[name]
+
+
+ALGORITHMS = Algorithms()
+_CLASSES: dict[str, type] = {}
+
+
+def config_class(algo: str) -> type:
+    """The dataclass of a run of `algo`: the common options and the algorithm's own, each with
+    its default (the algorithm's own, where it declares one). One class per algorithm."""
+    if algo in _CLASSES:
+        return _CLASSES[algo]
+    o = ALGORITHMS.options(algo)
+    own = {f.name: f for f in dataclasses.fields(o.fields)}
+    if own.keys() & COMMON_FIELDS.keys():
+        raise ConfigError(f"--algo {algo}: its option {flag(sorted(own.keys() & COMMON_FIELDS.keys())[0])} is one of "
+                          f"every run's; name it otherwise")
+    fields, hints = {**COMMON_FIELDS, **own}, {**typing.get_type_hints(Config), **typing.get_type_hints(o.fields)}
+    unknown = sorted(set(o.defaults) - set(fields))
+    if unknown:
+        raise ConfigError(f"--algo {algo}: a default for {flag(unknown[0])}, which is no option of it")
+    redeclared = [(name, hints[name], dataclasses.field(default=value, metadata=fields[name].metadata))
+                  for name, value in o.defaults.items()]
+    cls = dataclasses.make_dataclass("Config", redeclared, bases=(o.fields, Config), frozen=True,
+                                     namespace={"ALGO_OPTIONS": o, "__module__": __name__})
+    _CLASSES[algo] = cls
+    return cls
+
+
+def fields_of(cfg_or_class) -> dict[str, dataclasses.Field]:
+    cls = cfg_or_class if isinstance(cfg_or_class, type) else type(cfg_or_class)
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def options_of(cfg_or_class) -> dict[str, Option]:
+    return {name: f.metadata["option"] for name, f in fields_of(cfg_or_class).items()}
+
+
+def own_options(cfg_or_class) -> tuple[str, ...]:
+    """The algorithm's own options (not the common ones) of a config or its class."""
+    return tuple(name for name in fields_of(cfg_or_class) if name not in COMMON_FIELDS)
 
 
 def defaults(algo: str) -> dict[str, Any]:
     """Every option's default for a run of `algo`."""
-    return {name: f.default for name, f in FIELDS.items()} | ALGO_DEFAULTS.get(algo, {})
+    return {name: f.default for name, f in fields_of(config_class(algo)).items()}
 
 
-def build(given: dict) -> Config:
-    """The Config of the options `given` (a preset's and the flags', or a Python caller's): each
-    option it does not set takes its algorithm's default."""
-    return Config(**{**ALGO_DEFAULTS.get(given.get("algo", FIELDS["algo"].default), {}), **given})
+def known_options() -> dict[str, Option]:
+    """Every option any known algorithm's run can have, {name: Option}: the common ones and
+    each algorithm's own (the first to declare a name gives its declaration)."""
+    out = {name: f.metadata["option"] for name, f in COMMON_FIELDS.items()}
+    for algo in ALGORITHMS.names():
+        for name, o in options_of(config_class(algo)).items():
+            out.setdefault(name, o)
+    return out
+
+
+def known_type(name: str) -> type:
+    """The type of option `name` (int for `int | None`), from whichever algorithm declares it."""
+    classes = [Config] + [config_class(algo) for algo in ALGORITHMS.names()]
+    hint = next((typing.get_type_hints(cls)[name] for cls in classes if name in fields_of(cls)), None)
+    if hint is None:
+        raise ConfigError(f"{flag(name)}: no such option")
+    return _base_type(hint)
+
+
+def optional(name: str) -> bool:
+    """Whether option `name` may be None (`int | None`)."""
+    classes = [Config] + [config_class(algo) for algo in ALGORITHMS.names()]
+    hint = next(typing.get_type_hints(cls)[name] for cls in classes if name in fields_of(cls))
+    return type(None) in typing.get_args(hint)
+
+
+def algorithms_with(name: str, listed: Callable[[AlgoOptions], bool] | None = None) -> list[str]:
+    """The known algorithms whose runs have option `name`: their own, or a common one they read."""
+    out = []
+    for algo in ALGORITHMS.names():
+        o = ALGORITHMS.options(algo)
+        has = name in own_options(config_class(algo)) if name not in COMMON_FIELDS else \
+            name not in ALGORITHM_DEPENDENT or name in o.uses
+        if has and (listed is None or listed(o)):
+            out.append(algo)
+    return out
+
+
+def who(name: str, applies: Applies | None) -> str:
+    """The runs option `name` is for, as a refusal names them ("--algo dqn, sac or td3 with
+    --mode learn or collect")."""
+    text = applies.who if applies is not None else "{algos}"
+    if "{algos}" in text:
+        names = algorithms_with(name, applies.listed if applies is not None else None)
+        listed = ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
+        text = text.replace("{algos}", f"--algo {listed}")
+    return text
 
 
 # -- the lists other modules need, from the declarations --------------------------------------
 
-def state_keys(algo: str) -> tuple[str, ...]:
-    """The options that shape `algo`'s checkpointed state: a checkpoint only resumes under the
-    same values."""
-    return tuple(name for name, o in OPTIONS.items() if _shapes_state(o, algo))
+def state_keys(cfg_or_class) -> tuple[str, ...]:
+    """The options that shape the checkpointed state of a run of this config's algorithm: a
+    checkpoint only resumes under the same values."""
+    cls = cfg_or_class if isinstance(cfg_or_class, type) else type(cfg_or_class)
+    extra = getattr(cls, "ALGO_OPTIONS", AlgoOptions()).state
+    return tuple(name for name, o in options_of(cls).items() if o.state or name in extra)
 
 
-def _shapes_state(o: Option, algo: str) -> bool:
-    return algo in o.state or o.state == EVERY_ALGO
-
-
-def resumable(algo: str) -> tuple[str, ...]:
-    """The options a resume of an `algo` run may change (each change is logged): how long it
-    runs, how its batch is split, how often it logs and saves, and the step size (to go on from
-    the last good checkpoint after a divergence); never one that shapes its state."""
-    return tuple(name for name, o in OPTIONS.items() if o.resume == RESUME_MAY_CHANGE and not _shapes_state(o, algo))
+def resumable(cfg_or_class) -> tuple[str, ...]:
+    """The options a resume of a run of this config's algorithm may change (each change is
+    logged): how long it runs, how its batch is split, how often it logs and saves, and the step
+    size (to go on from the last good checkpoint after a divergence); never one that shapes its
+    state."""
+    cls = cfg_or_class if isinstance(cfg_or_class, type) else type(cfg_or_class)
+    shaping, reads = state_keys(cls), getattr(cls, "ALGO_OPTIONS", AlgoOptions()).uses
+    return tuple(name for name, o in options_of(cls).items()
+                 if o.resume == RESUME_MAY_CHANGE and name not in shaping
+                 and (name not in ALGORITHM_DEPENDENT or name in reads))
 
 
 def per_invocation() -> tuple[str, ...]:
     """The options of one invocation, not of the run: a resume takes them from its own command
     line (or their defaults), never from the saved config."""
-    return tuple(name for name, o in OPTIONS.items() if o.resume == THIS_INVOCATION)
+    return tuple(name for name, f in COMMON_FIELDS.items() if f.metadata["option"].resume == THIS_INVOCATION)
 
 
-def sweepable(algo: str) -> tuple[str, ...]:
-    """The options `algo`'s --sweep may vary: those an update reads only as numbers, so that
-    each run's value can enter the one compiled program as a traced array (multirun.py). Any
-    other option changes the program (shapes, or Python branches such as DQN's --tau 1 hard
-    copy) and needs a program of its own."""
-    return tuple(name for name, o in OPTIONS.items() if algo in o.sweep)
+def sweepable(cfg_or_class) -> tuple[str, ...]:
+    """The options a run of this config's algorithm may --sweep: those an update reads only as
+    numbers, so that each run's value can enter the one compiled program as a traced array
+    (multirun.py). Any other option changes the program (shapes, or Python branches such as
+    DQN's --tau 1 hard copy) and needs a program of its own."""
+    cls = cfg_or_class if isinstance(cfg_or_class, type) else type(cfg_or_class)
+    common = getattr(cls, "ALGO_OPTIONS", AlgoOptions()).sweep
+    return tuple(name for name, o in options_of(cls).items() if o.sweep or name in common)
 
 
 def flag(name: str) -> str:
@@ -329,31 +477,41 @@ def check_value(name: str, value, label: str | None = None) -> None:
         return
     if isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(f"{label} must be a finite number, got {value}")
-    wanted = OPTIONS[name].check
+    wanted = known_options()[name].check
     if wanted is not None and not wanted.holds(value):
         text = "at least 1" if wanted is POSITIVE and isinstance(value, int) else wanted.text
         raise ConfigError(f"{label} must be {text}, got {value}")
 
 
-def check_applicable(cfg: "Config", given, reads: tuple[str, ...] = ()) -> None:
+def describe_run(cfg, given) -> str:
+    """How a refusal names the run: --algo sac --policy mlp [--mode learn]."""
+    return (f"--algo {cfg.algo}" + (f" --policy {cfg.policy}" if uses(cfg, "policy") else "")
+            + ("" if cfg.mode == "both" else f" --mode {cfg.mode}"))
+
+
+def refuse(name: str, cfg, given) -> ConfigError:
+    """The error for option `name`, set by `given` (the command line or the preset), that this
+    run would ignore."""
+    applies = known_options()[name].applies
+    # an option the preset set, not the user: say so, so that the flag to change is clear
+    preset = (f" (set by --config {cfg.config})" if cfg.config and name not in getattr(given, "flags", given)
+              else "")
+    return ConfigError(f"{flag(name)}{preset} is only for {who(name, applies)}; this run is {describe_run(cfg, given)} "
+                       f"and would ignore it")
+
+
+def check_applicable(cfg: Config, given) -> None:
     """A ConfigError for the first option in `given` (set on the command line or by the preset)
-    that this run would ignore; `reads`: the options of other algorithms' that this run's
-    algorithm reads too (its spec's, algos.Spec.reads)."""
+    that this run would ignore: one its algorithm does not read, or one whose condition its
+    config does not meet (--num-atoms without --critic categorical)."""
     for name in given:
-        applies = OPTIONS[name].applies
-        if applies is not None and name not in reads and not applies.test(cfg):
-            this = f"--algo {cfg.algo}" + (f" --policy {cfg.policy}" if cfg.algo != "ad" else "") + \
-                   ("" if cfg.mode == "both" else f" --mode {cfg.mode}")
-            # an option the preset set, not the user: say so, so that the flag to change is clear
-            preset = (f" (set by --config {cfg.config})" if cfg.config and name not in getattr(given, "flags", given)
-                      else "")
-            raise ConfigError(f"{flag(name)}{preset} is only for {applies.who}; this run is {this} and would "
-                              f"ignore it")
+        o = known_options()[name]
+        if name not in fields_of(cfg) or not uses(cfg, name) or (o.applies is not None and not o.applies.test(cfg)):
+            raise refuse(name, cfg, given)
 
 
-def _base_type(name: str) -> type:
+def _base_type(hint) -> type:
     """int for `int | None`, and so on."""
-    hint = typing.get_type_hints(Config)[name]
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
         hint = next(a for a in typing.get_args(hint) if a is not type(None))
     return hint
@@ -362,19 +520,14 @@ def _base_type(name: str) -> type:
 KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 
-def _optional(name: str) -> bool:
-    hint = typing.get_type_hints(Config)[name]
-    return type(None) in typing.get_args(hint)
-
-
 def _coerce(name: str, value: Any, source: str) -> Any:
     """`value` as option `name`'s type, checked (choices, range), or a one-line ConfigError that
     names it as `source` spells it: the flag on the command line, `FILE: name` in a preset or
     a run's config.json."""
-    kind, choices = _base_type(name), OPTIONS[name].choices
+    kind, choices = known_type(name), known_options()[name].choices
     label = flag(name) if source == "command line" else f"{source}: {name}"
     if value is None:
-        if _optional(name):
+        if optional(name):
             return None
         raise ConfigError(f"{label} must be {KIND_NAMES[kind]}, got null")
     if isinstance(value, list):  # nargs="+" (--sweep): kept as one string, as a preset writes it
@@ -397,5 +550,6 @@ def _coerce(name: str, value: Any, source: str) -> Any:
 
 
 def from_dict(values: dict) -> Config:
-    """A saved config (config.json, every option written) as a Config."""
-    return Config(**{k: v for k, v in values.items() if k in FIELDS})
+    """A saved config (config.json, every option of its algorithm written) as its Config."""
+    cls = config_class(values["algo"])
+    return cls(**{k: v for k, v in values.items() if k in fields_of(cls)})

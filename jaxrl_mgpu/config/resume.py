@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from jaxrl_mgpu.cli import ConfigError
-from jaxrl_mgpu.config.options import (Config, FIELDS, _coerce, defaults, flag, from_dict, per_invocation, resumable,
-                                       state_keys)
+from jaxrl_mgpu.config.options import (Config, _coerce, config_class, defaults, fields_of, flag, from_dict,
+                                       per_invocation, resumable, state_keys)
 from jaxrl_mgpu.config.checks import parse_sweep
 
 
@@ -25,7 +25,7 @@ def read_saved(run_dir: str | Path) -> dict:
     if not isinstance(saved, dict) or not isinstance(saved.get("algo"), str):
         raise ConfigError(f"{path} is not a jaxrl_mgpu run config")
     # Every field as the command line would take it (a hand-edited file must not reach the run).
-    unknown = sorted(set(saved) - set(FIELDS))
+    unknown = sorted(set(saved) - set(fields_of(config_class(saved["algo"]))))
     if unknown:
         raise ConfigError(f"{path}: unknown option(s) {', '.join(unknown)} (written by another version of "
                           f"jaxrl_mgpu?)")
@@ -39,7 +39,7 @@ def resumed(saved: dict, given: dict) -> tuple[Config, list[str]]:
     option set to a different value is a ConfigError."""
     saved_cfg = from_dict(saved)
     fresh = Config()
-    may_change, invocation = resumable(saved_cfg.algo), per_invocation()
+    may_change, invocation = resumable(saved_cfg), per_invocation()
     swept = dict(parse_sweep(saved_cfg)) if saved_cfg.sweep else {}
     changes, refused = [], []
     for name, value in given.items():
@@ -71,7 +71,7 @@ def incompatible(saved: dict, cfg: Config, keys: tuple[str, ...] | None = None) 
     its algorithm's default then."""
     then = defaults(saved.get("algo", cfg.algo))
     return [f"{k.replace('_', '-')} ({saved.get(k, then.get(k))!r} vs {getattr(cfg, k)!r})"
-            for k in (state_keys(cfg.algo) if keys is None else keys)
+            for k in (state_keys(cfg) if keys is None else keys)
             if saved.get(k, then.get(k)) != getattr(cfg, k)]
 
 

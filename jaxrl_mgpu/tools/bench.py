@@ -30,7 +30,7 @@ import jax
 import optax
 
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import chunks, parallel
+from jaxrl_mgpu import algos, chunks, parallel
 from jaxrl_mgpu import autoscale
 from jaxrl_mgpu.tools import reference_ppo
 from jaxrl_mgpu import plan as plan_lib
@@ -254,7 +254,7 @@ def main_transformer(args, base) -> int:
     for cfg in cfgs:
         # The step is the cache-free learner path (as AD's): check the kernels' shapes the way
         # training does, before any compile.
-        config_lib.check_kernels(dataclasses.replace(cfg, algo="ad", n_transit=cfg.context_len))
+        plan_lib.check_kernels(cfg, cfg.context_len)
         config_lib.check_platform(cfg, jax.devices()[0].platform)
     # The ceiling moves between measurements on one card far more than a step's time does:
     # measured before the first row and after every row, every row's MFU is against the
@@ -303,7 +303,7 @@ def main(argv=None) -> int:
                      for e in envs]
         for _, cfg in runs:
             config_lib.validate(cfg)
-        if args.baseline and (base.algo, base.policy) != ("ppo", "mlp") or args.baseline and spec.name == "mappo":
+        if args.baseline and (spec is not algos.get("ppo") or base.policy != "mlp"):
             raise config_lib.ConfigError("--baseline is the single-agent PPO of reference_ppo.py: it takes --algo ppo "
                                          "--policy mlp on a single-agent env")
     except USER_ERRORS as e:

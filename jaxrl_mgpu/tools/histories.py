@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.algos.ad.histories import LearnerConfig, darkroom_env, episode_returns, run, source_metadata
-from jaxrl_mgpu.config import SOURCE_ALGOS as ALGOS
+from jaxrl_mgpu.algos.ad.options import SOURCE_ALGOS as ALGOS
 from jaxrl_mgpu.data import rlds
 from jaxrl_mgpu.envs import EnvError, darkroom
 from jaxrl_mgpu.parallel import ParallelError

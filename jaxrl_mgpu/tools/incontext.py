@@ -239,8 +239,8 @@ def throughput(argv=None, repeats: int = 5) -> int:
     """Host reader (steps/s of `data.read`, and the windows/s that would make) against the
     compiled AD update (windows/s consumed); one JSON line."""
     try:
-        cfg = config_lib.parse_args(argv)
-        cfg = dataclasses.replace(cfg, algo="ad", num_updates=cfg.num_updates or cfg.log_every)
+        cfg = config_lib.check_distributed(config_lib.build({**config_lib.parse_given(argv), "algo": "ad"}))
+        cfg = dataclasses.replace(cfg, num_updates=cfg.num_updates or cfg.log_every)
         parallel.initialize(cfg.coordinator_address, cfg.num_processes, cfg.process_id, cfg.local_device_ids,
                             cfg.failure_timeout)
         cfg = config_lib.validate(cfg)

@@ -39,7 +39,6 @@ import numpy as np
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share
-from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu.checkpoint import REPLICATED
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.data import rlds
@@ -296,16 +295,8 @@ def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
     """AD trains from a dataset of learning histories, loaded once onto the devices (this
     device's share of the tasks) and read by every update."""
     algo = make(cfg, env, env_params, split)
-    return Algorithm(algo.init, algo.update, STATE_LAYOUT, SPEC.step_unit, steps_per_update(cfg), algo.policy,
+    return Algorithm(algo.init, algo.update, STATE_LAYOUT, STEP_UNIT, steps_per_update(cfg), algo.policy,
                      data=(load_data(cfg, par),), parts=algo, episodic=False)
 
 
-# What the code outside algos/ reads of AD (algos/spec.py): progress in tokens (transitions the
-# model is trained on), not env steps; --auto-scale sizes the sequences per update; no --policy
-# (its network is AD's transformer); a trained run is evaluated in context (tools/incontext.py).
-SPEC = Spec(name="ad", check=check, algorithm=algorithm, policy=in_context_policy, steps_per_update=steps_per_update,
-            step_unit="tokens", console=(("loss", "loss/cross_entropy", ".4f"), ("acc", "loss/accuracy", ".3f")),
-            summary=("loss/cross_entropy", "loss/accuracy"), size_option="ad_batch_size", takes_policy=False,
-            evaluated_by="in-context",
-            auto_scale_keeps="--grad-accum, lr and --num-updates as configured, so each update learns from more "
-                             "sequences")
+STEP_UNIT = "tokens"  # AD's progress: the transitions the model is trained on, not env steps

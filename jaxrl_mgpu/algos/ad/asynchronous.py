@@ -275,7 +275,7 @@ class HistorySource(StoreSource):
     def log_row(self, row: dict, updates: int) -> dict:
         update, elapsed = row["update"], time.perf_counter() - self.logged_at
         sampled = update * ad.steps_per_update(self.cfg)  # AD's step unit is its samples
-        return {"update": update, ad.SPEC.step_unit: sampled, "grad_steps": update,
+        return {"update": update, ad.STEP_UNIT: sampled, "grad_steps": update,
                 **{k: v for k, v in row.items() if k.startswith("loss/")},
                 "grad_steps_per_s": updates / elapsed, "time": row["time"],
                 "async/buffer_histories": min(self.inserted, self.per_device * self.devices),

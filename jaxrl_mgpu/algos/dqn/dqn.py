@@ -66,7 +66,6 @@ import optax
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
-from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu.algos.replay import (AUTO_SCALE_KEEPS, Replay, SeqBatch, Transitions, first_learning_update,
                                      grad_steps_per_update, gradient_steps, replay_add, replay_init, replay_sample,
                                      replay_split, steady_state, steps_per_update, target_update)
@@ -384,11 +383,5 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
 
 def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
     algo = make(cfg, env, env_params, split)
-    return Algorithm(algo.init, algo.update, STATE_LAYOUT, SPEC.step_unit, steps_per_update(cfg), algo.policy,
+    return Algorithm(algo.init, algo.update, STATE_LAYOUT, "env_steps", steps_per_update(cfg), algo.policy,
                      parts=algo)
-
-
-# What the code outside algos/ reads of DQN (algos/spec.py).
-SPEC = Spec(name="dqn", check=check, algorithm=algorithm, policy=q_policy, steps_per_update=steps_per_update,
-            steady_state=steady_state, console=(("td", "loss/td", ".4f"), ("eps", "epsilon", ".3f")),
-            auto_scale_keeps=AUTO_SCALE_KEEPS)

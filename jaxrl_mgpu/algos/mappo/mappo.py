@@ -16,7 +16,7 @@ What differs from single-agent PPO (ppo.py, whose GAE this reuses):
   for all epochs), so one update on D devices equals one update on one device;
 - metrics per team: mean episode return per agent, tags per episode, episode length.
 
-`--algo ppo` on a multi-agent env runs this (algos.spec.for_run); `--policy transformer`,
+`--algo ppo` on a multi-agent env runs this (plan.spec_for); `--policy transformer`,
 `--normalize-reward` and the other algorithms are refused there (config.validate), as are
 `--normalize-obs`, `--reward-scale`, `--no-clip-value` and `--action-dist` (`check`).
 """
@@ -33,7 +33,6 @@ import optax
 from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu.algos.ppo import ppo
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share
-from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu import envs as envs_lib
@@ -79,6 +78,9 @@ class Algo(NamedTuple):
 
 
 def check(cfg, num_devices: int) -> BatchSplit:
+    if (cfg.policy, cfg.mode, cfg.normalize_reward) != ("mlp", "both", False):
+        raise ConfigError(f"--env {cfg.env} is a multi-agent game: it trains with --algo {cfg.algo} --policy mlp (one "
+                          f"network per team) in --mode both, without --normalize-reward")
     unsupported = [flag for flag, given in (("--normalize-obs", cfg.normalize_obs),
                                             ("--reward-scale", cfg.reward_scale != 1.0),
                                             ("--no-clip-value", not cfg.clip_value),
@@ -326,19 +328,11 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
 
 def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
     algo = make(cfg, env, env_params, split)
-    return Algorithm(algo.init, algo.update, STATE_LAYOUT, SPEC.step_unit, steps_per_update(cfg), algo.policy,
+    return Algorithm(algo.init, algo.update, STATE_LAYOUT, "env_steps", steps_per_update(cfg), algo.policy,
                      parts=algo, agents_per_env=env.num_agents,
                      evaluation=lambda total, num_devices, greedy: (
                          make_match(algo.policy, env, env_params, total, num_devices, greedy),
                          lambda sums: summarize_match(sums, tuple(env.teams))))
-
-
-# What the code outside algos/ reads of multi-agent PPO (algos/spec.py): PPO's, and on the
-# progress line per team the return per agent, and the game's tags.
-SPEC = Spec(name="mappo", check=check, algorithm=algorithm, policy=team_policy, steps_per_update=steps_per_update,
-            console=ppo.SPEC.console + (("taggers", "taggers/episode_return", ".2f"),
-                                        ("runners", "runners/episode_return", ".2f"),
-                                        ("tags", "tags_per_episode", ".2f")))
 
 
 # -- evaluation: trained teams, and each against a uniform-random opponent --------------------

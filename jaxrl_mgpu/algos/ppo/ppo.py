@@ -36,7 +36,6 @@ import jax.numpy as jnp
 
 from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share
-from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.cli import ConfigError
@@ -442,12 +441,10 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
 
 def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
     algo = make(cfg, env, env_params, split)
-    return Algorithm(algo.init, algo.update, STATE_LAYOUT, SPEC.step_unit, steps_per_update(cfg), algo.policy,
+    return Algorithm(algo.init, algo.update, STATE_LAYOUT, "env_steps", steps_per_update(cfg), algo.policy,
                      parts=algo)
 
 
-# What the code outside algos/ reads of PPO (algos/spec.py); algos/__init__.py registers it, with
-# multi-agent PPO (mappo.py) for the multi-agent games.
-SPEC = Spec(name="ppo", check=check, algorithm=algorithm, policy=actor_critic.make, steps_per_update=steps_per_update,
-            console=(("policy", "loss/policy", ".3f"), ("value", "loss/value", ".3f"),
-                     ("kl", "loss/approx_kl", ".4f"), ("clip", "loss/clip_frac", ".3f")))
+# What the progress line shows of a PPO update (its spec's console; multi-agent PPO's too).
+CONSOLE = (("policy", "loss/policy", ".3f"), ("value", "loss/value", ".3f"), ("kl", "loss/approx_kl", ".4f"),
+           ("clip", "loss/clip_frac", ".3f"))

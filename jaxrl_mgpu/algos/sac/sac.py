@@ -46,7 +46,6 @@ from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
 from jaxrl_mgpu.algos.replay import (AUTO_SCALE_KEEPS, Replay, Transitions, first_learning_update, grad_steps_per_update,
                                      gradient_steps, replay_add, replay_init, replay_sample, replay_split,
                                      steady_state, steps_per_update, target_update)
-from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.cli import ConfigError, count
 from jaxrl_mgpu.envs import vec
@@ -424,9 +423,3 @@ def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
     parts = make(cfg, env, env_params, split)
     return Algorithm(parts.init, parts.update, STATE_LAYOUT, "env_steps", steps_per_update(cfg), parts.policy,
                      parts=parts, learned=LEARNED, optimizers=OPTIMIZERS)
-
-
-_COMMON = dict(check=check, algorithm=algorithm, policy=sac_policy, steps_per_update=steps_per_update,
-               steady_state=steady_state, auto_scale_keeps=AUTO_SCALE_KEEPS)
-SAC = Spec(name="sac", console=(("critic", "loss/critic", ".3f"), ("alpha", "alpha", ".3f")), **_COMMON)
-TD3 = Spec(name="td3", console=(("critic", "loss/critic", ".3f"), ("q", "loss/q_mean", ".1f")), **_COMMON)
