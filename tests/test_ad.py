@@ -17,8 +17,9 @@ from jaxrl_mgpu.tools import histories, incontext
 from jaxrl_mgpu.algos.ad import ad
 from jaxrl_mgpu.data import rlds
 
+# Every episode kept (AD's default keeps every 10th): the fixture's histories are 5 episodes long.
 TINY = dict(algo="ad", env="DarkRoom", d_model=16, n_layers=2, n_heads=2, n_transit=24, ad_batch_size=16,
-            num_updates=4, log_every=2, lr=1e-3)
+            ad_episode_stride=1, num_updates=4, log_every=2, lr=1e-3)
 
 
 @pytest.fixture(scope="module")
