@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from jaxrl_mgpu import algos
 from jaxrl_mgpu.algos import learner
-from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Resolved, Share
 from jaxrl_mgpu.algos.option_groups import ActionDistribution, ActorCriticNets
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.config import AlgoOptions
@@ -64,8 +64,10 @@ LAYOUT = {"params": REPLICATED, "opt_state": REPLICATED, "loss_scale": REPLICATE
           "key": REPLICATED}
 
 
-def check(cfg, num_devices: int) -> BatchSplit:
-    """How the batch splits over the devices, or a ConfigError naming the option that does not."""
+def check(run: Resolved, num_devices: int) -> BatchSplit:
+    """How the batch splits over the devices, or a ConfigError naming the option that does not.
+    (`run`: the resolved run, algos.base.Resolved: its config, its environment made once.)"""
+    cfg = run.cfg
     envs = split_evenly(cfg.num_envs, num_devices, "--num-envs")
     return BatchSplit(num_devices, environments=Share(cfg.num_envs, envs),
                       minibatch=Share(cfg.num_envs * cfg.num_steps, envs * cfg.num_steps))
@@ -82,9 +84,15 @@ def n_step_returns(reward, terminated, truncated, bootstrap, last_value, gamma):
     return returns
 
 
-def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
-    policy = actor_critic.make(cfg, env, env_params)  # the MLP actor-critic of --actor-hidden etc.
-    dist, n = policy.dist, split.environments.per_device
+def policy_of(run: Resolved) -> actor_critic.Policy:
+    """The MLP actor-critic of --actor-hidden etc. for the run's environment."""
+    return actor_critic.make(run.cfg, run.env, run.env_params)
+
+
+def algorithm(run: Resolved) -> Algorithm:
+    cfg, env, env_params = run.cfg, run.env, run.env_params
+    policy = policy_of(run)
+    dist, n = policy.dist, run.split.environments.per_device
     tx = learner.adam(cfg, cfg.total_updates)
 
     def init(key):
@@ -135,6 +143,6 @@ def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
 
 
 algos.register("a2c", algos.Spec(
-    options=OPTIONS, check=check, algorithm=algorithm, policy=actor_critic.make,
+    options=OPTIONS, check=check, algorithm=algorithm, policy=policy_of,
     steps_per_update=lambda cfg: cfg.num_envs * cfg.num_steps,
     console=(("policy", "loss/policy", ".3f"), ("value", "loss/value", ".3f"))))

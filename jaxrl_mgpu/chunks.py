@@ -219,8 +219,8 @@ class Trainer:
         """`eval_episodes` episodes with the current params, spread over all devices."""
         if self._eval is None:
             if self.algorithm.evaluation is not None:
-                episodes, self._summarize = self.algorithm.evaluation(self.cfg.eval_episodes, self.par.num_devices,
-                                                                      False)
+                episodes, self._summarize = self.algorithm.evaluation.episodes(
+                    self.cfg.eval_episodes, self.par.num_devices, False)
             else:
                 episodes = make_episodes(self.algorithm.policy, self.env, self.env_params, self.cfg.eval_episodes,
                                          self.par.num_devices, greedy=False)

@@ -39,9 +39,7 @@ import numpy as np
 
 from jaxrl_mgpu import cli, parallel
 from jaxrl_mgpu.tools import incontext, video
-from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu import plan as plan_lib
-from jaxrl_mgpu.algos.mappo import mappo
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.episodes import make_episodes, summarize
 from jaxrl_mgpu.runs import load_params, load_run, readable_params  # noqa: F401  (load_params: for callers)
@@ -113,14 +111,14 @@ def main(argv=None) -> int:
         return 0
     policy = plan.policy()
     params, key = par.replicate(params), par.replicate(np.asarray(jax.random.PRNGKey(args.seed)))
-    if envs_lib.is_multi_agent(env):
-        # Every pairing of trained and uniform-random teams, on the same games (the same key).
-        for random_teams in itertools.product(*[((), (name,)) for name in env.teams]):
-            random_teams = sum(random_teams, ())
-            run = par.map(mappo.make_match(policy, env, env_params, args.episodes, par.num_devices, args.greedy,
-                                           random_teams))
-            result = mappo.summarize_match(par.first(run(params, key)), tuple(env.teams))
-            sides = {name: "random" if name in random_teams else "trained" for name in env.teams}
+    evaluation = plan.evaluation()
+    if evaluation is not None:  # its own episodes (a game's teams)
+        # Every pairing of trained and uniform-random sides, on the same games (the same key).
+        for random_sides in itertools.product(*[((), (name,)) for name in evaluation.sides]):
+            random_sides = sum(random_sides, ())
+            episodes, summarize_sums = evaluation.episodes(args.episodes, par.num_devices, args.greedy, random_sides)
+            result = summarize_sums(par.first(par.map(episodes)(params, key)))
+            sides = {name: "random" if name in random_sides else "trained" for name in evaluation.sides}
             print(json.dumps({**sides, **result, "step": step, "greedy": args.greedy}), flush=True)
         return 0
     run = par.map(make_episodes(policy, env, env_params, args.episodes, par.num_devices, args.greedy))
@@ -158,7 +156,7 @@ def record_video(plan, params, step: int, args) -> None:
         cfg, which = dataclasses.replace(cfg, **runs.hparams(run)), runs.describe(run)
         params = jax.tree.map(lambda x: x[run], params)
     episode = video.record(plan.policy(cfg), env, env_params, params, jax.random.PRNGKey(args.seed), args.greedy,
-                           args.video_stride)
+                           args.video_stride, plan.evaluation())
     frames, fps = video.frames(cfg.env, env, env_params, episode)
     video.write(args.video, frames, fps)
     print(json.dumps({**which, "video": args.video, "frames": len(frames), "stride": args.video_stride,

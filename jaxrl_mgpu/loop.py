@@ -9,8 +9,8 @@ the callbacks log, evaluate, checkpoint and profile. A chunk ends at every log p
 about CHUNK_S seconds, so a stop request (which waits for the chunks already dispatched) is
 honoured within seconds; where chunks end does not change the numbers.
 
-Where the data comes from is a `Source`: the devices' own rollouts (`OnDevice`), or what
-collectors send a learner (asynchronous/). The loop asks it, before each chunk, how many
+Where the data comes from is a `Source` (sources.py): the devices' own rollouts (`OnDevice`),
+or what collectors send a learner (asynchronous/). The loop asks it, before each chunk, how many
 updates may run, and lets it take in data while a chunk runs.
 """
 
@@ -18,46 +18,19 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import sys
 import time
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, Callable, NamedTuple
 
 import jax
 
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.chunks import Chunk, ChunkReader, Trainer
+from jaxrl_mgpu.sources import OnDevice, Source
 from jaxrl_mgpu.stop import StopSignal
 
 # A chunk runs for about this long at most, so that a stop request, which waits for the chunks
 # already dispatched (at most two), is honoured within seconds whatever --log-every is.
 CHUNK_S = 2.0
-
-
-class Source(Protocol):
-    """Where the updates' data comes from."""
-
-    data: tuple | None  # device memory the updates read (None: the algorithm's own)
-
-    def before(self, update: int, stop: Callable[[], bool], waiting: Callable[[], None]) -> int:
-        """Between chunks: puts what arrived into the devices' memory and says how many updates
-        may run now. Where none may yet, it calls `waiting()` once (the loop reads the chunk it
-        holds, so its row is not held back) and waits, saying what for, until one may; 0 where
-        `stop()` said so meanwhile."""
-
-    def during(self, update: int, done: Callable[[], bool]) -> None:
-        """While a chunk runs, until `done()`: takes in what arrives, as far as the host can
-        without touching the device memory the chunk reads."""
-
-
-class OnDevice:
-    """--mode both: the updates roll out their own data; any number may run at any time."""
-    data = None
-
-    def before(self, update: int, stop: Callable[[], bool], waiting: Callable[[], None]) -> int:
-        return sys.maxsize
-
-    def during(self, update: int, done: Callable[[], bool]) -> None:
-        return None
 
 
 class Callbacks(NamedTuple):

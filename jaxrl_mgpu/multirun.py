@@ -127,9 +127,11 @@ def setup(cfg, par: Parallel) -> Parallel:
     return par if runs is None or par.runs is not None else par.with_runs(runs.count)
 
 
-def algorithm(cfg, spec, env, env_params, split, par: Parallel, runs: Runs) -> Algorithm:
-    """`spec`'s algorithm (algos.Spec) for every run `par`'s devices hold, vmapped over them."""
-    base = spec.algorithm(cfg, env, env_params, split, par)
+def algorithm(run, spec, runs: Runs) -> Algorithm:
+    """`spec`'s algorithm (algos.Spec) for every run the devices of `run` (the plan, an
+    algos.base.Resolved) hold, vmapped over them."""
+    cfg = run.cfg
+    base = spec.algorithm(run)
     if base.data:
         raise ConfigError(f"--num-seeds / --sweep: --algo {cfg.algo} reads a dataset in its update and trains one "
                           f"run at a time")
@@ -138,7 +140,7 @@ def algorithm(cfg, spec, env, env_params, split, par: Parallel, runs: Runs) -> A
         def one(state, run_values):
             # This run's swept values as the config's numbers: traced scalars, not constants.
             run_cfg = dataclasses.replace(cfg, **run_values)
-            new, (losses, episodes) = spec.algorithm(run_cfg, env, env_params, split, par).update(state)
+            new, (losses, episodes) = spec.algorithm(dataclasses.replace(run, cfg=run_cfg)).update(state)
             # A run whose update went non-finite (a swept learning rate too large) keeps the
             # parameters it had and gets a NaN optimizer state, so every later update of it is
             # non-finite too (a mark a checkpoint keeps): it never learns again, and its last
@@ -161,6 +163,6 @@ def algorithm(cfg, spec, env, env_params, split, par: Parallel, runs: Runs) -> A
     # also exactly the single run's (an unbatched QR). It runs once.
     return dataclasses.replace(base, init=lambda keys: jax.lax.map(base.init, keys), update=update,
                                layout={name: per_run(kind) for name, kind in base.layout.items()},
-                               data=(par.shard_runs(runs.values()),),
+                               data=(run.par.shard_runs(runs.values()),),
                                finite=jax.vmap(lambda losses, state: all_finite(
                                    [getattr(state, f) for f in base.optimizers])))

@@ -37,7 +37,8 @@ from jaxrl_mgpu.parallel import Parallel
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """A run resolved: what every later step reads."""
+    """A run resolved: what every later step reads, and what an algorithm is built from (it
+    is an algos.base.Resolved)."""
     cfg: Any                        # the validated config (config.Config)
     env: Any                        # the environment and its parameters (envs.make)
     env_params: Any
@@ -56,12 +57,11 @@ class Plan:
     def algorithm(self) -> Algorithm:
         """The per-device algorithm the trainer compiles: the spec's, vmapped over the runs of a
         many-run plan (multirun.py), or the asynchronous learner's."""
-        cfg, par, split = self.cfg, self.par, self.split
         if self.learner is not None:
-            return self.learner.algorithm(cfg, par, split)
+            return self.learner.algorithm(self)
         if self.runs is not None:
-            return multirun.algorithm(cfg, self.spec, self.env, self.env_params, split, par, self.runs)
-        return self.spec.algorithm(cfg, self.env, self.env_params, split, par)
+            return multirun.algorithm(self, self.spec, self.runs)
+        return self.spec.algorithm(self)
 
     def on(self, par: Parallel, cfg=None, **more) -> "Plan":
         """This plan on the devices `par` (with `cfg`: another size of the same run, as
@@ -79,12 +79,23 @@ class Plan:
         check_kernels(cfg, self.spec.attention_window(cfg) if self.spec.attention_window else None)
         par = multirun.setup(cfg, par)
         check = self.spec.check if cfg.mode == "both" else self.spec.asynchronous.check
-        return dataclasses.replace(self, cfg=cfg, par=par, split=check(cfg, par.data_devices), **more)
+        unsplit = dataclasses.replace(self, cfg=cfg, par=par, split=None)
+        return dataclasses.replace(unsplit, split=check(unsplit, par.data_devices), **more)
+
+    def with_config(self, cfg) -> "Plan":
+        """This plan for another config of the same run (a run of a sweep, which may differ in a
+        number that shapes the algorithm)."""
+        return dataclasses.replace(self, cfg=cfg)
 
     def policy(self, cfg=None):
-        """The algorithm's policy (nets.actor_critic.Policy) for `cfg` (default the plan's; a run of a
-        sweep may differ in a number that shapes it), without building the algorithm."""
-        return self.spec.policy(cfg or self.cfg, self.env, self.env_params)
+        """The algorithm's policy (nets.actor_critic.Policy) for `cfg` (default the plan's),
+        without building the algorithm."""
+        return self.spec.policy(self if cfg is None else self.with_config(cfg))
+
+    def evaluation(self):
+        """How the algorithm's policy plays evaluation episodes where not as
+        episodes.make_episodes plays them (algos.base.Evaluation; None: as it does)."""
+        return None if self.spec.evaluation is None else self.spec.evaluation(self)
 
     def params_shapes(self):
         """Shapes and dtypes of one run's params (no device or runs axis)."""

@@ -2,7 +2,7 @@
 chunks, and how it ends. The runner (runner.py) has one path for every mode; the plan's
 session (`for_plan`) is the part that differs:
 
-- `Training` (`--mode both`): the devices roll out their own data (loop.OnDevice); between
+- `Training` (`--mode both`): the devices roll out their own data (sources.OnDevice); between
   chunks it logs, evaluates (keeping the best parameters, checkpoints/best) and checkpoints.
 - `Learning` (`--mode learn`): a learner fed from the run's store by its spec's asynchronous
   source (algos/dqn_async.py, ad_async.py), which also logs its data and rate counts, publishes
@@ -16,7 +16,8 @@ from typing import Any, Callable, NamedTuple, Protocol
 from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.chunks import Trainer
 from jaxrl_mgpu.cli import count
-from jaxrl_mgpu.loop import Callbacks, OnDevice, Source
+from jaxrl_mgpu.loop import Callbacks
+from jaxrl_mgpu.sources import LearnerSource, OnDevice, Source
 from jaxrl_mgpu.stop import StopSignal
 
 
@@ -110,7 +111,7 @@ class Learning:
 
     def open(self, plan, trainer, ckpts, log, write, stop, step, state, recreated) -> Opened:
         # (it says where it resumed itself: asynchronous/checkpoints.py)
-        feed = self.asynchronous.source(plan.cfg, trainer.par, plan.split, trainer.algorithm, ckpts, log, step, state)
+        feed: LearnerSource = self.asynchronous.source(plan, trainer.algorithm, ckpts, log, step, state)
         callbacks = Callbacks(log=lambda row, updates: write(feed.log_row(row, updates)),
                               checkpoint=feed.checkpoint, dispatched=feed.ran, stop=stop)
 

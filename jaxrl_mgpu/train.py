@@ -67,7 +67,7 @@ def collect(plan) -> int:
               + f", store {cfg.run_dir}/store")
     stop = StopSignal(log)
     try:
-        total = asynchronous.collect(cfg, par, plan.split, log, stop)
+        total = asynchronous.collect(plan, log, stop)
     finally:
         stop.restore()
     log.print(f"collector done: {total:,} env steps written")

@@ -1,6 +1,5 @@
 """Shared test helpers (conftest.py has already forced 8 CPU devices)."""
 
-import dataclasses
 import json
 import os
 import struct
@@ -59,6 +58,13 @@ def tensorboard_scalars(directory) -> dict:
             for value in event.summary.value:
                 scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
     return scalars
+
+
+def resolved(cfg, par: parallel.Parallel | None = None) -> plan.Plan:
+    """The run of a validated `cfg` as its algorithm is built from it (algos.base.Resolved): its
+    environment made; with `par`, on those devices with its batch split."""
+    made = plan.of_config(cfg)
+    return made if par is None else made.on(par)
 
 
 def make_trainer(devices: int, backend: str = "pmap", **overrides) -> chunks.Trainer:

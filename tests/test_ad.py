@@ -1,7 +1,6 @@
 """Algorithm Distillation: data-parallel equivalence, device sync, end to end with in-context
 evaluation, and bad datasets (one line, exit code 2, nothing written)."""
 
-import dataclasses
 import json
 import shutil
 
@@ -10,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import assert_trees_close, make_trainer
+from helpers import assert_trees_close, make_trainer, resolved
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs, evaluate, parallel, train
 from jaxrl_mgpu.tools import histories, incontext
@@ -48,7 +47,7 @@ def one_step(cfg, devices, batch):
     over them; returns device 0's params and stats."""
     env, env_params = envs.make(cfg.env)
     par = parallel.setup("pmap", devices)
-    algo = ad.make(cfg, env, env_params, ad.check_batch(cfg, devices))
+    algo = ad.make(cfg, env, env_params, ad.check_batch(resolved(cfg), devices))
     state = par.map(algo.init)(par.replicate(np.asarray(jax.random.PRNGKey(0))))
     split = jax.tree.map(lambda x: np.asarray(x).reshape((devices, -1) + x.shape[1:]), batch)
     learn = par.map(lambda s, b: algo.learn(s.params, s.opt_state, s.loss_scale, b))

@@ -14,7 +14,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from helpers import one_error_line, run, spawn_train, wait_until
+from helpers import one_error_line, resolved, run, spawn_train, wait_until
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.algos.replay import Transitions
@@ -380,7 +380,7 @@ def test_learner_replay_stores_minatar_observations_as_bytes():
         buffer_size=2 * async_ingest.BLOCK, replay_batch_size=8, hidden_size=8, updates_per_step=0.5,
         replay_obs_dtype="uint8")))
     par = parallel.setup("pmap", 2)
-    learner = async_dqn.algorithm(cfg, par, async_dqn.check(cfg, par.num_devices)).parts
+    learner = async_dqn.algorithm(resolved(cfg, par)).parts
     key = par.replicate(np.asarray(jax.random.PRNGKey(0)))
     replay, state = learner.init_replay(key), learner.init(key)
     rng = np.random.default_rng(0)
@@ -411,7 +411,7 @@ def test_a_collector_without_a_learner_says_what_it_waits_for(tmp_path, capsys, 
         looking.append(time.monotonic())
         return looking[-1] - looking[0] > 3.0
 
-    total = async_dqn.ASYNCHRONOUS.collect(cfg, par, async_dqn.check(cfg, par.num_devices), RunLog(None, 0), stop)
+    total = async_dqn.ASYNCHRONOUS.collect(resolved(cfg, par), RunLog(None, 0), stop)
     out = capsys.readouterr().out
     assert total == 0
     waiting = [line for line in out.splitlines() if "still waiting for the learner's first params" in line]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gymnax.environments.classic_control.pendulum import Pendulum
 
-from helpers import PENDULUM, assert_trees_close, make_trainer, pendulum_config
+from helpers import PENDULUM, assert_trees_close, make_trainer, pendulum_config, resolved
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs, parallel
 from jaxrl_mgpu.algos.ad import ad
@@ -59,7 +59,7 @@ def test_gaussian_log_prob_and_entropy_match_a_hand_computation():
 def test_the_env_gets_clipped_actions_and_the_log_prob_is_of_the_raw_sample():
     cfg = pendulum_config(num_envs=32)
     env, env_params = RecordingPendulum(), Pendulum().default_params
-    algo = ppo.make(cfg, env, env_params, ppo.check(cfg, 1))
+    algo = ppo.make(cfg, env, env_params, ppo.check(resolved(cfg), 1))
     dist = actor_critic.distribution(env, env_params)
     assert dist == actor_critic.DiagGaussian(low=(-2.0,), high=(2.0,))
     params = algo.init_params(jax.random.PRNGKey(0))
@@ -170,7 +170,7 @@ def test_greedy_evaluation_acts_with_the_mean_clipped_to_the_bounds():
 def test_dqn_and_ad_refuse_continuous_actions_in_one_line(algo, module, extra):
     cfg = config_lib.build(dict(algo=algo, env="Pendulum-v1", **extra))
     with pytest.raises(ConfigError) as e:
-        module.check(cfg, 1)
+        module.check(resolved(cfg), 1)
     message = str(e.value)
     assert "\n" not in message and "Pendulum-v1" in message and "continuous" in message and f"--algo {algo}" in message
 
@@ -178,13 +178,13 @@ def test_dqn_and_ad_refuse_continuous_actions_in_one_line(algo, module, extra):
 def test_the_transformer_policy_refuses_continuous_actions_in_one_line():
     cfg = config_lib.build(dict(env="MountainCarContinuous-v0", policy="transformer"))
     with pytest.raises(ConfigError, match="--policy transformer.*MountainCarContinuous-v0.*--policy mlp"):
-        ppo.check(cfg, 1)
+        ppo.check(resolved(cfg), 1)
 
 
 def test_discrete_action_envs_still_get_a_categorical():
     env, env_params = envs.make("CartPole-v1")
     assert actor_critic.distribution(env, env_params) == actor_critic.Categorical(2)
-    ppo.check(config_lib.build(dict(policy="transformer")), 1)  # no refusal
+    ppo.check(resolved(config_lib.build(dict(policy="transformer"))), 1)  # no refusal
 
 
 # -- continuous control at Brax's scale (issue 50, point 4) ------------------------------------
@@ -247,7 +247,7 @@ def test_tanh_normal_acts_within_the_bounds_and_keeps_the_sample_before_squashin
     greedy evaluation acts with tanh(loc)."""
     cfg = pendulum_config(num_envs=32, action_dist="tanh_normal")
     env, env_params = RecordingPendulum(), Pendulum().default_params
-    algo = ppo.make(cfg, env, env_params, ppo.check(cfg, 1))
+    algo = ppo.make(cfg, env, env_params, ppo.check(resolved(cfg), 1))
     dist = algo.policy.dist
     assert dist == actor_critic.TanhNormal(low=(-2.0,), high=(2.0,))
     params = algo.init_params(jax.random.PRNGKey(0))
@@ -280,7 +280,7 @@ def test_tanh_normal_acts_within_the_bounds_and_keeps_the_sample_before_squashin
 def test_tanh_normal_refuses_discrete_and_unbounded_actions_in_one_line():
     cfg = config_lib.build(dict(action_dist="tanh_normal"))
     with pytest.raises(ConfigError, match="--action-dist tanh_normal is for Box.*CartPole-v1") as e:
-        ppo.check(cfg, 1)
+        ppo.check(resolved(cfg), 1)
     assert "\n" not in str(e.value)
 
     class Unbounded(Pendulum):
@@ -306,7 +306,7 @@ def test_actor_and_critic_take_their_own_widths():
     assert shapes("actor") == [(3, 24), (24, 24), (24, 24), (24, 1)] and shapes("critic")[-1] == (24, 1)
     for bad in ("32,,32", "0,4", "a", ""):
         with pytest.raises(ConfigError, match="--actor-hidden .*positive whole numbers separated by commas"):
-            ppo.check(pendulum_config(actor_hidden=bad), 1)
+            ppo.check(resolved(pendulum_config(actor_hidden=bad)), 1)
 
 
 def test_bad_new_options_on_the_command_line_are_one_line_exit_2_and_nothing_written(tmp_path, capsys):
@@ -475,7 +475,7 @@ def test_evaluate_normalises_observations_with_the_runs_statistics(normalized_ru
     _, params = evaluate.load_params(run_dir)
     cfg = config_lib.from_dict(config_lib.read_saved(run_dir))
     env, env_params = envs.make(cfg.env)
-    algo = ppo.make(cfg, env, env_params, ppo.check(cfg, 2))
+    algo = ppo.make(cfg, env, env_params, ppo.check(resolved(cfg), 2))
     par = parallel.setup("pmap", 2)
     run = par.map(make_episodes(algo.policy, env, env_params, 4, 2, greedy=True))
 
@@ -540,7 +540,7 @@ def test_brax_scale_presets_have_brax_batches(preset, envs, batch, minibatches, 
     assert (cfg.normalize_obs, cfg.action_dist, cfg.clip_value) == (True, "tanh_normal", False)
     stand_in = config_lib.validate(dataclasses.replace(cfg, env="Pendulum-v1"))
     for devices in (1, 8):
-        assert ppo.check(stand_in, devices).minibatch.total == batch * unroll
+        assert ppo.check(resolved(stand_in), devices).minibatch.total == batch * unroll
     assert factory.hidden_layers(stand_in) == ((32,) * 4, (256,) * 5)
 
 
@@ -549,12 +549,12 @@ def test_the_tiny_preset_has_brax_settings_at_a_cpu_batch():
     assert (cfg.env, cfg.batch_size, cfg.total_updates, cfg.reward_scale, cfg.gamma, cfg.unroll_length) == (
         "brax:inverted_pendulum", 256 * 40, 60, 10.0, 0.97, 5)
     stand_in = config_lib.validate(dataclasses.replace(cfg, env="Pendulum-v1"))
-    assert ppo.check(stand_in, 8).minibatch.total == 1280
+    assert ppo.check(resolved(stand_in), 8).minibatch.total == 1280
 
 
 def test_the_craftax_preset_is_the_craftax_baseline():
     cfg = config_lib.build(config_lib.load_preset("craftax-classic"))
     assert cfg.env == "craftax:Craftax-Classic-Symbolic-v1" and cfg.total_updates == 1_000_000_000 // (1024 * 64)
     stand_in = config_lib.validate(dataclasses.replace(cfg, env="CartPole-v1"))
-    assert ppo.check(stand_in, 8).minibatch.total == 1024 * 64 // 8
+    assert ppo.check(resolved(stand_in), 8).minibatch.total == 1024 * 64 // 8
     assert factory.hidden_layers(stand_in) == ((512,) * 3, (512,) * 3)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import assert_trees_close, make_trainer
+from helpers import assert_trees_close, make_trainer, resolved
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import train
 from jaxrl_mgpu.algos.dqn import dqn
@@ -196,7 +196,7 @@ def bad(**overrides):
     """The error of the config's checks (ranges: config.validate) or of DQN's (the split over 8 devices)."""
     cfg = config_lib.build({**SMALL, **overrides})
     with pytest.raises(ConfigError) as info:
-        dqn.check(config_lib.validate(cfg), 8)
+        dqn.check(resolved(config_lib.validate(cfg)), 8)
     return str(info.value)
 
 
@@ -234,7 +234,7 @@ def test_presets_validate():
     for name in ("cartpole-dqn", "breakout-minatar-dqn", "spaceinvaders-minatar-dqn"):
         cfg = config_lib.from_args(["--config", name])
         assert cfg.algo == "dqn"
-        layout = dqn.check(cfg, 1)
+        layout = dqn.check(resolved(cfg), 1)
         assert layout.minibatch == (cfg.replay_batch_size, cfg.replay_batch_size)
 
 

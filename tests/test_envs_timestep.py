@@ -3,7 +3,6 @@
 (observations, rewards, how episodes end, auto-reset), the registry's errors, and a few PPO
 updates on each suite, with evaluation and an exact resume on one."""
 
-import dataclasses
 import json
 from typing import Any, Callable, NamedTuple
 
@@ -28,7 +27,7 @@ from jaxrl_mgpu.algos.dqn import dqn
 from jaxrl_mgpu.algos.ppo import ppo  # noqa: E402
 from jaxrl_mgpu.envs import timestep  # noqa: E402
 
-from helpers import rows, run  # noqa: E402
+from helpers import resolved, rows, run  # noqa: E402
 
 
 # -- the adapters against their suites ---------------------------------------------------------
@@ -297,7 +296,7 @@ def test_ppo_and_dqn_take_the_discrete_tasks(task):
     for algo in (ppo, dqn):
         cfg = config_lib.validate(config_lib.build(dict(env=task, algo=algo.__name__.split(".")[-1],
                                                       num_envs=16)))
-        algo.check(cfg, 8)
+        algo.check(resolved(cfg), 8)
 
 
 # -- training ----------------------------------------------------------------------------------

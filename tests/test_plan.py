@@ -1,6 +1,5 @@
 """plan.py: a run resolved once into config, environment, spec, devices, runs and split."""
 
-import dataclasses
 
 import jax
 import pytest

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import pendulum_config
+from helpers import pendulum_config, resolved
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.algos.ppo import ppo
 from jaxrl_mgpu.cli import ConfigError
@@ -139,7 +139,7 @@ def test_unroll_length_must_fit_the_batch_in_one_line():
                              ({"num_envs": 16, "unroll_length": 16, "num_minibatches": 32}, "unrolls per device"),
                              ({"unroll_length": 4, "grad_accum": 2}, "--grad-accum 1")):
         with pytest.raises(ConfigError, match=words):
-            ppo.check(pendulum_config(**overrides), 1)
+            ppo.check(resolved(pendulum_config(**overrides)), 1)
 
 
 def test_the_clipped_surrogate_takes_the_pessimistic_bound_and_no_gradient_past_the_clip():

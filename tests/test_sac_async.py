@@ -10,9 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import assert_trees_close, spawn_train, wait_until
+from helpers import assert_trees_close, resolved, spawn_train, wait_until
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu import parallel
 from jaxrl_mgpu.algos.sac import sac
 from jaxrl_mgpu.algos.sac import asynchronous as sac_async
@@ -37,10 +36,9 @@ def test_a_learner_iteration_is_mode_boths_gradient_steps_on_its_ring(algo, crit
     cfg = config(algo=algo, critic=critic, v_min=-20.0, v_max=20.0, num_atoms=11, normalize_obs=normalize,
                  mode="learn", run_dir="unused")
     par = parallel.setup("pmap", 1)
-    split = sac_async.check(cfg, par.num_devices)
-    learner = sac_async.algorithm(cfg, par, split)
-    env, env_params = envs_lib.make(cfg.env, cfg.env_args)
-    both = sac.make(dataclasses.replace(cfg, mode="both"), env, env_params, split)
+    run = resolved(cfg, par)
+    split, learner = run.split, sac_async.algorithm(run)
+    both = sac.make(dataclasses.replace(cfg, mode="both"), run.env, run.env_params, split)
     rng = np.random.default_rng(0)
     n = split.replay.per_device
     block = Transitions(rng.normal(size=(n, 3)).astype(np.float32), rng.uniform(-1, 1, (n, 1)).astype(np.float32),
@@ -80,7 +78,7 @@ def test_a_learner_iteration_is_mode_boths_gradient_steps_on_its_ring(algo, crit
 
 def test_the_collectors_follow_the_actors_params_and_act_uniformly_until_learning_starts():
     cfg = config(algo="td3", mode="collect", run_dir="unused")
-    template = sac_async.ACTING.template(cfg)
+    template = sac_async.ACTING.template(resolved(cfg))
     assert set(template) == {"params"}
     assert sac_async.ACTING.explore(cfg, 63) == 1.0 and sac_async.ACTING.explore(cfg, 64) == 0.0
     assert "uniform" in sac_async.ACTING.describe(1.0)

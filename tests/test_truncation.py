@@ -3,7 +3,6 @@ only ever end by time limit, PPO's value targets (GAE) and DQN's n-step targets 
 the value of the observation the episode was cut at, checked exactly against a hand
 computation with a fixed value function that tells that observation from the reset one."""
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +16,8 @@ from jaxrl_mgpu import envs, parallel
 from jaxrl_mgpu.algos.dqn import dqn
 from jaxrl_mgpu.algos.ppo import ppo
 from jaxrl_mgpu.algos.replay import replay_gather
+
+from helpers import resolved
 
 T = 5  # the time limit: every episode is T steps, each with reward 1
 
@@ -94,7 +95,7 @@ def small_config(**overrides):
 def test_ppo_value_targets_bootstrap_from_the_observation_a_time_limit_cut_at():
     cfg = small_config(gae_lambda=LAMBDA, total_timesteps=NUM_ENVS * NUM_STEPS)
     env, env_params = envs.make(NAME)
-    algo = ppo.make(cfg, env, env_params, ppo.check(cfg, 1))
+    algo = ppo.make(cfg, env, env_params, ppo.check(resolved(cfg), 1))
     par = parallel.setup("pmap", 1)
     params = jax.tree.map(np.asarray, algo.init_params(jax.random.PRNGKey(0)))
     params["params"]["critic"] = fixed_head(params["params"]["critic"], [A], [C])
@@ -141,7 +142,7 @@ def test_dqn_n_step_targets_bootstrap_from_the_observation_a_time_limit_cut_at()
     cfg = small_config(algo="dqn", n_step=n_step, buffer_size=NUM_ENVS * NUM_STEPS, replay_batch_size=4,
                        learning_starts=0, total_timesteps=NUM_ENVS * NUM_STEPS)
     env, env_params = envs.make(NAME)
-    algo = dqn.make(cfg, env, env_params, dqn.check(cfg, 1))
+    algo = dqn.make(cfg, env, env_params, dqn.check(resolved(cfg), 1))
     par = parallel.setup("pmap", 1)
     params = jax.tree.map(np.asarray, algo.init_params(jax.random.PRNGKey(0)))
     # Q(o, 0) = A + C g(o) > Q(o, 1) = 2 + g(o): the greedy action is 0, valued A + C g(o).

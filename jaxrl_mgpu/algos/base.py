@@ -1,22 +1,48 @@
 """The interface between an algorithm and the training loop.
 
-Every algorithm module (algos/ppo.py, dqn.py, ad.py, and the asynchronous learners) builds an
-`Algorithm` for a config and a set of devices; the runner knows nothing else of it. The
-functions are per device: the runner maps them over the devices (parallel.py), and their only
-parallel code is the collectives on parallel.AXIS.
+Every algorithm package (algos/ppo/, dqn/, ...) builds an `Algorithm` from a resolved run
+(`Resolved`: the plan.Plan of the run, with its environment made once, its devices and its
+batch split); the runner knows nothing else of it. The functions are per device: the runner maps
+them over the devices (parallel.py), and their only parallel code is the collectives on
+parallel.AXIS.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Generic, NamedTuple, Protocol, TypeVar
 
 import jax
 import jax.numpy as jnp
 
 
+class Resolved(Protocol):
+    """What an algorithm is built from: a run resolved once (plan.Plan is one). Its spec's
+    callables (algos/spec.py) read the environment from here and never make it again."""
+    cfg: Any                       # the run's config: the common options and the algorithm's own
+    env: Any                       # the environment (envs.make), made once
+    env_params: Any
+    par: Any                       # the devices (parallel.Parallel); None before they are set up
+    split: "BatchSplit | None"     # the batch over the data devices; None until the spec's check
+
+
 @dataclasses.dataclass(frozen=True)
-class Algorithm:
+class Evaluation:
+    """How an algorithm's policy plays evaluation episodes where they are not
+    episodes.make_episodes' (multi-agent games): the trainer's --eval-every, `evaluate` and
+    `evaluate --video` all go through it."""
+    # (total, num_devices, greedy, random_sides=()) -> (per-device (params, key) -> sums,
+    # sums -> dict with mean_return); the sides named in random_sides act uniformly at random
+    episodes: Callable
+    sides: tuple[str, ...]         # what can be played at random (a game's teams), one at a time or together
+    choose: Callable               # greedy -> ((pi, noise keys) -> (action, what the env takes)), for a video
+
+
+Parts = TypeVar("Parts")
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm(Generic[Parts]):
     init: Callable          # key -> state (the same key on every device: identical parameters)
     update: Callable        # state, *data -> state, (losses: dict, vec.EpisodeStats of the update)
     layout: dict            # the state's checkpoint layout: a checkpoint.Layout per field (REPLICATED, PER_ENV, ...)
@@ -24,11 +50,9 @@ class Algorithm:
     steps_per_update: int   # of step_unit, over all devices
     policy: Any = None      # nets.actor_critic.Policy for evaluation episodes (None: not evaluated)
     data: tuple = ()        # device inputs every update reads and none changes (a dataset shard)
-    parts: Any = None       # the algorithm's own functions (rollout, learn, ...), for tests and tools
+    parts: Parts | None = None  # the algorithm's own functions (its typed record: ppo.Algo, ...), for tests and tools
     agents_per_env: int = 1  # a multi-agent env's agents: an env step is this many agent steps
-    # Evaluation episodes other than episodes.make_episodes (multi-agent games):
-    # (total, num_devices, greedy) -> (per-device (params, key) -> sums, sums -> dict with mean_return)
-    evaluation: Callable | None = None
+    evaluation: Evaluation | None = None  # its own evaluation episodes (None: episodes.make_episodes)
     # (losses, state) -> whether an update's numbers are finite: a bool, or one per run where
     # the state holds many (multirun.py: there a run that goes non-finite stops alone). None:
     # all_finite of the losses and the parameters.

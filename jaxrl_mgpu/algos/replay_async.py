@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Resolved
 from jaxrl_mgpu.algos.ingest import BLOCK, Ingest
 from jaxrl_mgpu.algos.replay import TransitionRing, Transitions, grad_steps_per_update, ring_insert, segment_transitions
 from jaxrl_mgpu.asynchronous.checkpoints import learner_done
@@ -63,7 +63,7 @@ class LearnerFunctions(NamedTuple):
 
 
 def learner(par: Parallel, init: Callable, learn: Callable, init_replay: Callable, layout: dict, obs_shape: tuple,
-            **fields) -> Algorithm:
+            **fields) -> Algorithm[LearnerFunctions]:
     """A replay learner as the loop trains it in --mode learn: one update is one `learn(state,
     ring)` on the source's ring (no episodes: those are counted as they arrive in the store);
     its mapped functions are its `parts`. `fields`: the Algorithm's others (learned, ...)."""
@@ -79,11 +79,11 @@ def learner(par: Parallel, init: Callable, learn: Callable, init_replay: Callabl
 
 class Acting(NamedTuple):
     """How an algorithm's collectors act (algos/dqn_async.py, sac_async.py)."""
-    # (cfg, par, split, seed) -> (rollout(envs, params, key, explore) -> envs, trajectory
+    # (run, seed) -> (rollout(envs, params, key, explore) -> envs, trajectory
     # [shard_steps, envs, ...] of (obs, action, reward, terminated, truncated, final_obs,
     # done_return, done_length), the environments' states donated; the first environments)
     rollout: Callable
-    template: Callable   # cfg -> the shapes of the params collectors act with (jax.eval_shape)
+    template: Callable   # run -> the shapes of the params collectors act with (jax.eval_shape)
     explore: Callable    # (cfg, env steps the learner had received) -> the rollout's `explore`
     describe: Callable   # explore -> what the collector's progress line says of it
     # explore before any params (--collect-before-checkpoint random: any params, zeros, act
@@ -106,16 +106,17 @@ def read_transitions(shard: Shard, n_step: int = 1, gamma: float = 1.0) -> Trans
 
 
 class ReplaySource(StoreSource):
-    """The learner's data source (loop.Source): episodes from the store's shards, decoded into
+    """The learner's data source (sources.LearnerSource): episodes from the store's shards, decoded into
     n-step transitions by the reader's processes, inserted into the on-device replay; how many
     iterations may run, by --learning-starts and the samples per insert (rate.py); the log's
     data and rate counts; the params collectors act with; and the checkpoints."""
 
     memory, counts = "replay", COUNTS
 
-    def __init__(self, cfg, par: Parallel, split: BatchSplit, learner: Algorithm, ckpts: Checkpoints, log,
+    def __init__(self, run: Resolved, learner: Algorithm[LearnerFunctions], ckpts: Checkpoints, log,
                  resume_step: int | None, state):
-        self.functions = functions = learner.parts  # LearnerFunctions
+        cfg, par = run.cfg, run.par
+        self.functions = functions = learner.parts
         # decoded into --mode both's n-step transitions (cfg.n_step, cfg.gamma) by the reader's processes
         self.decode = functools.partial(read_transitions, n_step=cfg.n_step, gamma=cfg.gamma)
         self.replay = functions.init_replay(par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed))))
@@ -244,16 +245,17 @@ class ReplaySource(StoreSource):
         return out
 
 
-def collect(cfg, par: Parallel, split: BatchSplit, log, stop, acting: Acting) -> int:
+def collect(run: Resolved, log, stop, acting: Acting) -> int:
     """A collector's loop: follow the learner's newest params, roll out, append the rollout's
     segments of episodes to the store, until the learner is done or a stop signal. Returns the
     env steps collected."""
+    cfg, par = run.cfg, run.par
     run_dir = Path(cfg.run_dir)
     name = collector_name(cfg)
     base = jax.random.fold_in(jax.random.PRNGKey(cfg.seed), collector_seed(name))
-    rollout, envs = acting.rollout(cfg, par, split, base)
+    rollout, envs = acting.rollout(run, base)
     params, on_devices, on_devices_step, policy_step, explore, published = None, None, None, None, 1.0, None
-    follower = ParamsFollower(run_dir, acting.template(cfg))
+    follower = ParamsFollower(run_dir, acting.template(run))
     if cfg.collect_before_checkpoint == "wait":
         log.print(f"collector {name}: following the learner's params in {run_dir / POLICY} (waiting for the first"
                   + ("" if run_dir.is_dir() else f"; {run_dir} does not exist yet: a learner started with --mode learn "

@@ -13,7 +13,7 @@ algorithm is here; an algorithm's learner and collector are its spec's `asynchro
     reader.py       the learner's background shard reader
     ledger.py       what the learner received (saved in its checkpoints)
     checkpoints.py  the learner's published checkpoints, the store's eviction, the done marker
-    source.py       what the learners' data sources (loop.Source) share; the warning when the
+    source.py       what the learners' data sources (sources.LearnerSource) share; the warning when the
                     store holds what the learner cannot read
     rate.py         the rate limiter (samples per insert) and the collectors' back-pressure
     collector.py    what every collector shares: the run it may collect for, its name and seed, its

@@ -1,5 +1,5 @@
 """What the learners' data sources share (`StoreSource`, the base of algos/dqn_async.py's and
-ad.py's; each is the loop's `loop.Source`): the store, read on a background thread; the ledger
+ad.py's; each is a `sources.LearnerSource`): the store, read on a background thread; the ledger
 and the checkpoints published with it; the rate limiter with the progress it publishes for
 the collectors; the log's data and rate metrics; and the warning when the store holds entries
 it cannot read (`stray_warning`)."""
@@ -27,7 +27,7 @@ STRAY_S = 30.0
 
 
 class StoreSource:
-    """A learner's data source (loop.Source) fed from the store: the shards, read on a
+    """A learner's data source (sources.LearnerSource) fed from the store: the shards, read on a
     background thread; the ledger; the checkpoints; the rate limiter (rate.py) with the progress
     it publishes for the collectors, and the rate metrics of the log. A subclass gives `memory` (what it refills
     on a restart), `counts`, `read(shard)` (a shard as what it inserts; None skips it) and, if
@@ -95,7 +95,7 @@ class StoreSource:
             yield shard, new, data
 
     def before(self, update: int, stop, waiting) -> int:
-        """loop.Source.before: `poll`, and where it allows nothing, `waiting()` and a poll every
+        """Source.before: `poll`, and where it allows nothing, `waiting()` and a poll every
         POLL_S until it allows some or `stop()` (0)."""
         allowed = self.poll(update)
         if allowed:
@@ -107,7 +107,7 @@ class StoreSource:
         return allowed
 
     def during(self, update: int, done) -> None:
-        """loop.Source.during: `take_in` every POLL_S until `done()`, so data is taken in while
+        """Source.during: `take_in` every POLL_S until `done()`, so data is taken in while
         the devices run, not a chunk later."""
         while not done():
             self.take_in(update)

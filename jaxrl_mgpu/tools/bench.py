@@ -30,7 +30,7 @@ import jax
 import optax
 
 from jaxrl_mgpu import config as config_lib
-from jaxrl_mgpu import algos, chunks, parallel
+from jaxrl_mgpu import chunks, parallel
 from jaxrl_mgpu import autoscale
 from jaxrl_mgpu.tools import reference_ppo
 from jaxrl_mgpu import plan as plan_lib
@@ -303,7 +303,7 @@ def main(argv=None) -> int:
                      for e in envs]
         for _, cfg in runs:
             config_lib.validate(cfg)
-        if args.baseline and (spec is not algos.get("ppo") or base.policy != "mlp"):
+        if args.baseline and (spec is not reference_ppo.REPRODUCES or base.policy != "mlp"):
             raise config_lib.ConfigError("--baseline is the single-agent PPO of reference_ppo.py: it takes --algo ppo "
                                          "--policy mlp on a single-agent env")
     except USER_ERRORS as e:

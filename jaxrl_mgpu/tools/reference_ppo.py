@@ -14,7 +14,10 @@ import jax.numpy as jnp
 import optax
 
 from jaxrl_mgpu import envs as envs_lib
+from jaxrl_mgpu.algos.ppo.spec import SPEC as PPO
 from jaxrl_mgpu.nets.mlp import ActorCritic
+
+REPRODUCES = PPO  # the algorithm (spec) whose update this one does, single-agent, with --policy mlp
 
 
 def make_update_loop(cfg, num_updates: int):

@@ -2,7 +2,7 @@
 GIF or an MP4 (`python -m jaxrl_mgpu.evaluate --video FILE`).
 
 - `record` plays environment 0 of the evaluation's episodes with the same key
-  (`episodes.make_episodes`, `mappo.make_match`: the same reset and step keys, the same action
+  (`episodes.make_episodes`, an algorithm's own Evaluation (algos/base.py): the same reset and step keys, the same action
   noise), so its return is what `evaluate --episodes 1` reports, in compiled chunks of
   `lax.scan` until the episode ends. It steps with `env.step_env`, the transition without the
   auto-reset, so the state where the episode ends (a pole down, a runner tagged) is kept to be
@@ -39,7 +39,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_mgpu import envs as envs_lib
-from jaxrl_mgpu.algos.mappo import mappo
 from jaxrl_mgpu.cli import ConfigError, UserError
 from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.nets import actor_critic
@@ -128,15 +127,11 @@ def check_env(env_name: str, env) -> None:
 
 # -- recording ---------------------------------------------------------------------------------
 
-def _chooser(policy, env, env_params, greedy: bool):
-    """`(pi, noise keys) -> (action, what the env takes)`, chosen as evaluation chooses them."""
-    if envs_lib.is_multi_agent(env):
-        factored = mappo.action_distribution(env)
-
-        def choose(pi, keys):
-            action = factored.mode(pi) if greedy else factored.sample(pi, factored.noise(keys, env.num_agents))
-            return action, action
-        return choose
+def _chooser(policy, env, env_params, greedy: bool, evaluation=None):
+    """`(pi, noise keys) -> (action, what the env takes)`, chosen as evaluation chooses them
+    (`evaluation`: the algorithm's own, algos.base.Evaluation, where it has one)."""
+    if evaluation is not None:
+        return evaluation.choose(greedy)
     dist = actor_critic.dist_of(policy, env, env_params)
 
     def choose(pi, keys):
@@ -145,13 +140,13 @@ def _chooser(policy, env, env_params, greedy: bool):
     return choose
 
 
-def record(policy, env, env_params, params, key, greedy: bool, stride: int = 1) -> Episode:
+def record(policy, env, env_params, params, key, greedy: bool, stride: int = 1, evaluation=None) -> Episode:
     """One episode of `policy` (an actor-critic Policy, nets/actor_critic.py) with `params`:
     environment 0 of the evaluation episodes of `key`, on the default device. It is played in
     compiled chunks of RECORD_CHUNK steps until the episode ends, and of its states only those
     a video of `stride` draws are kept (`is_picked`): long episodes of large states (full
     Craftax's) fit in memory only so."""
-    choose = _chooser(policy, env, env_params, greedy)
+    choose = _chooser(policy, env, env_params, greedy, evaluation)
     max_steps = int(env_params.max_steps_in_episode)
     chunk = min(RECORD_CHUNK, max_steps)
     ids = jnp.zeros(1, jnp.int32)   # a batch of one environment, global index 0

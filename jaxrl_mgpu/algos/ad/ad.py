@@ -36,9 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import learner
-from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share, Resolved
 from jaxrl_mgpu.checkpoint import REPLICATED
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.data import rlds
@@ -153,14 +152,14 @@ def load_data(cfg, par) -> Steps:
 
 # -- checks --------------------------------------------------------------------------------
 
-def check_batch(cfg, num_devices: int) -> BatchSplit:
+def check_batch(run: Resolved, num_devices: int) -> BatchSplit:
     """The checks of the model and its batch over `num_devices` (no dataset: `--mode learn`
     fills its histories from the run's store, algos/ad_async.py); the batch layout, or a ConfigError."""
+    cfg, env, env_params = run.cfg, run.env, run.env_params
     if cfg.num_updates is None:
         raise ConfigError("--algo ad trains for --num-updates gradient steps: give --num-updates")
     if cfg.n_transit > 2 ** 14:
         raise ConfigError(f"--n-transit {cfg.n_transit} is above the transformer's limit of {2 ** 14}")
-    env, env_params = envs_lib.make(cfg.env, cfg.env_args)
     if not isinstance(actor_critic.distribution(env, env_params), actor_critic.Categorical):
         raise ConfigError(f"--algo ad predicts discrete actions (a softmax over them); --env {cfg.env} has "
                           f"continuous (Box) actions: use --algo ppo")
@@ -176,10 +175,11 @@ def check_batch(cfg, num_devices: int) -> BatchSplit:
     return BatchSplit(num_devices, windows=Share(cfg.ad_batch_size, per_device))
 
 
-def check(cfg, num_devices: int) -> BatchSplit:
+def check(run: Resolved, num_devices: int) -> BatchSplit:
     """The batch layout over `num_devices` and, for --mode both, a checked dataset; or a
-    ConfigError. (A --mode learn run's histories are its store's: algos/ad_async.py.)"""
-    layout = check_batch(cfg, num_devices)
+    ConfigError. (A --mode learn run's histories are its store's: asynchronous.py.)"""
+    cfg = run.cfg
+    layout = check_batch(run, num_devices)
     if cfg.mode != "both":
         return layout
     meta = open_dataset(cfg)
@@ -291,12 +291,16 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
                 lambda data, key, n: sample(data, key, n, cfg.n_transit), learn)
 
 
-def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
+def algorithm(run: Resolved) -> Algorithm[Algo]:
     """AD trains from a dataset of learning histories, loaded once onto the devices (this
     device's share of the tasks) and read by every update."""
-    algo = make(cfg, env, env_params, split)
-    return Algorithm(algo.init, algo.update, STATE_LAYOUT, STEP_UNIT, steps_per_update(cfg), algo.policy,
-                     data=(load_data(cfg, par),), parts=algo, episodic=False)
+    algo = make(run.cfg, run.env, run.env_params, run.split)
+    return Algorithm(algo.init, algo.update, STATE_LAYOUT, STEP_UNIT, steps_per_update(run.cfg), algo.policy,
+                     data=(load_data(run.cfg, run.par),), parts=algo, episodic=False)
+
+
+def policy(run: Resolved) -> actor_critic.Policy:
+    return in_context_policy(run.cfg, run.env, run.env_params)
 
 
 STEP_UNIT = "tokens"  # AD's progress: the transitions the model is trained on, not env steps

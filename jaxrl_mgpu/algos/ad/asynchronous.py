@@ -49,7 +49,7 @@ import numpy as np
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu.algos.ad import histories
 from jaxrl_mgpu.algos.ad import ad
-from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share, Resolved
 from jaxrl_mgpu.algos.spec import Asynchronous
 from jaxrl_mgpu.asynchronous.checkpoints import learner_done
 from jaxrl_mgpu.asynchronous.collector import COLLECTOR_LOG_S, Pacer, collector_name, collector_seed
@@ -59,7 +59,6 @@ from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.data import rlds
 from jaxrl_mgpu.envs import darkroom
-from jaxrl_mgpu.parallel import Parallel
 from jaxrl_mgpu.cli import count
 
 COUNTS = ("env_steps", "episodes", "tasks")  # what the learner counts of each shard it receives
@@ -71,7 +70,8 @@ SAMPLES_PER_INSERT = 100.0
 SHARED_WITH_LEARNER = ("algo", "env", "ad_history_steps")
 
 
-def check(cfg, num_devices: int) -> BatchSplit:
+def check(run: Resolved, num_devices: int) -> BatchSplit:
+    cfg = run.cfg
     if cfg.env not in darkroom.ROOMS:
         raise ConfigError(f"--mode {cfg.mode} --algo ad runs the tabular source learner of the Dark Rooms: use "
                           f"--env {' or '.join(darkroom.ROOMS)} (not {cfg.env})")
@@ -96,8 +96,8 @@ def check(cfg, num_devices: int) -> BatchSplit:
                 raise ConfigError(f"--run-dir {cfg.run_dir}: its learner has a different {', '.join(differ)} and "
                                   f"could not use these histories")
         return BatchSplit(num_devices, tasks_per_shard=Share(cfg.ad_history_tasks, -(-cfg.ad_history_tasks // num_devices)))
-    layout = ad.check_batch(cfg, num_devices)
-    length = _slot(cfg).action.shape[0]
+    layout = ad.check_batch(run, num_devices)
+    length = _slot(run).action.shape[0]
     if cfg.n_transit > length:
         raise ConfigError(f"--n-transit {cfg.n_transit} is longer than the learning histories ({length} steps of "
                           f"--ad-history-steps {cfg.ad_history_steps}, every {cfg.ad_episode_stride}-th episode kept)")
@@ -120,10 +120,10 @@ def capacity(cfg, num_devices: int) -> int:
     return cfg.store_max_episodes // (cfg.ad_history_steps // darkroom.ROOMS[cfg.env].episode_len) // num_devices
 
 
-def _slot(cfg) -> ad.Steps:
+def _slot(run: Resolved) -> ad.Steps:
     """One buffer slot (zeros): what `ad.prepare` makes of one learning history of
     `--ad-history-steps` steps, so the buffer's shapes follow AD's inputs exactly."""
-    env, env_params = histories.darkroom_env(cfg.env)
+    cfg, env, env_params = run.cfg, run.env, run.env_params
     n, shape = cfg.ad_history_steps, env.observation_space(env_params).shape
     done = (np.arange(n) % env.episode_len == env.episode_len - 1)[None]
     empty = rlds.Histories(observation=np.zeros((1, n) + shape, np.float32), action=np.zeros((1, n), np.int32),
@@ -166,17 +166,16 @@ def filled(buffer: Buffer) -> jax.Array:
 
 # -- the learner -----------------------------------------------------------------------------
 
-def algorithm(cfg, par: Parallel, split: BatchSplit) -> Algorithm:
+def algorithm(run: Resolved) -> Algorithm[ad.Algo]:
     """What the loop trains in --mode learn: AD's update on the windows of the source's buffer
     (its filled slots only); one optimizer step per update."""
-    env, env_params = histories.darkroom_env(cfg.env)
-    algo = ad.make(cfg, env, env_params, split)
+    algo = ad.make(run.cfg, run.env, run.env_params, run.split)
     return Algorithm(algo.init, lambda state, buf: algo.update(state, buf.steps, filled(buf)), ad.STATE_LAYOUT,
                      "update", 1, parts=algo, episodic=False)
 
 
 class HistorySource(StoreSource):
-    """The learner's data source (loop.Source): learning histories from the store, read by a
+    """The learner's data source (sources.LearnerSource): learning histories from the store, read by a
     background thread, inserted into the fixed-capacity on-device buffer round robin over the
     devices; how many updates may run (every device needs a history; then the samples per
     insert, rate.py); the log's data and rate counts; and the checkpoints in-context evaluation
@@ -184,10 +183,10 @@ class HistorySource(StoreSource):
 
     memory, counts = "buffer", COUNTS
 
-    def __init__(self, cfg, par: Parallel, split: BatchSplit, learner: Algorithm, ckpts: Checkpoints, log,
-                 resume_step: int | None, state):
+    def __init__(self, run: Resolved, learner: Algorithm, ckpts: Checkpoints, log, resume_step: int | None, state):
         # (the learner's own functions are not needed: the buffer's are this module's)
-        self.slot, self.per_device, self.devices = _slot(cfg), split.history_buffer.per_device, par.num_devices
+        cfg, par, split = run.cfg, run.par, run.split
+        self.slot, self.per_device, self.devices = _slot(run), split.history_buffer.per_device, par.num_devices
         key = par.replicate(np.asarray(jax.random.PRNGKey(cfg.seed)))
         self.buffer = par.map(lambda _: new_buffer(self.slot, self.per_device))(key)
         self.insert = par.map(insert, donate=True)
@@ -285,12 +284,12 @@ class HistorySource(StoreSource):
 
 # -- the history collector -----------------------------------------------------------------
 
-def collect(cfg, par: Parallel, split: BatchSplit, log, stop) -> int:
+def collect(run: Resolved, log, stop) -> int:
     """A history collector's loop: batches of source learning histories into the store, until
     the learner is done or a stop signal. Returns the env steps collected."""
+    cfg, par, env = run.cfg, run.par, run.env
     run_dir = Path(cfg.run_dir)
     name = collector_name(cfg)
-    env, _ = histories.darkroom_env(cfg.env)
     source = histories.LearnerConfig(algo=cfg.ad_source)
     pool = darkroom.goals(cfg.env, "train", cfg.seed)  # the split in-context evaluation holds out
     store = Store(run_dir)

@@ -7,7 +7,7 @@ from jaxrl_mgpu.algos.ad import ad, asynchronous
 from jaxrl_mgpu.algos.ad.options import OPTIONS
 from jaxrl_mgpu.algos.spec import Spec
 
-SPEC = Spec(options=OPTIONS, check=ad.check, algorithm=ad.algorithm, policy=ad.in_context_policy,
+SPEC = Spec(options=OPTIONS, check=ad.check, algorithm=ad.algorithm, policy=ad.policy,
             steps_per_update=ad.steps_per_update, step_unit=ad.STEP_UNIT,
             console=(("loss", "loss/cross_entropy", ".4f"), ("acc", "loss/accuracy", ".3f")),
             summary=("loss/cross_entropy", "loss/accuracy"), evaluated_by="in-context",

@@ -12,24 +12,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import replay_async
 from jaxrl_mgpu.algos.dqn import dqn
-from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Resolved
 from jaxrl_mgpu.algos.learner import LossScale, adam
 from jaxrl_mgpu.algos.replay import TransitionRing, grad_steps_per_update, ring_init, ring_sample
 from jaxrl_mgpu.algos.replay_async import Acting
 from jaxrl_mgpu.checkpoint import REPLICATED
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.envs import vec
-from jaxrl_mgpu.parallel import Parallel, device_index, global_indices
+from jaxrl_mgpu.parallel import device_index, global_indices
 
 
-def check(cfg, num_devices: int) -> BatchSplit:
+def check(run: Resolved, num_devices: int) -> BatchSplit:
+    cfg = run.cfg
     if cfg.policy != "mlp":
         raise ConfigError(f"--mode {cfg.mode} trains a feedforward Q-network: use --policy mlp (the store holds "
                           f"episodes, not the windows a --policy {cfg.policy} learner would need)")
-    return replay_async.check(cfg, num_devices, dqn.check(cfg, num_devices))
+    return replay_async.check(cfg, num_devices, dqn.check(run, num_devices))
 
 
 def per_update(cfg) -> str:
@@ -50,11 +50,11 @@ class LearnerState(NamedTuple):
 STATE_LAYOUT = {name: REPLICATED for name in LearnerState._fields}
 
 
-def algorithm(cfg, par: Parallel, split: BatchSplit) -> Algorithm:
+def algorithm(run: Resolved) -> Algorithm[replay_async.LearnerFunctions]:
     """What the loop trains in --mode learn: one update is one learner iteration of
     num_steps x updates_per_step gradient steps on the replay (the source's data), --mode
     both's double-DQN step on samples of the ring."""
-    env, env_params = envs_lib.make(cfg.env, cfg.env_args)
+    cfg, par, split, env, env_params = run.cfg, run.par, run.split, run.env, run.env_params
     obs_shape = env.observation_space(env_params).shape
     qf = dqn.q_functions(cfg, dqn.make_network(cfg, env, env_params), env, obs_shape)
     grad_steps = grad_steps_per_update(cfg)
@@ -83,11 +83,11 @@ def algorithm(cfg, par: Parallel, split: BatchSplit) -> Algorithm:
 
 # -- the collectors -------------------------------------------------------------------------
 
-def _rollout(cfg, par: Parallel, split: BatchSplit, seed: jax.Array):
+def _rollout(run: Resolved, seed: jax.Array):
     """A collector's rollout over its devices, `rollout(envs, params, key, eps) -> envs,
     trajectory [shard_steps, envs, ...]` (--mode both's epsilon-greedy step, the environments'
     states donated), and its environments' first states, from `seed`."""
-    env, env_params = envs_lib.make(cfg.env, cfg.env_args)
+    cfg, par, split, env, env_params = run.cfg, run.par, run.split, run.env, run.env_params
     envs_per_device = split.environments.per_device
     qf = dqn.q_functions(cfg, dqn.make_network(cfg, env, env_params), env, env.observation_space(env_params).shape)
     act = dqn.make_actor(env, env_params, qf, envs_per_device)
@@ -111,9 +111,8 @@ def _rollout(cfg, par: Parallel, split: BatchSplit, seed: jax.Array):
     return par.map(rollout, donate=True), par.map(reset)(par.replicate(np.asarray(seed)))
 
 
-def _template(cfg):
-    env, env_params = envs_lib.make(cfg.env, cfg.env_args)
-    return jax.eval_shape(dqn.q_policy(cfg, env, env_params).init_params, jax.random.PRNGKey(0))
+def _template(run: Resolved):
+    return jax.eval_shape(dqn.policy(run).init_params, jax.random.PRNGKey(0))
 
 
 ACTING = Acting(_rollout, _template, explore=lambda cfg, received: dqn.epsilon(cfg, received),

@@ -55,7 +55,6 @@ epsilon-greedily, their argmax (`--greedy`) is acting greedily.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -63,12 +62,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import learner
-from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
-from jaxrl_mgpu.algos.replay import (AUTO_SCALE_KEEPS, Replay, SeqBatch, Transitions, first_learning_update,
-                                     grad_steps_per_update, gradient_steps, replay_add, replay_init, replay_sample,
-                                     replay_split, steady_state, steps_per_update, target_update)
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Resolved
+from jaxrl_mgpu.algos.replay import (Replay, SeqBatch, Transitions, first_learning_update, grad_steps_per_update,
+                                     gradient_steps, replay_add, replay_init, replay_sample, replay_split,
+                                     steps_per_update, target_update)
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.envs import vec
@@ -109,16 +107,17 @@ class Algo(NamedTuple):
 
 # -- layout and checks -------------------------------------------------------------------
 
-def check(cfg, num_devices: int) -> BatchSplit:
+def check(run: Resolved, num_devices: int) -> BatchSplit:
     """The batch layout over `num_devices`, or a ConfigError naming the option that breaks it."""
-    if not isinstance(actor_critic.distribution(*envs_lib.make(cfg.env, cfg.env_args)), actor_critic.Categorical):
+    cfg = run.cfg
+    if not isinstance(actor_critic.distribution(run.env, run.env_params), actor_critic.Categorical):
         raise ConfigError(f"--algo dqn takes discrete actions (one Q-value each); --env {cfg.env} has continuous "
                           f"(Box) actions: use --algo sac or td3 (or ppo)")
     split = replay_split(cfg, num_devices)
     if factory.is_sequence_policy(cfg) and cfg.buffer_size // cfg.num_envs < cfg.context_len + cfg.n_step:
         raise ConfigError(f"--buffer-size {cfg.buffer_size} holds fewer than --context-len {cfg.context_len} + "
                           f"--n-step {cfg.n_step} steps of each of the {cfg.num_envs} environments")
-    if cfg.replay_obs_dtype == "uint8" and (value := _first_non_byte_observation(cfg.env)) is not None:
+    if cfg.replay_obs_dtype == "uint8" and (value := _first_non_byte_observation(run)) is not None:
         raise ConfigError(f"--replay-obs-dtype uint8 would change {cfg.env}'s observations (e.g. {value:g}): it "
                           f"stores whole numbers in 0..255 only; use float32")
     return split
@@ -126,11 +125,21 @@ def check(cfg, num_devices: int) -> BatchSplit:
 
 # -- what the replay stores --------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
-def _first_non_byte_observation(env_name: str) -> float | None:
-    """An observation of `env_name` that uint8 cannot hold (not a whole number in 0..255), from
-    16 environments over 64 random steps and their final observations; None if there is none."""
-    env, env_params = envs_lib.make(env_name)
+# What _first_non_byte_observation found, per (--env, --env-args): a run's checks ask more than once.
+_NON_BYTE: dict[tuple, float | None] = {}
+
+
+def _first_non_byte_observation(run: Resolved) -> float | None:
+    """An observation of the run's environment (with its --env-args) that uint8 cannot hold (not
+    a whole number in 0..255), from 16 environments over 64 random steps and their final
+    observations; None if there is none."""
+    known = (run.cfg.env, run.cfg.env_args)
+    if known not in _NON_BYTE:
+        _NON_BYTE[known] = _non_byte_observation(run.env, run.env_params)
+    return _NON_BYTE[known]
+
+
+def _non_byte_observation(env, env_params) -> float | None:
     ids, steps = jnp.arange(16), 64
 
     def observations(key):
@@ -308,6 +317,10 @@ def q_policy(cfg, env, env_params) -> Policy:
     return q_functions(cfg, make_network(cfg, env, env_params), env, env.observation_space(env_params).shape).policy
 
 
+def policy(run: Resolved) -> Policy:
+    return q_policy(run.cfg, run.env, run.env_params)
+
+
 def make(cfg, env, env_params, split: BatchSplit) -> Algo:
     net = make_network(cfg, env, env_params)
     tx = learner.adam(cfg, gradient_steps(cfg))
@@ -381,7 +394,7 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
     return Algo(init, update, rollout, init_params, policy, learn, train_step)
 
 
-def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
-    algo = make(cfg, env, env_params, split)
-    return Algorithm(algo.init, algo.update, STATE_LAYOUT, "env_steps", steps_per_update(cfg), algo.policy,
+def algorithm(run: Resolved) -> Algorithm[Algo]:
+    algo = make(run.cfg, run.env, run.env_params, run.split)
+    return Algorithm(algo.init, algo.update, STATE_LAYOUT, "env_steps", steps_per_update(run.cfg), algo.policy,
                      parts=algo)

@@ -6,7 +6,7 @@ from jaxrl_mgpu.algos.dqn.options import OPTIONS
 from jaxrl_mgpu.algos.replay import AUTO_SCALE_KEEPS, steady_state, steps_per_update
 from jaxrl_mgpu.algos.spec import Spec
 
-SPEC = Spec(options=OPTIONS, check=dqn.check, algorithm=dqn.algorithm, policy=dqn.q_policy,
+SPEC = Spec(options=OPTIONS, check=dqn.check, algorithm=dqn.algorithm, policy=dqn.policy,
             steps_per_update=steps_per_update, steady_state=steady_state,
             console=(("td", "loss/td", ".4f"), ("eps", "epsilon", ".3f")), auto_scale_keeps=AUTO_SCALE_KEEPS,
             asynchronous=asynchronous.ASYNCHRONOUS)

@@ -32,7 +32,7 @@ import optax
 
 from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu.algos.ppo import ppo
-from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Evaluation, Resolved, Share
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu import envs as envs_lib
@@ -77,7 +77,8 @@ class Algo(NamedTuple):
     teams: dict           # {team: (first agent, end)}
 
 
-def check(cfg, num_devices: int) -> BatchSplit:
+def check(run: Resolved, num_devices: int) -> BatchSplit:
+    cfg = run.cfg
     if (cfg.policy, cfg.mode, cfg.normalize_reward) != ("mlp", "both", False):
         raise ConfigError(f"--env {cfg.env} is a multi-agent game: it trains with --algo {cfg.algo} --policy mlp (one "
                           f"network per team) in --mode both, without --normalize-reward")
@@ -326,16 +327,37 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
     return Algo(init, update, rollout, policy.init_params, policy, teams)
 
 
-def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
-    algo = make(cfg, env, env_params, split)
-    return Algorithm(algo.init, algo.update, STATE_LAYOUT, "env_steps", steps_per_update(cfg), algo.policy,
-                     parts=algo, agents_per_env=env.num_agents,
-                     evaluation=lambda total, num_devices, greedy: (
-                         make_match(algo.policy, env, env_params, total, num_devices, greedy),
-                         lambda sums: summarize_match(sums, tuple(env.teams))))
+def algorithm(run: Resolved) -> Algorithm[Algo]:
+    algo = make(run.cfg, run.env, run.env_params, run.split)
+    return Algorithm(algo.init, algo.update, STATE_LAYOUT, "env_steps", steps_per_update(run.cfg), algo.policy,
+                     parts=algo, agents_per_env=run.env.num_agents, evaluation=evaluation(run, algo.policy))
+
+
+def policy(run: Resolved) -> actor_critic.Policy:
+    return team_policy(run.cfg, run.env, run.env_params)
 
 
 # -- evaluation: trained teams, and each against a uniform-random opponent --------------------
+
+def evaluation(run: Resolved, policy: actor_critic.Policy | None = None) -> Evaluation:
+    """How a game's teams are evaluated (algos.base.Evaluation): matches of every team with its
+    network or, named in `random_sides`, uniformly at random; a video samples (or, greedy, takes
+    the mode of) each agent's factored action."""
+    env, env_params = run.env, run.env_params
+    policy = policy or team_policy(run.cfg, env, env_params)
+    factored = action_distribution(env)
+
+    def episodes(total, num_devices, greedy, random_sides=()):
+        return (make_match(policy, env, env_params, total, num_devices, greedy, random_sides),
+                lambda sums: summarize_match(sums, tuple(env.teams)))
+
+    def choose(greedy):
+        def chosen(pi, keys):
+            action = factored.mode(pi) if greedy else factored.sample(pi, factored.noise(keys, env.num_agents))
+            return action, action
+        return chosen
+
+    return Evaluation(episodes, tuple(env.teams), choose)
 
 def make_match(policy, env, env_params, total: int, num_devices: int, greedy: bool, random_teams=()):
     """A per-device function `(params, key) -> sums` over the first episode of

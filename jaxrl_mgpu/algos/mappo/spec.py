@@ -7,7 +7,7 @@ from jaxrl_mgpu.algos.ppo import ppo
 from jaxrl_mgpu.algos.ppo.options import OPTIONS
 from jaxrl_mgpu.algos.spec import Spec
 
-SPEC = Spec(options=OPTIONS, check=mappo.check, algorithm=mappo.algorithm, policy=mappo.team_policy,
+SPEC = Spec(options=OPTIONS, check=mappo.check, algorithm=mappo.algorithm, policy=mappo.policy, evaluation=mappo.evaluation,
             steps_per_update=mappo.steps_per_update,
             console=ppo.CONSOLE + (("taggers", "taggers/episode_return", ".2f"),
                                    ("runners", "runners/episode_return", ".2f"), ("tags", "tags_per_episode", ".2f")))

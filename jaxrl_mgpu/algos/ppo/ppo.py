@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_mgpu.algos import learner
-from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Share, Resolved
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.cli import ConfigError
@@ -139,10 +139,11 @@ class Algo(NamedTuple):
     policy: Any       # nets.actor_critic.Policy
 
 
-def check(cfg, num_devices: int) -> BatchSplit:
+def check(run: Resolved, num_devices: int) -> BatchSplit:
     """The batch layout over `num_devices`, or a ConfigError naming the option that breaks it."""
+    cfg = run.cfg
     # A ConfigError for an unsupported action space (or one --action-dist cannot act in)
-    dist = actor_critic.distribution(*envs_lib.make(cfg.env, cfg.env_args), cfg.action_dist)
+    dist = actor_critic.distribution(run.env, run.env_params, cfg.action_dist)
     if factory.is_sequence_policy(cfg) and not isinstance(dist, actor_critic.Categorical):
         raise ConfigError(actor_critic.transformer_refusal(cfg.env))
     if isinstance(dist, actor_critic.Categorical) and cfg.action_dist != "clipped_normal":
@@ -439,10 +440,15 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
     return Algo(init, update, rollout, policy.init_params, policy)
 
 
-def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
-    algo = make(cfg, env, env_params, split)
-    return Algorithm(algo.init, algo.update, STATE_LAYOUT, "env_steps", steps_per_update(cfg), algo.policy,
+def algorithm(run: Resolved) -> Algorithm[Algo]:
+    algo = make(run.cfg, run.env, run.env_params, run.split)
+    return Algorithm(algo.init, algo.update, STATE_LAYOUT, "env_steps", steps_per_update(run.cfg), algo.policy,
                      parts=algo)
+
+
+def policy(run: Resolved) -> actor_critic.Policy:
+    """The actor-critic of PPO's options (--policy, --actor-hidden, ...) for the run's environment."""
+    return actor_critic.make(run.cfg, run.env, run.env_params)
 
 
 # What the progress line shows of a PPO update (its spec's console; multi-agent PPO's too).

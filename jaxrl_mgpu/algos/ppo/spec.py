@@ -5,7 +5,6 @@ from jaxrl_mgpu.algos.mappo.spec import SPEC as MULTI_AGENT
 from jaxrl_mgpu.algos.ppo import ppo
 from jaxrl_mgpu.algos.ppo.options import OPTIONS
 from jaxrl_mgpu.algos.spec import Spec
-from jaxrl_mgpu.nets import actor_critic
 
-SPEC = Spec(options=OPTIONS, check=ppo.check, algorithm=ppo.algorithm, policy=actor_critic.make,
+SPEC = Spec(options=OPTIONS, check=ppo.check, algorithm=ppo.algorithm, policy=ppo.policy,
             steps_per_update=ppo.steps_per_update, console=ppo.CONSOLE, multi_agent=MULTI_AGENT)

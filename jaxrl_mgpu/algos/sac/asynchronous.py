@@ -18,20 +18,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import replay_async
 from jaxrl_mgpu.algos.sac import sac
-from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Resolved
 from jaxrl_mgpu.algos.replay import TransitionRing, grad_steps_per_update, ring_init, ring_sample
 from jaxrl_mgpu.algos.replay_async import Acting
 from jaxrl_mgpu.checkpoint import REPLICATED
 from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.nets import obs_norm
-from jaxrl_mgpu.parallel import Parallel, device_index, global_indices
+from jaxrl_mgpu.parallel import device_index, global_indices
 
 
-def check(cfg, num_devices: int) -> BatchSplit:
-    return replay_async.check(cfg, num_devices, sac.check(cfg, num_devices))
+def check(run: Resolved, num_devices: int) -> BatchSplit:
+    return replay_async.check(run.cfg, num_devices, sac.check(run, num_devices))
 
 
 def per_update(cfg) -> str:
@@ -40,9 +39,8 @@ def per_update(cfg) -> str:
             f"transitions")
 
 
-def _parts(cfg, split: BatchSplit):
-    env, env_params = envs_lib.make(cfg.env, cfg.env_args)
-    return env, env_params, sac.make(cfg, env, env_params, split)
+def _parts(run: Resolved) -> sac.Parts:
+    return sac.make(run.cfg, run.env, run.env_params, run.split)
 
 
 # -- the learner ---------------------------------------------------------------------------
@@ -65,11 +63,11 @@ class LearnerState(NamedTuple):
 STATE_LAYOUT = {name: REPLICATED for name in LearnerState._fields}
 
 
-def algorithm(cfg, par: Parallel, split: BatchSplit) -> Algorithm:
+def algorithm(run: Resolved) -> Algorithm[replay_async.LearnerFunctions]:
     """What the loop trains in --mode learn: one update is one learner iteration, --mode both's
     num_steps x updates_per_step gradient steps, on samples of the ring (the source's data)."""
-    env, env_params, parts = _parts(cfg, split)
-    obs_shape = env.observation_space(env_params).shape
+    cfg, par, split, parts = run.cfg, run.par, run.split, _parts(run)
+    obs_shape = run.env.observation_space(run.env_params).shape
     num_dims = parts.policy.dist.num_dims
     capacity, batch = split.replay.per_device, split.minibatch.per_device
 
@@ -97,12 +95,12 @@ def algorithm(cfg, par: Parallel, split: BatchSplit) -> Algorithm:
 
 # -- the collectors ------------------------------------------------------------------------
 
-def _rollout(cfg, par: Parallel, split: BatchSplit, seed: jax.Array):
+def _rollout(run: Resolved, seed: jax.Array):
     """A collector's rollout over its devices, `rollout(envs, params, key, uniform) -> envs,
     trajectory [shard_steps, envs, ...]` (--mode both's acting; actions stored in [-1, 1], as
     its replay keeps them), and its environments' first states, from `seed`."""
-    env, env_params, parts = _parts(cfg, split)
-    envs_per_device = split.environments.per_device
+    cfg, par, env, env_params, parts = run.cfg, run.par, run.env, run.env_params, _parts(run)
+    envs_per_device = run.split.environments.per_device
 
     def reset(key):
         return vec.reset(env, env_params, key, global_indices(envs_per_device))
@@ -122,9 +120,8 @@ def _rollout(cfg, par: Parallel, split: BatchSplit, seed: jax.Array):
     return par.map(rollout, donate=True), par.map(reset)(par.replicate(np.asarray(seed)))
 
 
-def _template(cfg):
-    env, env_params = envs_lib.make(cfg.env, cfg.env_args)
-    return jax.eval_shape(sac.sac_policy(cfg, env, env_params).init_params, jax.random.PRNGKey(0))
+def _template(run: Resolved):
+    return jax.eval_shape(sac.policy(run).init_params, jax.random.PRNGKey(0))
 
 
 ACTING = Acting(_rollout, _template, explore=lambda cfg, received: float(received < cfg.learning_starts),

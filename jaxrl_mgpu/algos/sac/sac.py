@@ -40,12 +40,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu.algos import learner
-from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
-from jaxrl_mgpu.algos.replay import (AUTO_SCALE_KEEPS, Replay, Transitions, first_learning_update, grad_steps_per_update,
-                                     gradient_steps, replay_add, replay_init, replay_sample, replay_split,
-                                     steady_state, steps_per_update, target_update)
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Resolved
+from jaxrl_mgpu.algos.replay import (Replay, Transitions, first_learning_update, grad_steps_per_update, gradient_steps,
+                                     replay_add, replay_init, replay_sample, replay_split, steps_per_update,
+                                     target_update)
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.cli import ConfigError, count
 from jaxrl_mgpu.envs import vec
@@ -83,8 +82,8 @@ def replay_bytes(cfg, obs_size: int, num_dims: int, num_devices: int) -> int:
     return cfg.buffer_size // num_devices * (2 * 4 * obs_size + 4 * num_dims + 4 + 2)
 
 
-def check(cfg, num_devices: int) -> BatchSplit:
-    env, env_params = envs_lib.make(cfg.env, cfg.env_args)
+def check(run: Resolved, num_devices: int) -> BatchSplit:
+    cfg, env, env_params = run.cfg, run.env, run.env_params
     dist = actor_critic.distribution(env, env_params)
     if not isinstance(dist, actor_critic.DiagGaussian):
         raise ConfigError(f"--algo {cfg.algo} takes continuous (Box) actions; --env {cfg.env} has discrete actions: "
@@ -227,7 +226,7 @@ class Batch(NamedTuple):
     noise: jax.Array        # [B, D] the actor step's action (SAC)
 
 
-def make(cfg, env, env_params, split: BatchSplit):
+def make(cfg, env, env_params, split: BatchSplit) -> "Parts":
     actor, critics, dist, atoms = networks(cfg, env, env_params)
     policy = sac_policy(cfg, env, env_params)
     sac = cfg.algo == "sac"
@@ -419,7 +418,11 @@ class Parts(NamedTuple):
 LEARNED, OPTIMIZERS = ("params", "critic", "log_alpha"), ("actor_opt", "critic_opt", "alpha_opt")
 
 
-def algorithm(cfg, env, env_params, split: BatchSplit, par) -> Algorithm:
-    parts = make(cfg, env, env_params, split)
-    return Algorithm(parts.init, parts.update, STATE_LAYOUT, "env_steps", steps_per_update(cfg), parts.policy,
+def algorithm(run: Resolved) -> Algorithm[Parts]:
+    parts = make(run.cfg, run.env, run.env_params, run.split)
+    return Algorithm(parts.init, parts.update, STATE_LAYOUT, "env_steps", steps_per_update(run.cfg), parts.policy,
                      parts=parts, learned=LEARNED, optimizers=OPTIMIZERS)
+
+
+def policy(run: Resolved) -> Policy:
+    return sac_policy(run.cfg, run.env, run.env_params)

@@ -6,7 +6,7 @@ from jaxrl_mgpu.algos.replay import AUTO_SCALE_KEEPS, steady_state, steps_per_up
 from jaxrl_mgpu.algos.sac import asynchronous, options, sac
 from jaxrl_mgpu.algos.spec import Spec
 
-_SHARED = dict(check=sac.check, algorithm=sac.algorithm, policy=sac.sac_policy, steps_per_update=steps_per_update,
+_SHARED = dict(check=sac.check, algorithm=sac.algorithm, policy=sac.policy, steps_per_update=steps_per_update,
                steady_state=steady_state, auto_scale_keeps=AUTO_SCALE_KEEPS, asynchronous=asynchronous.ASYNCHRONOUS)
 SAC = Spec(options=options.SAC, console=(("critic", "loss/critic", ".3f"), ("alpha", "alpha", ".3f")), **_SHARED)
 TD3 = Spec(options=options.TD3, console=(("critic", "loss/critic", ".3f"), ("q", "loss/q_mean", ".1f")), **_SHARED)
