@@ -139,7 +139,7 @@ def algorithm(run: Resolved) -> Algorithm:
             params = {**params, obs_norm.OBS_STATS: obs_norm.update(params[obs_norm.OBS_STATS], obs)}
         return State(params, opt_state, loss_scale, envs, key), (losses, vec.EpisodeStats.of(done_return, done_length))
 
-    return Algorithm(init, update, LAYOUT, "env_steps", cfg.num_envs * cfg.num_steps, policy)
+    return Algorithm(init, update, LAYOUT, policy)
 
 
 algos.register("a2c", algos.Spec(

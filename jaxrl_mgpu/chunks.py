@@ -87,7 +87,7 @@ class Trainer:
         self.env, self.env_params = plan.env, plan.env_params
         self.algorithm = algorithm = plan.algorithm() if algorithm is None else algorithm
         self.layout, self.data = algorithm.layout, algorithm.data
-        self.step_unit, self.steps_per_update = algorithm.step_unit, algorithm.steps_per_update
+        self.step_unit, self.steps_per_update = plan.progress()
         self._compiled = None
         self._init = None
         self._eval = None

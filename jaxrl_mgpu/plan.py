@@ -27,7 +27,7 @@ from jaxrl_mgpu import autoscale
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import envs as envs_lib
 from jaxrl_mgpu import multirun, parallel, rundir
-from jaxrl_mgpu.algos.base import Algorithm, BatchSplit
+from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Progress
 from jaxrl_mgpu.algos.spec import Spec
 from jaxrl_mgpu.asynchronous import collector
 from jaxrl_mgpu.cli import ConfigError
@@ -81,6 +81,13 @@ class Plan:
         check = self.spec.check if cfg.mode == "both" else self.spec.asynchronous.check
         unsplit = dataclasses.replace(self, cfg=cfg, par=par, split=None)
         return dataclasses.replace(unsplit, split=check(unsplit, par.data_devices), **more)
+
+    def progress(self) -> Progress:
+        """How its progress is counted: its spec's unit and steps per update, or a --mode learn
+        learner's iterations."""
+        if self.learner is not None:
+            return Progress("update", 1)
+        return Progress(self.spec.step_unit, self.spec.steps_per_update(self.cfg))
 
     def with_config(self, cfg) -> "Plan":
         """This plan for another config of the same run (a run of a sweep, which may differ in a

@@ -86,7 +86,7 @@ def run(plan: Plan, started: float, on_row: Callable[[dict], None] | None = None
         trainer = Trainer(dataclasses.replace(plan, cfg=cfg))
         return trainer, trainer.init_state() if session.eager_state else None
 
-    begun = start(plan.cfg, run_dir, step, build, session.unit, session.steps_per_update(plan.cfg))
+    begun = start(plan.cfg, run_dir, step, build, *plan.progress())
     if begun is None:
         return Result(0, str(run_dir))  # already complete
     trainer, state, step = begun.trainer, begun.state, begun.update

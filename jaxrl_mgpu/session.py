@@ -33,11 +33,8 @@ class Opened(NamedTuple):
 
 class Session(Protocol):
     """How a mode runs the plan's algorithm."""
-    unit: str                                   # what the loop's progress counts (a checkpoint's meta)
     rate: str | None                            # what a row's rate ("sps") counts, per second (None: the unit's steps)
     eager_state: bool                           # the initial state is built (and published) before compiling
-
-    def steps_per_update(self, cfg) -> int: ...
 
     def per_update(self, plan) -> str | None:
         """The banner's 'per update' line (None: the trainer's steps per update)."""
@@ -55,10 +52,7 @@ def _nothing(*_) -> None:
 class Training:
     """--mode both."""
     eager_state = False  # built while the chunk compiles
-
-    def __init__(self, spec):
-        self.unit, self.steps_per_update = spec.step_unit, spec.steps_per_update
-        self.rate = None  # the unit's own: env steps, tokens (RunLog)
+    rate = None          # the unit's own: env steps, tokens (RunLog)
 
     def per_update(self, plan) -> None:
         return None
@@ -97,14 +91,10 @@ class Training:
 class Learning:
     """--mode learn: the spec's asynchronous learner (algos.spec.Asynchronous)."""
     eager_state = True  # published at update 0 for the collectors, before the chunk compiles
-    unit = "update"
     rate = "env steps received"  # its source's rows count what reached it (asynchronous/source.py)
 
     def __init__(self, asynchronous):
         self.asynchronous = asynchronous
-
-    def steps_per_update(self, cfg) -> int:
-        return 1
 
     def per_update(self, plan) -> str:
         return self.asynchronous.per_update(plan.cfg)
@@ -125,4 +115,4 @@ class Learning:
 
 def for_plan(plan) -> Session:
     """The session that runs `plan`: a learner where it is a --mode learn run."""
-    return Training(plan.spec) if plan.learner is None else Learning(plan.learner)
+    return Training() if plan.learner is None else Learning(plan.learner)

@@ -38,6 +38,13 @@ class Evaluation:
     choose: Callable               # greedy -> ((pi, noise keys) -> (action, what the env takes)), for a video
 
 
+class Progress(NamedTuple):
+    """How a run's progress is counted: `per_update` of `unit` (env_steps, tokens, update) per
+    update, over all devices (plan.Plan.progress: its spec's, or a learner's one update)."""
+    unit: str
+    per_update: int
+
+
 Parts = TypeVar("Parts")
 
 
@@ -46,8 +53,6 @@ class Algorithm(Generic[Parts]):
     init: Callable          # key -> state (the same key on every device: identical parameters)
     update: Callable        # state, *data -> state, (losses: dict, vec.EpisodeStats of the update)
     layout: dict            # the state's checkpoint layout: a checkpoint.Layout per field (REPLICATED, PER_ENV, ...)
-    step_unit: str          # what progress is counted in: env_steps, tokens, update
-    steps_per_update: int   # of step_unit, over all devices
     policy: Any = None      # nets.actor_critic.Policy for evaluation episodes (None: not evaluated)
     data: tuple = ()        # device inputs every update reads and none changes (a dataset shard)
     parts: Parts | None = None  # the algorithm's own functions (its typed record: ppo.Algo, ...), for tests and tools

@@ -74,7 +74,7 @@ def learner(par: Parallel, init: Callable, learn: Callable, init_replay: Callabl
 
     functions = LearnerFunctions(par.map(init), par.map(init_replay), par.map(ring_insert, donate=True),
                                  par.map(learn, donate=True), obs_shape)
-    return Algorithm(init, update, layout, "update", 1, parts=functions, **fields)
+    return Algorithm(init, update, layout, parts=functions, **fields)
 
 
 class Acting(NamedTuple):

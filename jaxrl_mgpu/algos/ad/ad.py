@@ -295,7 +295,7 @@ def algorithm(run: Resolved) -> Algorithm[Algo]:
     """AD trains from a dataset of learning histories, loaded once onto the devices (this
     device's share of the tasks) and read by every update."""
     algo = make(run.cfg, run.env, run.env_params, run.split)
-    return Algorithm(algo.init, algo.update, STATE_LAYOUT, STEP_UNIT, steps_per_update(run.cfg), algo.policy,
+    return Algorithm(algo.init, algo.update, STATE_LAYOUT, algo.policy,
                      data=(load_data(run.cfg, run.par),), parts=algo, episodic=False)
 
 

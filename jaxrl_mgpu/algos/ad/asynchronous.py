@@ -171,7 +171,7 @@ def algorithm(run: Resolved) -> Algorithm[ad.Algo]:
     (its filled slots only); one optimizer step per update."""
     algo = ad.make(run.cfg, run.env, run.env_params, run.split)
     return Algorithm(algo.init, lambda state, buf: algo.update(state, buf.steps, filled(buf)), ad.STATE_LAYOUT,
-                     "update", 1, parts=algo, episodic=False)
+                     parts=algo, episodic=False)
 
 
 class HistorySource(StoreSource):

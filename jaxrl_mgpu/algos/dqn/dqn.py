@@ -66,7 +66,7 @@ from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Resolved
 from jaxrl_mgpu.algos.replay import (Replay, SeqBatch, Transitions, first_learning_update, grad_steps_per_update,
                                      gradient_steps, replay_add, replay_init, replay_sample, replay_split,
-                                     steps_per_update, target_update)
+                                     target_update)
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.envs import vec
@@ -396,5 +396,5 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
 
 def algorithm(run: Resolved) -> Algorithm[Algo]:
     algo = make(run.cfg, run.env, run.env_params, run.split)
-    return Algorithm(algo.init, algo.update, STATE_LAYOUT, "env_steps", steps_per_update(run.cfg), algo.policy,
+    return Algorithm(algo.init, algo.update, STATE_LAYOUT, algo.policy,
                      parts=algo)

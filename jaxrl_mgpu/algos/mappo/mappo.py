@@ -329,7 +329,7 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
 
 def algorithm(run: Resolved) -> Algorithm[Algo]:
     algo = make(run.cfg, run.env, run.env_params, run.split)
-    return Algorithm(algo.init, algo.update, STATE_LAYOUT, "env_steps", steps_per_update(run.cfg), algo.policy,
+    return Algorithm(algo.init, algo.update, STATE_LAYOUT, algo.policy,
                      parts=algo, agents_per_env=run.env.num_agents, evaluation=evaluation(run, algo.policy))
 
 

@@ -43,8 +43,7 @@ import optax
 from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Resolved
 from jaxrl_mgpu.algos.replay import (Replay, Transitions, first_learning_update, grad_steps_per_update, gradient_steps,
-                                     replay_add, replay_init, replay_sample, replay_split, steps_per_update,
-                                     target_update)
+                                     replay_add, replay_init, replay_sample, replay_split, target_update)
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.cli import ConfigError, count
 from jaxrl_mgpu.envs import vec
@@ -420,7 +419,7 @@ LEARNED, OPTIMIZERS = ("params", "critic", "log_alpha"), ("actor_opt", "critic_o
 
 def algorithm(run: Resolved) -> Algorithm[Parts]:
     parts = make(run.cfg, run.env, run.env_params, run.split)
-    return Algorithm(parts.init, parts.update, STATE_LAYOUT, "env_steps", steps_per_update(run.cfg), parts.policy,
+    return Algorithm(parts.init, parts.update, STATE_LAYOUT, parts.policy,
                      parts=parts, learned=LEARNED, optimizers=OPTIMIZERS)
 
 
