@@ -2,26 +2,28 @@
 
 A corridor: walk right to its end (reward 1, terminated); 50 steps at most (truncated). The
 environment is written against gymnax's `Environment` (jittable `step_env` / `reset_env`), and
-registered under a name with its arguments' ranges; the script then hands its command line to
-the trainer or the evaluator, which find it by that name:
+registered under a name with its arguments' ranges. `--env MODULE:NAME` imports the module,
+which registers NAME (a run's config keeps the name, so --resume and evaluate import it again);
+from the repository's root:
 
-    python examples/custom_env.py train --env Corridor-v0 --env-args size=8 --num-envs 16 \
+    python -m jaxrl_mgpu.train --env examples.custom_env:Corridor-v0 --env-args size=8 --num-envs 16 \
         --num-steps 32 --total-timesteps 40960 --run-dir runs/corridor   # all local devices
-    python examples/custom_env.py train --run-dir runs/corridor --resume --total-timesteps 81920
-    python examples/custom_env.py train --env Corridor-v0 --num-seeds 3 --num-envs 16 --num-steps 32 \
+    python -m jaxrl_mgpu.train --run-dir runs/corridor --resume --total-timesteps 81920
+    python -m jaxrl_mgpu.train --env examples.custom_env:Corridor-v0 --num-seeds 3 --num-envs 16 --num-steps 32 \
         --total-timesteps 20480 --run-dir runs/corridor-seeds          # 3 runs in one program
-    python examples/custom_env.py evaluate --run-dir runs/corridor --episodes 32 --greedy
-    python examples/custom_env.py evaluate --run-dir runs/corridor --video corridor.gif   # render_rgb
-"""
-import sys
+    python -m jaxrl_mgpu.evaluate --run-dir runs/corridor --episodes 32 --greedy
+    python -m jaxrl_mgpu.evaluate --run-dir runs/corridor --video corridor.gif   # its render_rgb
 
+An installed package would instead name it under the entry-point group `jaxrl_mgpu.envs`
+(`Corridor-v0 = "my_pkg.envs:make_corridor"`), and `--env Corridor-v0` would find it.
+"""
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 from gymnax.environments import environment, spaces
 
-from jaxrl_mgpu import envs, evaluate, train
+from jaxrl_mgpu import envs
 
 
 @struct.dataclass
@@ -76,13 +78,3 @@ def make_corridor(size: int = 10):
 
 # --env-args size=N, checked before anything is built (an Arg per keyword the factory takes)
 envs.register("Corridor-v0", make_corridor, {"size": envs.Arg(int, at_least=2)})
-
-COMMANDS = {"train": train.main, "evaluate": evaluate.main}
-
-if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
-        given = f"unknown command {sys.argv[1]!r}; " if len(sys.argv) > 1 else ""
-        print(f"error: {given}usage: python examples/custom_env.py {{{','.join(COMMANDS)}}} [OPTIONS]  "
-              f"(--help after a command lists its options)", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(COMMANDS[sys.argv[1]](sys.argv[2:]))

@@ -2,7 +2,6 @@
 8 devices with the same global batch, pmap == shard_map, many runs in one program, auto-scale,
 several processes, and a user's environment trained with every feature (examples/)."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -99,12 +98,12 @@ def test_two_processes_equal_one_process_with_8_devices(tmp_path):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), p1, p2)
 
 
-def test_a_users_own_environment_trains_with_every_feature(tmp_path, capsys):
-    """examples/custom_env.py: registered by name, trained on all 8 devices, stopped and resumed
-    exactly, many seeds in one program, evaluated, drawn into a video; its argument checked."""
-    spec = importlib.util.spec_from_file_location("custom_env", ROOT / "examples" / "custom_env.py")
-    spec.loader.exec_module(importlib.util.module_from_spec(spec))  # registers Corridor-v0
-    flags = ["--env", "Corridor-v0", "--env-args", "size=6", "--num-envs", "16", "--num-steps", "16",
+def test_a_users_own_environment_trains_with_every_feature(tmp_path, capsys, monkeypatch):
+    """examples/custom_env.py, named as MODULE:NAME (the trainer imports the module, which
+    registers the name): trained on all 8 devices, stopped and resumed exactly, many seeds in
+    one program, evaluated, drawn into a video; its argument checked."""
+    monkeypatch.syspath_prepend(str(ROOT))  # where `examples` imports from, as for `python -m` in the root
+    flags = ["--env", "examples.custom_env:Corridor-v0", "--env-args", "size=6", "--num-envs", "16", "--num-steps", "16",
              "--hidden-size", "16", "--total-timesteps", str(16 * 16 * 8), "--log-every", "2"]
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     assert run(*flags, "--run-dir", str(straight)) == 0
@@ -123,8 +122,8 @@ def test_a_users_own_environment_trains_with_every_feature(tmp_path, capsys):
     assert shown["frames"] == shown["episode_length"] + 1 and (tmp_path / "corridor.gif").stat().st_size > 0
     assert run(*flags[:2], "--env-args", "size=1", "--run-dir", str(tmp_path / "bad")) == 2
     assert "size must be at least 2" in capsys.readouterr().err and not (tmp_path / "bad").exists()
-    # The script itself, as a user runs it.
+    # A fresh process finds the environment again from the run's config, as a user's evaluate does.
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "custom_env.py"), "evaluate", "--run-dir",
-                          str(straight), "--episodes", "4"], capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run([sys.executable, "-m", "jaxrl_mgpu.evaluate", "--run-dir", str(straight), "--episodes", "4"],
+                         capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
     assert out.returncode == 0 and json.loads(out.stdout.strip().splitlines()[-1])["episodes"] == 4, out.stderr

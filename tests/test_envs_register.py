@@ -11,7 +11,7 @@ import pytest
 
 from jaxrl_mgpu import envs
 
-from helpers import run
+from helpers import one_error_line, run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 from custom_env import Corridor, make_corridor  # noqa: E402
@@ -107,3 +107,37 @@ def test_a_well_registered_environment_and_the_projects_own_pass_the_checks():
     for name in [NAME, "CartPole-NoVel-v1", "DarkRoom", "TagGridworld-v0", "TagContinuous-v0"]:
         env, params = envs.make(name)
         envs.check_env_step(name, env, params)
+
+
+# -- finding a user's environment by MODULE:NAME or an installed package's entry point -----------
+
+def test_module_colon_name_imports_the_module_that_registers_the_name(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))  # `examples` imports from the root
+    env, params = envs.make("examples.custom_env:Corridor-v0", "size=4")
+    # (a Corridor of the module examples.custom_env, not the one this file imported as custom_env)
+    assert type(env).__module__ == "examples.custom_env" and params.size == 4
+    assert envs.arguments("examples.custom_env:Corridor-v0") == envs.arguments("Corridor-v0")
+
+
+@pytest.mark.parametrize("name, words", [
+    ("examples.custom_env:Nope-v0", "importing examples.custom_env registered no environment 'Nope-v0'"),
+    ("no_such_module_x:Corridor-v0", "no suite 'no_such_module_x' (suites: brax, craftax"),
+])
+def test_a_module_colon_name_nobody_provides_is_one_line_and_nothing_written(name, words, tmp_path, capsys,
+                                                                             monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
+    assert run("--env", name, *SMALL, "--run-dir", str(tmp_path / "run")) == 2
+    assert words in one_error_line(capsys) and not (tmp_path / "run").exists()
+
+
+def test_an_installed_packages_entry_point_names_its_environment(monkeypatch):
+    import importlib.metadata
+    point = importlib.metadata.EntryPoint(name="Corridor-ep", value="custom_env:make_corridor",
+                                          group=envs.registry.ENTRY_POINTS)
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group=None: [point] if group == envs.registry.ENTRY_POINTS else [])
+    try:
+        env, _ = envs.make("Corridor-ep")
+        assert isinstance(env, Corridor)
+    finally:
+        envs.registry._OWN.pop("Corridor-ep", None)

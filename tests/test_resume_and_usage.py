@@ -241,14 +241,3 @@ def test_launch_relays_a_childs_error_to_stderr_once():
     errors = [line for line in out.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "--num-envs" in errors[0], out.stderr
     assert "error:" not in out.stdout, out.stdout
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("example", ["custom_env.py", "custom_algo.py"])
-@pytest.mark.parametrize("argv, words", [([], "usage: python examples/{} {{train,evaluate}}"),
-                                         (["bench"], "unknown command 'bench'")])
-def test_the_examples_without_a_known_command_print_their_usage(example, argv, words):
-    words = words.format(example)
-    example = Path(__file__).resolve().parents[1] / "examples" / example
-    out = subprocess.run([sys.executable, str(example), *argv], capture_output=True, text=True, timeout=240)
-    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1 and words in out.stderr, out.stderr

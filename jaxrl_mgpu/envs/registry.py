@@ -3,6 +3,13 @@ user's own (`register`), and other suites' tasks as `SUITE:TASK` (`register_suit
 `make` and the checks of names and `--env-args`. The package (envs/__init__.py) re-exports it
 and imports the adapters, which register themselves here.
 
+A user's environment is found as gymnasium finds one: `--env MODULE:NAME` (MODULE not a
+suite's name) imports MODULE, which registers NAME (examples/custom_env.py); an installed
+package names its environments under the entry-point group `jaxrl_mgpu.envs` (NAME =
+"module:attribute", the attribute a factory or anything whose import registers NAME), loaded
+when a run first names one. The run's config keeps the name, so a resume or `evaluate` finds
+it again.
+
 `make(name)` returns `(env, env_params)` with the gymnax `Environment` API, so everything
 downstream (rollouts, evaluation, dataset writers) treats every kind alike: `reset(key,
 params) -> (obs, state)`, `step(key, state, action, params) -> (obs, state, reward,
@@ -24,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import importlib.metadata
 import importlib.util
 import inspect
 import math
@@ -35,6 +43,8 @@ import numpy as np
 import yaml
 
 from jaxrl_mgpu.cli import ConfigError, one_line
+
+ENTRY_POINTS = "jaxrl_mgpu.envs"  # installed packages' environments: NAME = "module:attribute"
 
 # Own environments register a factory here: name -> (factory, its arguments' table or None).
 _OWN: dict[str, tuple[Callable[..., tuple[Any, Any]], dict[str, Arg] | None]] = {}
@@ -173,11 +183,47 @@ def make(name: str, args: str | None = None) -> tuple[Any, Any]:
     return _made(name, args)
 
 
+def _is_suite_task(name: str) -> bool:
+    """A `SUITE:TASK` name (not a registered MODULE:NAME)."""
+    return ":" in name and name not in _OWN
+
+
+def _resolve(name: str) -> None:
+    """Makes a name nobody has registered yet known where someone provides it: MODULE:NAME
+    (MODULE no suite) imports MODULE, which registers NAME (and so MODULE:NAME); an installed
+    package's entry point loads its environment. Nothing happens for a name nobody provides
+    (`check` says so)."""
+    if name in _OWN or name in gymnax.registered_envs or name in _LEFT_OUT:
+        return
+    module, colon, short = name.partition(":")
+    if colon:
+        if module in _SUITES:
+            return
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise EnvError(f"--env {name}: no suite {module!r} (suites: {', '.join(sorted(_SUITES))}), nor a module "
+                           f"{module} to import ({e})") from None
+        if short not in _OWN:
+            raise EnvError(f"--env {name}: importing {module} registered no environment {short!r} (it registers "
+                           f"with jaxrl_mgpu.envs.register({short!r}, factory))")
+        _OWN[name] = _OWN[short]
+        return
+    for point in importlib.metadata.entry_points(group=ENTRY_POINTS):
+        if point.name == name:
+            loaded = point.load()
+            if name not in _OWN and callable(loaded):
+                register(name, loaded)
+            if name not in _OWN:
+                raise EnvError(f"--env {name}: the entry point {point.value} is no factory and registered none")
+            return
+
+
 @functools.cache
 def _made(name: str, args: str | None) -> tuple[Any, Any]:
     check(name)
     kwargs = parse_args(name, args)
-    if ":" in name:
+    if _is_suite_task(name):
         suite, task = name.split(":", 1)
         env, params = _SUITES[suite].make(task, **kwargs)
         traits(env)
@@ -233,7 +279,7 @@ def parse_args(name: str, args: str | None) -> dict[str, Any]:
     Python floats: "1e-3", "nan", "inf"), names and values checked against `name`'s table."""
     if not args:
         return {}
-    if name not in _OWN and ":" not in name:
+    if name not in _OWN and not _is_suite_task(name):
         raise EnvError(f"--env-args: --env {name} is a gymnax environment, which takes no arguments")
     table = arguments(name)
     kwargs = {}
@@ -258,7 +304,7 @@ def parse_args(name: str, args: str | None) -> dict[str, Any]:
 def arguments(name: str) -> dict[str, Arg | None]:
     """The `--env-args` an own environment or a suite takes: its table, or (where an own
     environment registered none) its factory's named parameters, unchecked (None)."""
-    if ":" in name:
+    if _is_suite_task(name):
         return dict(_SUITES[name.split(":", 1)[0]].args)
     factory, table = _OWN[name]
     if table is not None:
@@ -435,8 +481,9 @@ def _an_action(env, params, key):
 
 def check(name: str) -> None:
     """Raises EnvError for a name this project does not offer, without building anything (a
-    suite's task list may import the suite)."""
-    if ":" in name:
+    suite's task list may import the suite; a MODULE:NAME imports MODULE, which registers NAME)."""
+    _resolve(name)
+    if _is_suite_task(name):
         suite, task = _suite(name), name.split(":", 1)[1]
         why = suite.refuse(task)
         if why:
