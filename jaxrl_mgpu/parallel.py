@@ -240,8 +240,9 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     several: explicit flags, or a cluster JAX detects. Must run before any other JAX call.
     After it, `jax.devices()` lists every device of every process, and the device axis spans
     them all. A process that dies is noticed by the others within `timeout` seconds (missed
-    heartbeats), and they exit instead of hanging in a collective."""
-    if coordinator_address is None and not cluster_detected():
+    heartbeats), and they exit instead of hanging in a collective. Once started, a second call
+    does nothing (train.main starts it before the parse where that imports a user's code)."""
+    if jax.distributed.is_initialized() or (coordinator_address is None and not cluster_detected()):
         return
     if coordinator_address is not None and process_id:
         # JAX aborts the whole process (no Python exception) when the coordinator cannot be

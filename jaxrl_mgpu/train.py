@@ -31,6 +31,10 @@ def main(argv: list[str] | None = None, started: float | None = None) -> int:
     test, must not count the time since the interpreter began)."""
     started = time.monotonic() if started is None else started
     try:
+        argv = sys.argv[1:] if argv is None else list(argv)
+        early = config_lib.distributed_before_parse(argv)
+        if early is not None:  # the parse imports a user's algorithm, which may use JAX at once
+            parallel.initialize(*early)
         return run(config_lib.parse_given(argv), started).code
     except USER_ERRORS as e:
         fail(e)

@@ -95,3 +95,25 @@ def test_the_command_line_names_it_by_module_trains_sweeps_resumes_and_evaluates
     text = command("jaxrl_mgpu.train", "--algo", "examples.custom_algo:a2c", "--help-all")
     assert "a2c options: A2C (examples/custom_algo.py)" in text and "--value-weight X" in text
     assert "--clip-eps" not in text
+
+
+@pytest.mark.slow
+def test_an_outside_algorithm_that_uses_jax_when_imported_runs_as_two_processes(tmp_path):
+    """--algo MODULE:NAME is imported while the command line is parsed; a module that computes
+    with JAX as it is imported would start JAX before jax.distributed, which a multi-process job
+    must start first: the trainer starts the job before that parse."""
+    (tmp_path / "jaxy_algo.py").write_text(
+        "import jax.numpy as jnp\n"
+        "ONE = float(jnp.ones(()))  # a JAX computation at import\n"
+        "from jaxrl_mgpu import algos\n"
+        "import examples.custom_algo  # registers a2c\n"
+        "algos.register('a2c_jaxy', algos.get('a2c'))\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-m", "jaxrl_mgpu.launch", "--num-processes", "2", "--devices-per-process",
+                          "2", "--", "--algo", "jaxy_algo:a2c_jaxy", "--env", "CartPole-v1", "--num-envs", "8",
+                          "--num-steps", "8", "--hidden-size", "16", "--total-timesteps", str(8 * 8 * 2),
+                          "--log-every", "1", "--run-dir", str(tmp_path / "run")],
+                         capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert "4 global" in out.stdout + out.stderr
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 2

@@ -26,13 +26,14 @@ from jaxrl_mgpu.config.options import (ALGORITHMS, COMMON_FIELDS, Config, algo_o
                                        config_class, defaults, fields_of, flag, from_dict, known_options, options_of,
                                        own_options, per_invocation, resumable, state_keys, sweepable, uses)
 from jaxrl_mgpu.config.checks import check_multirun, check_platform, follow_log_grid, parse_sweep, validate
-from jaxrl_mgpu.config.parse import (Given, algo_of, build, check_distributed, from_args, given_from, groups, help_text,
-                                     load_preset, parse_args, parse_given, parser, preset_names)
+from jaxrl_mgpu.config.parse import (Given, algo_of, build, check_distributed, distributed_before_parse, from_args,
+                                     given_from, groups, help_text, load_preset, parse_args, parse_given, parser,
+                                     preset_names)
 from jaxrl_mgpu.config.resume import dump, incompatible, read_saved, resumed
 
 __all__ = ["ALGORITHMS", "COMMON_FIELDS", "POLICIES", "PRECISIONS", "AlgoOptions", "Config", "ConfigError", "Given",
            "algo_of", "algo_options", "build", "check_applicable", "check_distributed", "check_multirun",
-           "check_platform", "check_value", "config_class", "defaults", "dump", "flag", "follow_log_grid", "from_args",
+           "check_platform", "check_value", "config_class", "defaults", "distributed_before_parse", "dump", "flag", "follow_log_grid", "from_args",
            "from_dict", "fields_of", "given_from", "groups", "help_text", "incompatible", "known_options", "load_preset",
            "options_of", "own_options", "parse_args", "parse_given", "parse_sweep", "parser", "per_invocation",
            "preset_names", "read_saved", "resumable", "resumed", "state_keys", "sweepable", "uses", "validate"]

@@ -4,6 +4,7 @@ what one command sets (`Given`), each value checked as it is read."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import sys
 import textwrap
@@ -204,15 +205,49 @@ class Given(dict):
     flags: frozenset = frozenset()
 
 
-def _named_algo(argv: list[str]) -> str | None:
-    """The algorithm a command line names (--algo NAME or --algo=NAME), if any: read before the
-    command line is parsed, since its options are part of what the parser takes."""
+def _named(argv: list[str], name: str) -> str | None:
+    """The value a command line gives option `name` (--name VALUE or --name=VALUE), if any: read
+    before the command line is parsed."""
     for i, arg in enumerate(argv):
-        if arg == "--algo" and i + 1 < len(argv):
+        if arg == flag(name) and i + 1 < len(argv):
             return argv[i + 1]
-        if arg.startswith("--algo="):
+        if arg.startswith(flag(name) + "="):
             return arg.split("=", 1)[1]
     return None
+
+
+def _named_algo(argv: list[str]) -> str | None:
+    """The algorithm a command line names, if any: read before the command line is parsed, since
+    its options are part of what the parser takes."""
+    return _named(argv, "algo")
+
+
+# The multi-process options, which start jax.distributed (parallel.initialize).
+DISTRIBUTED = ("coordinator_address", "num_processes", "process_id", "local_device_ids", "failure_timeout")
+
+
+def distributed_before_parse(argv: list[str]) -> tuple | None:
+    """The multi-process options of a command line whose parse imports code from outside the
+    package (--algo MODULE:NAME or an installed package's algorithm, also a resumed run's): that
+    code may use JAX when it is imported, and jax.distributed must start before any JAX call, so
+    the job starts first. None where the parse imports nothing from outside, or where these
+    options do not parse (the whole parse then says what is wrong). In the order
+    parallel.initialize takes them."""
+    algo = _named_algo(argv)
+    if algo is None and "--resume" in argv and _named(argv, "run_dir"):
+        try:
+            algo = read_saved(_named(argv, "run_dir"))["algo"]
+        except ConfigError:
+            return None
+    if algo is None or algo in ALGORITHMS.names():
+        return None
+    try:
+        values = {name: _coerce(name, _named(argv, name), "command line") for name in DISTRIBUTED
+                  if _named(argv, name) is not None}
+        cfg = check_distributed(dataclasses.replace(Config(), **values))
+    except ConfigError:
+        return None
+    return tuple(getattr(cfg, name) for name in DISTRIBUTED)
 
 
 def parse_given(argv: list[str] | None = None) -> Given:
