@@ -44,6 +44,35 @@ def run(*argv):
         return e.code
 
 
+def without_timing(row: dict) -> dict:
+    """A log row without what depends on the machine's speed."""
+    return {k: v for k, v in row.items() if k not in ("sps", "time")}
+
+
+def assert_resume_is_exact(tmp_path, flags, stop_at: int, end: int, rows_equal: bool = True,
+                           close: tuple[float, float] | None = None, straight_flags=()) -> tuple[Path, Path]:
+    """The stop-and-resume check every algorithm passes: `flags` trained straight to update
+    `end` (in tmp_path/straight, with `straight_flags` too), and stopped after update `stop_at`
+    (--stop-at-update) then resumed (--resume) in tmp_path/resumed, end with the same params
+    (bitwise on CPU; `close`: (rtol, atol) where the program sums in another order) and, with
+    `rows_equal`, the same log rows (timing aside). Returns (straight, resumed)."""
+    from jaxrl_mgpu import evaluate
+    straight, resumed = Path(tmp_path) / "straight", Path(tmp_path) / "resumed"
+    assert run(*flags, *straight_flags, "--run-dir", str(straight)) == 0
+    assert run(*flags, "--run-dir", str(resumed), "--stop-at-update", str(stop_at)) == 0
+    assert evaluate.load_params(str(resumed))[0] == stop_at
+    assert run(*flags, "--run-dir", str(resumed), "--resume") == 0
+    (step_a, params_a), (step_b, params_b) = evaluate.load_params(str(straight)), evaluate.load_params(str(resumed))
+    assert step_a == step_b == end
+    if close is None:
+        jax.tree.map(np.testing.assert_array_equal, params_a, params_b)
+    else:
+        assert_trees_close(params_a, params_b, *close)
+    if rows_equal:
+        assert [without_timing(r) for r in rows(straight)] == [without_timing(r) for r in rows(resumed)]
+    return straight, resumed
+
+
 def tensorboard_scalars(directory) -> dict:
     """{tag: [(step, value), ...]} from the event files of one TensorBoard run directory (TFRecord
     framing: length, its CRC, the Event proto, its CRC)."""

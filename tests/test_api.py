@@ -10,7 +10,7 @@ import pytest
 from jaxrl_mgpu import api
 from jaxrl_mgpu.cli import ConfigError
 
-from helpers import run
+from helpers import run, without_timing
 
 TINY = {"num_envs": 16, "num_steps": 16, "num_minibatches": 2, "hidden_size": 16, "total_timesteps": 16 * 16 * 4,
         "log_every": 2, "checkpoint_every": 2}
@@ -18,10 +18,6 @@ TINY = {"num_envs": 16, "num_steps": 16, "num_minibatches": 2, "hidden_size": 16
 
 def flags(options: dict) -> list[str]:
     return [x for k, v in options.items() for x in (f"--{k.replace('_', '-')}", str(v))]
-
-
-def without_timing(row):
-    return {k: v for k, v in row.items() if k not in ("sps", "time")}
 
 
 @pytest.mark.slow

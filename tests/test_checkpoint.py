@@ -18,14 +18,10 @@ from jaxrl_mgpu import evaluate
 from jaxrl_mgpu.checkpoint import DELETED, REPLICATED, Checkpoints
 from jaxrl_mgpu.parallel import setup
 
-from helpers import TINY, rows, run
+from helpers import TINY, assert_resume_is_exact, rows, run, without_timing
 
 # 8 updates in chunks of 2; small enough to compile and run in seconds.
 EIGHT_UPDATES = [*TINY, "--total-timesteps", str(16 * 16 * 8)]
-
-
-def without_timing(row):
-    return {k: v for k, v in row.items() if k not in ("sps", "time")}
 
 
 def saved_params(run_dir, step=None):
@@ -34,19 +30,8 @@ def saved_params(run_dir, step=None):
 
 @pytest.mark.slow
 def test_stop_and_resume_equals_an_uninterrupted_run(tmp_path):
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert run(*EIGHT_UPDATES, "--run-dir", str(straight)) == 0
-    assert run(*EIGHT_UPDATES, "--run-dir", str(resumed), "--stop-at-update", "4") == 0
-    assert saved_params(resumed)[0] == 4
-    assert run(*EIGHT_UPDATES, "--run-dir", str(resumed), "--resume") == 0
-
-    step_a, params_a = saved_params(straight)
-    step_b, params_b = saved_params(resumed)
-    assert step_a == step_b == 8
-    jax.tree.map(np.testing.assert_array_equal, params_a, params_b)  # bitwise on CPU
-    a, b = rows(straight), rows(resumed)
-    assert [r["update"] for r in a] == [r["update"] for r in b] == [2, 4, 6, 8]
-    assert [without_timing(r) for r in a] == [without_timing(r) for r in b]
+    straight, _ = assert_resume_is_exact(tmp_path, EIGHT_UPDATES, stop_at=4, end=8)
+    assert [r["update"] for r in rows(straight)] == [2, 4, 6, 8]
 
 
 @pytest.mark.slow

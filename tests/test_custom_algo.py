@@ -9,14 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxrl_mgpu import algos, evaluate
 
-from helpers import run
+from helpers import assert_resume_is_exact, run
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "custom_algo.py"
@@ -47,13 +46,7 @@ def test_a_registered_algorithm_trains_resumes_exactly_and_evaluates(a2c, tmp_pa
     assert "a2c" in algos.names()
     flags = ["--algo", "a2c", "--env", "CartPole-v1", "--num-envs", "16", "--num-steps", "8", "--hidden-size", "16",
              "--total-timesteps", str(16 * 8 * 8), "--log-every", "2"]
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert run(*flags, "--run-dir", str(straight)) == 0
-    assert run(*flags, "--run-dir", str(resumed), "--stop-at-update", "4") == 0
-    assert run(*flags, "--run-dir", str(resumed), "--resume") == 0
-    (step_a, params_a), (step_b, params_b) = evaluate.load_params(str(straight)), evaluate.load_params(str(resumed))
-    assert step_a == step_b == 8
-    jax.tree.map(np.testing.assert_array_equal, params_a, params_b)
+    straight, _ = assert_resume_is_exact(tmp_path, flags, stop_at=4, end=8)
     rows = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in rows] == [2, 4, 6, 8] and all(np.isfinite(r["loss/value"]) for r in rows)
     capsys.readouterr()

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from helpers import assert_trees_close, make_trainer, resolved
+from helpers import assert_resume_is_exact, assert_trees_close, make_trainer, resolved
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu import train
 from jaxrl_mgpu.algos.dqn import dqn
@@ -170,22 +170,15 @@ def test_a_short_run_on_8_devices_learns_cartpole():
 def test_stop_and_resume_equals_an_uninterrupted_run_and_the_replay_moves_between_device_counts(tmp_path, capsys):
     """The replay buffer is part of the checkpointed state: a resumed run is bitwise the run that
     never stopped, and the buffer (laid out per environment) restores on another device count."""
-    from jaxrl_mgpu import evaluate
     tiny = ["--algo", "dqn", "--num-envs", "16", "--num-steps", "4", "--updates-per-step", "0.5",
             "--replay-batch-size", "64", "--buffer-size", "512", "--learning-starts", "128", "--hidden-size", "16",
             "--target-update-every", "3", "--eps-decay-steps", "256", "--total-timesteps", "512",
             "--log-every", "2", "--checkpoint-every", "2"]
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert train.main([*tiny, "--run-dir", str(straight), "--eval-every", "4", "--eval-episodes", "4"]) == 0
+    straight, _ = assert_resume_is_exact(tmp_path, tiny, stop_at=4, end=8, rows_equal=False,
+                                         straight_flags=["--eval-every", "4", "--eval-episodes", "4"])
     rows = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
     assert "eval/episode_return" in rows[-1] and "loss/td" in rows[-1], rows[-1]
-    assert train.main([*tiny, "--run-dir", str(resumed), "--stop-at-update", "4"]) == 0
     capsys.readouterr()
-    assert train.main([*tiny, "--run-dir", str(resumed), "--resume"]) == 0
-    step_a, params_a = evaluate.load_params(str(straight))
-    step_b, params_b = evaluate.load_params(str(resumed))
-    assert step_a == step_b == 8
-    jax.tree.map(np.testing.assert_array_equal, params_a, params_b)
     # continued on 2 devices: nothing is re-created (same global envs, so the same replay)
     assert train.main([*tiny, "--run-dir", str(straight), "--resume", "--devices", "2",
                        "--total-timesteps", "768"]) == 0

@@ -17,7 +17,7 @@ from jax import lax
 from jaxrl_mgpu import envs, evaluate
 from jaxrl_mgpu.envs import brax_state
 
-from helpers import run
+from helpers import assert_resume_is_exact, run
 
 # CI installs the extras (.ci/run); a local run without them skips what needs them.
 needs_brax = pytest.mark.skipif(importlib.util.find_spec("brax") is None, reason="the brax extra is not installed")
@@ -315,17 +315,7 @@ TINY = ["--env", "brax:inverted_pendulum", "--num-envs", "16", "--num-steps", "1
 @pytest.mark.slow
 @needs_brax
 def test_ppo_on_an_mjx_task_trains_evaluates_and_resumes_exactly(tmp_path, capsys):
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert run(*TINY, "--run-dir", str(straight)) == 0
-    assert run(*TINY, "--run-dir", str(resumed), "--stop-at-update", "2") == 0
-    assert run(*TINY, "--run-dir", str(resumed), "--resume") == 0
-    step_a, params_a = evaluate.load_params(str(straight))
-    step_b, params_b = evaluate.load_params(str(resumed))
-    assert step_a == step_b == 6
-    jax.tree.map(np.testing.assert_array_equal, params_a, params_b)  # bitwise on CPU
-    rows = [[json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (straight, resumed)]
-    assert [{k: v for k, v in r.items() if k not in ("sps", "time")} for r in rows[0]] == \
-           [{k: v for k, v in r.items() if k not in ("sps", "time")} for r in rows[1]]
+    straight, _ = assert_resume_is_exact(tmp_path, TINY, stop_at=2, end=6)
     capsys.readouterr()
     assert evaluate.main(["--run-dir", str(straight), "--episodes", "8"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from helpers import assert_trees_close, make_trainer, run
+from helpers import assert_resume_is_exact, assert_trees_close, make_trainer, run
 from jaxrl_mgpu import evaluate, parallel
 from jaxrl_mgpu import autoscale
 from jaxrl_mgpu import config as config_lib
@@ -105,13 +105,7 @@ def test_a_users_own_environment_trains_with_every_feature(tmp_path, capsys, mon
     monkeypatch.syspath_prepend(str(ROOT))  # where `examples` imports from, as for `python -m` in the root
     flags = ["--env", "examples.custom_env:Corridor-v0", "--env-args", "size=6", "--num-envs", "16", "--num-steps", "16",
              "--hidden-size", "16", "--total-timesteps", str(16 * 16 * 8), "--log-every", "2"]
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert run(*flags, "--run-dir", str(straight)) == 0
-    assert run(*flags, "--run-dir", str(resumed), "--stop-at-update", "4") == 0
-    assert run(*flags, "--run-dir", str(resumed), "--resume") == 0
-    (step_a, params_a), (step_b, params_b) = evaluate.load_params(str(straight)), evaluate.load_params(str(resumed))
-    assert step_a == step_b == 8
-    jax.tree.map(np.testing.assert_array_equal, params_a, params_b)
+    straight, _ = assert_resume_is_exact(tmp_path, flags, stop_at=4, end=8)
     assert run(*flags, "--num-seeds", "2", "--run-dir", str(tmp_path / "seeds")) == 0
     capsys.readouterr()
     assert evaluate.main(["--run-dir", str(straight), "--episodes", "16", "--greedy"]) == 0

@@ -27,7 +27,7 @@ from jaxrl_mgpu.algos.dqn import dqn
 from jaxrl_mgpu.algos.ppo import ppo  # noqa: E402
 from jaxrl_mgpu.envs import timestep  # noqa: E402
 
-from helpers import resolved, rows, run  # noqa: E402
+from helpers import assert_resume_is_exact, resolved, rows, run  # noqa: E402
 
 
 # -- the adapters against their suites ---------------------------------------------------------
@@ -318,16 +318,7 @@ def test_a_few_ppo_updates_on_each_suite(task, tmp_path):
 @pytest.mark.slow
 def test_navix_stop_and_resume_equals_an_uninterrupted_run_and_evaluates(tmp_path, capsys):
     task = ["--env", "navix:Navix-Empty-5x5-v0", "--total-timesteps", str(16 * 8 * 4)]
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert run(*TINY, *task, "--run-dir", str(straight)) == 0
-    assert run(*TINY, *task, "--run-dir", str(resumed), "--stop-at-update", "2") == 0
-    assert evaluate.load_params(str(resumed))[0] == 2
-    assert run(*TINY, *task, "--run-dir", str(resumed), "--resume") == 0
-    (step_a, params_a), (step_b, params_b) = evaluate.load_params(str(straight)), evaluate.load_params(str(resumed))
-    assert step_a == step_b == 4
-    jax.tree.map(np.testing.assert_array_equal, params_a, params_b)   # bitwise on CPU
-    without_timing = [{k: v for k, v in r.items() if k not in ("sps", "time")} for r in rows(straight)]
-    assert without_timing == [{k: v for k, v in r.items() if k not in ("sps", "time")} for r in rows(resumed)]
+    straight, _ = assert_resume_is_exact(tmp_path, [*TINY, *task], stop_at=2, end=4)
     capsys.readouterr()
     assert evaluate.main(["--run-dir", str(straight), "--episodes", "8"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -11,7 +11,7 @@ import pytest
 from jaxrl_mgpu import evaluate
 from jaxrl_mgpu.algos.mappo import mappo
 
-from helpers import assert_trees_close, make_trainer, run
+from helpers import assert_resume_is_exact, assert_trees_close, make_trainer, run
 
 # Small games: 2 taggers and 3 runners that see their 2 nearest others, on a 3 x 3 square
 # where tags are frequent, 12-step episodes.
@@ -70,13 +70,7 @@ def test_train_resume_and_evaluate_against_random_teams(tmp_path, capsys):
     args = ["--env", CONTINUOUS["env"], "--env-args", CONTINUOUS["env_args"], "--num-envs", "16", "--num-steps", "12",
             "--num-minibatches", "2", "--hidden-size", "16", "--total-timesteps", str(16 * 12 * 6),
             "--log-every", "2", "--checkpoint-every", "2"]
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    assert run(*args, "--run-dir", str(straight)) == 0
-    assert run(*args, "--run-dir", str(resumed), "--stop-at-update", "2") == 0
-    assert run(*args, "--run-dir", str(resumed), "--resume") == 0
-    (step_a, params_a), (step_b, params_b) = (evaluate.load_params(str(d)) for d in (straight, resumed))
-    assert step_a == step_b == 6
-    assert_trees_close(params_a, params_b, rtol=2e-5, atol=2e-6)
+    straight, _ = assert_resume_is_exact(tmp_path, args, stop_at=2, end=6, rows_equal=False, close=(2e-5, 2e-6))
     row = json.loads((straight / "metrics.jsonl").read_text().splitlines()[-1])
     for key in ("taggers/episode_return", "runners/episode_return", "tags_per_episode", "episode_length",
                 "taggers/loss/policy", "runners/loss/value", "agent_sps"):
