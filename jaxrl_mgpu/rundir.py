@@ -33,7 +33,7 @@ def resolve(cfg, given: dict):
         return cfg, []
     path = Path(cfg.run_dir)
     if not (path / "config.json").exists() and (cfg.resume == "auto" or not path.exists()):
-        return cfg, []  # nothing to resume; plan_run_dir says what happens next
+        return cfg, []  # nothing to resume; open_run says what happens next
     saved = config_lib.read_saved(path)
     try:
         return config_lib.resumed(saved, given)
@@ -56,7 +56,34 @@ def check_writable(path: Path, flag: str = "--run-dir") -> None:
         raise ConfigError(f"{flag} {path}: cannot create it in {parent} ({e.strerror})") from None
 
 
-def plan_run_dir(cfg) -> tuple[Path, int | None]:
+class Start(NamedTuple):
+    """Where a run starts: its config (with its run directory; resumed: counted on from the
+    checkpoint), its trainer, the state (None: a fresh one, built while the chunk compiles), the
+    checkpoint's update (None: a fresh start), the state's fields re-created rather than
+    restored, and the lines that say which damaged checkpoints were set aside."""
+    cfg: Any
+    trainer: Any
+    state: Any
+    update: int | None
+    recreated: list[str]
+    set_aside: list[str]
+
+
+def open_run(cfg, build: Callable, unit: str, steps_per_update: int) -> tuple[Path, Start | None]:
+    """The run directory opened, in one call: checked (never clobbered), the start found (the
+    newest checkpoint that reads back whole, with `--resume`; damaged ones set aside), the
+    trainer built from `cfg` with the directory in it (`build(cfg) -> (trainer, state or
+    None)`), and what a run writes before training written. Progress is counted in `unit`,
+    `steps_per_update` of it per update. Returns the directory and the Start, None where the
+    run is already complete (said in a line)."""
+    run_dir, step = _find(cfg)
+    begun = _start(dataclasses.replace(cfg, run_dir=str(run_dir)), run_dir, step, build, unit, steps_per_update)
+    if begun is not None:
+        _prepare(begun.cfg, run_dir, begun.update)
+    return run_dir, begun
+
+
+def _find(cfg) -> tuple[Path, int | None]:
     """The run directory and the checkpoint step to resume from (None: a fresh start).
     Checks only; creates nothing. A run directory is never clobbered."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(parallel.broadcast(int(time.time()))))
@@ -83,7 +110,7 @@ def plan_run_dir(cfg) -> tuple[Path, int | None]:
     return path, step
 
 
-def saved_steps(ckpts: Checkpoints, step: int, unit: str, steps_per_update: int) -> int:
+def _saved_steps(ckpts: Checkpoints, step: int, unit: str, steps_per_update: int) -> int:
     """The env steps (or the algorithm's unit) done at a checkpoint, as its metadata says."""
     meta = ckpts.meta(step)
     return int(meta.get(unit, step * steps_per_update))
@@ -124,20 +151,7 @@ def _set_aside(run_dir: Path, damaged: DamagedCheckpoint) -> tuple[int, str]:
     return older, f"{note}; resuming from update {older} instead"
 
 
-class Start(NamedTuple):
-    """Where a run starts: its config (resumed: counted on from the checkpoint), its trainer,
-    the state (None: a fresh one, built while the chunk compiles), the checkpoint's update
-    (None: a fresh start), the state's fields re-created rather than restored, and the lines
-    that say which damaged checkpoints were set aside."""
-    cfg: Any
-    trainer: Any
-    state: Any
-    update: int | None
-    recreated: list[str]
-    set_aside: list[str]
-
-
-def start(cfg, run_dir: Path, step: int | None, build: Callable, unit: str, steps_per_update: int) -> Start | None:
+def _start(cfg, run_dir: Path, step: int | None, build: Callable, unit: str, steps_per_update: int) -> Start | None:
     """The run's start from checkpoint `step` or, where that one does not read back whole,
     from the newest one that does (`step` None: a fresh start). `build(cfg) -> (trainer, state
     or None)` makes the trainer (and, where the run needs it before compiling, its initial
@@ -155,7 +169,7 @@ def start(cfg, run_dir: Path, step: int | None, build: Callable, unit: str, step
 def _start_at(cfg, run_dir: Path, step: int | None, build: Callable, unit: str, steps_per_update: int,
               set_aside: list[str]):
     if step is not None:
-        done = _reading(run_dir, lambda r: saved_steps(r, step, unit, steps_per_update))
+        done = _reading(run_dir, lambda r: _saved_steps(r, step, unit, steps_per_update))
         if unit != "update":  # the rest of the run counted on from the env steps (tokens) done; a
             # learner's (--mode learn) progress is its updates, the config's total as it stands
             cfg = dataclasses.replace(cfg, resumed_update=step, resumed_steps=done)
@@ -180,7 +194,7 @@ def _start_at(cfg, run_dir: Path, step: int | None, build: Callable, unit: str, 
     return Start(cfg, trainer, state, step, recreated, set_aside)
 
 
-def prepare(cfg, run_dir: Path, resume_step: int | None) -> None:
+def _prepare(cfg, run_dir: Path, resume_step: int | None) -> None:
     """What a run writes before it trains: its config.json, and its metrics.jsonl without the
     rows after the checkpoint it resumes from (this run logs them again). Process 0 writes."""
     if parallel.is_main():

@@ -23,7 +23,7 @@ from jaxrl_mgpu.log import RunLog, diverged_runs, read_rows
 from jaxrl_mgpu.loop import Loop
 from jaxrl_mgpu.plan import Plan
 from jaxrl_mgpu.result import Result
-from jaxrl_mgpu.rundir import check_writable, ending, plan_run_dir, prepare, start
+from jaxrl_mgpu.rundir import check_writable, ending, open_run
 from jaxrl_mgpu.session import Session
 from jaxrl_mgpu.stop import StopSignal
 from jaxrl_mgpu.tracing import Profile
@@ -76,22 +76,19 @@ def run(plan: Plan, started: float, on_row: Callable[[dict], None] | None = None
     `started`: the `time.monotonic()` the launch began at, the zero of the start-up times;
     `on_row`: a caller's, given each log row."""
     entered = time.monotonic()
-    run_dir, step = plan_run_dir(plan.cfg)
     if plan.cfg.profile:
         check_writable(Path(plan.cfg.profile), "--profile")
-    plan = dataclasses.replace(plan, cfg=dataclasses.replace(plan.cfg, run_dir=str(run_dir)))
     session = session_lib.for_plan(plan)
 
     def build(cfg):
         trainer = Trainer(dataclasses.replace(plan, cfg=cfg))
         return trainer, trainer.init_state() if session.eager_state else None
 
-    begun = start(plan.cfg, run_dir, step, build, *plan.progress())
+    run_dir, begun = open_run(plan.cfg, build, *plan.progress())
     if begun is None:
         return Result(0, str(run_dir))  # already complete
     trainer, state, step = begun.trainer, begun.state, begun.update
     plan = trainer.plan
-    prepare(plan.cfg, run_dir, step)
     log = open_log(plan, trainer, run_dir, session, list(plan.notes) + begun.set_aside)
     if step is None and plan.cfg.resume == "auto":
         log.print("  --resume auto: no checkpoint yet, starting fresh")
