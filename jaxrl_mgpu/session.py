@@ -5,7 +5,7 @@ session (`for_plan`) is the part that differs:
 - `Training` (`--mode both`): the devices roll out their own data (sources.OnDevice); between
   chunks it logs, evaluates (keeping the best parameters, checkpoints/best) and checkpoints.
 - `Learning` (`--mode learn`): a learner fed from the run's store by its spec's asynchronous
-  source (algos/dqn_async.py, ad_async.py), which also logs its data and rate counts, publishes
+  source (algos/dqn/asynchronous.py, ad_async.py), which also logs its data and rate counts, publishes
   its checkpoints for the collectors, and at the end leaves the marker that stops them.
 """
 

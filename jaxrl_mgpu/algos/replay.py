@@ -1,5 +1,5 @@
-"""The replay and its n-step targets: the one module DQN (algos/dqn.py, and its asynchronous
-learner, algos/dqn_async.py) and SAC and TD3 (algos/sac.py) take them from.
+"""The replay and its n-step targets: the one module DQN (algos/dqn/dqn.py, and its asynchronous
+learner, algos/dqn/asynchronous.py) and SAC and TD3 (algos/sac/sac.py) take them from.
 
 Two layouts of one device's transitions:
 - `Replay` (--mode both): a ring buffer of fixed-size arrays inside the training state (so it

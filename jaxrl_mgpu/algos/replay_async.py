@@ -4,7 +4,7 @@ collectors write segments of episodes to the run's store; one learner, the loop 
 them into its on-device ring (between chunks, at most dqn_ingest.INSERT_BUDGET a device) and
 trains as fast as `--samples-per-insert` allows. What is the algorithm's own comes in two
 records: the learner's `LearnerFunctions` (its `Algorithm.parts`) and the collectors' `Acting`
-(algos/dqn_async.py, algos/sac_async.py). How it works and the commands: docs/asynchronous.md.
+(algos/dqn/asynchronous.py, algos/sac/asynchronous.py). How it works and the commands: docs/asynchronous.md.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def learner(par: Parallel, init: Callable, learn: Callable, init_replay: Callabl
 
 
 class Acting(NamedTuple):
-    """How an algorithm's collectors act (algos/dqn_async.py, sac_async.py)."""
+    """How an algorithm's collectors act (algos/dqn/asynchronous.py, sac_async.py)."""
     # (run, seed) -> (rollout(envs, params, key, explore) -> envs, trajectory
     # [shard_steps, envs, ...] of (obs, action, reward, terminated, truncated, final_obs,
     # done_return, done_length), the environments' states donated; the first environments)

@@ -6,7 +6,7 @@ run's store as atomically written shards; one learner (any number of devices and
 them into its on-device memory, learns, and publishes its params for the collectors (DQN's act
 with them) after its chunks, and checkpoints for resuming. What is the same for every
 algorithm is here; an algorithm's learner and collector are its spec's `asynchronous` record
-(algos/dqn_async.py, algos/ad_async.py). The guide: docs/asynchronous.md.
+(algos/dqn/asynchronous.py, algos/ad/asynchronous.py). The guide: docs/asynchronous.md.
 
     store.py        the shards on disk (written whole, read with checksums, evicted oldest first)
     workers.py      child processes that encode (collectors) and decode (the learner) shards

@@ -1,4 +1,4 @@
-"""What the learners' data sources share (`StoreSource`, the base of algos/dqn_async.py's and
+"""What the learners' data sources share (`StoreSource`, the base of algos/dqn/asynchronous.py's and
 ad.py's; each is a `sources.LearnerSource`): the store, read on a background thread; the ledger
 and the checkpoints published with it; the rate limiter with the progress it publishes for
 the collectors; the log's data and rate metrics; and the warning when the store holds entries

@@ -98,7 +98,7 @@ class BraxStateEnv(environment.Environment):
     """A gymnax environment around `suite_env` (Brax `State` contract): see the module's
     docstring. `name` is what `--env` called it."""
 
-    heavy_step = True  # a step is a physics simulation: PPO's rollout loop is not unrolled (algos/ppo.py)
+    heavy_step = True  # a step is a physics simulation: PPO's rollout loop is not unrolled (algos/ppo/ppo.py)
     # logged as env/physics_blew_up: the fraction of episodes that physics blowing up ended
     episode_metrics = ("physics_blew_up",)
 

@@ -358,7 +358,7 @@ class Traits:
     """What the project reads of an environment beyond gymnax's interface. An environment
     declares each as an attribute of the same name (all optional); they are read once, when
     the environment is made (`traits(env)`), and nowhere else."""
-    # a step is many kernels (a physics simulation): PPO's rollout loop is not unrolled (algos/ppo.py)
+    # a step is many kernels (a physics simulation): PPO's rollout loop is not unrolled (algos/ppo/ppo.py)
     heavy_step: bool = False
     # a reset costs many steps (Craftax's world generation): ended episodes reset in batches (vec.py)
     heavy_reset: bool = False

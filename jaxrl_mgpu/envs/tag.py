@@ -326,7 +326,7 @@ class TagContinuous(_Tag):
         self.num_acceleration_levels = num_acceleration_levels
         self.num_turn_levels = num_turn_levels
         # An action is a pair of choices (WarpDrive's MultiDiscrete), flattened: a policy may
-        # choose each from its own head (algos/mappo.py).
+        # choose each from its own head (algos/mappo/mappo.py).
         self.action_factors = (num_acceleration_levels + 1, num_turn_levels + 1)
         self.num_observed = self.num_agents - 1 if use_full_observation else num_other_agents_observed
         self.obs_dim = NUM_FEATURES * self.num_observed + 1

@@ -5,7 +5,7 @@ The statistics are a non-trainable part of a policy's params (`{"params": ..., O
 RunningStats}`, as Flax keeps batch statistics beside the params), so wherever the params go
 the statistics go too: the checkpoint (hence an exact resume), the best checkpoint,
 `evaluate`, videos, every run of a `--num-seeds` program. The optimizer sees only
-`params["params"]` (algos/ppo.py).
+`params["params"]` (algos/ppo/ppo.py).
 
 As Brax's `running_statistics` in its PPO: (obs - mean) / std with std clipped to [1e-6,
 1e6] and no clipping of the normalised values; the statistics start at mean 0 and std 1, so

@@ -1,7 +1,7 @@
 """A hand-fused, single-file, single-device PPO in the PureJaxRL style: the speed baseline that
 `python -m jaxrl_mgpu.bench --baseline` times next to the project's data-parallel PPO.
 
-It does the same work per update as `algos/ppo.py` (same network, rollout length, epochs and
+It does the same work per update as `algos/ppo/ppo.py` (same network, rollout length, epochs and
 minibatches) but none of the things that make the project's version correct across devices:
 one key for the whole batch instead of per-environment streams, no bootstrap through
 truncation, no collectives. Not used for training.

@@ -154,7 +154,7 @@ def load_data(cfg, par) -> Steps:
 
 def check_batch(run: Resolved, num_devices: int) -> BatchSplit:
     """The checks of the model and its batch over `num_devices` (no dataset: `--mode learn`
-    fills its histories from the run's store, algos/ad_async.py); the batch layout, or a ConfigError."""
+    fills its histories from the run's store, algos/ad/asynchronous.py); the batch layout, or a ConfigError."""
     cfg, env, env_params = run.cfg, run.env, run.env_params
     if cfg.num_updates is None:
         raise ConfigError("--algo ad trains for --num-updates gradient steps: give --num-updates")
@@ -200,7 +200,7 @@ def sample(data: Steps, key: jax.Array, windows: int, length: int, filled: jax.A
     start (a window may span several episodes, and starts at the history's beginning with the
     same chance as anywhere else). `filled` (traced; default: all rows): draw tasks only from
     the first `filled` rows, the filled slots of a fixed-capacity buffer that grows
-    (`--mode learn`, algos/ad_async.py), so its shape, hence the compiled update, never changes."""
+    (`--mode learn`, algos/ad/asynchronous.py), so its shape, hence the compiled update, never changes."""
     tasks, steps = data.action.shape
     task_key, start_key = jax.random.split(key)
     task = jax.random.randint(task_key, (windows,), 0, tasks if filled is None else filled)

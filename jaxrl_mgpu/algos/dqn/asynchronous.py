@@ -1,6 +1,6 @@
 """Asynchronous DQN (`--mode learn|collect`): the learner's double-DQN steps on its ring of
 n-step transitions, and the collectors' epsilon-greedy rollouts, both built from DQN's own parts
-(algos/dqn.py); the learner's data source and the collectors' loop are the replay algorithms'
+(algos/dqn/dqn.py); the learner's data source and the collectors' loop are the replay algorithms'
 (algos/replay_async.py). How it works and the commands: docs/asynchronous.md.
 """
 

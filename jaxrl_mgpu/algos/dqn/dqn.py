@@ -181,7 +181,7 @@ def epsilon(cfg, env_steps: jax.Array) -> jax.Array:
 
 def make_train_step(cfg, q_values, tx, sequence: bool = False):
     """Double DQN's gradient step on a batch, and with the target network's update after it:
-    what --mode both runs on its replay and the asynchronous learner (algos/dqn_async.py) on its
+    what --mode both runs on its replay and the asynchronous learner (algos/dqn/asynchronous.py) on its
     ring of the store's transitions. `q_values(params, x)`: Q-values [B, A] of a batch of inputs
     (observations, or with `sequence` the windows of a SeqBatch). Returns `learn(params,
     target_params, opt_state, loss_scale, batch) -> params, opt_state, loss_scale, stats` and
