@@ -34,10 +34,12 @@ import dataclasses
 import itertools
 import json
 import sys
+from pathlib import Path
+
 import jax
 import numpy as np
 
-from jaxrl_mgpu import cli, parallel
+from jaxrl_mgpu import cli, parallel, tracking
 from jaxrl_mgpu.tools import incontext, video
 from jaxrl_mgpu import plan as plan_lib
 from jaxrl_mgpu.cli import ConfigError
@@ -64,6 +66,9 @@ def _args(argv):
                         "evaluating --episodes; needs the video extra: pip install -e \".[video]\"")
     p.add_argument("--video-stride", type=int, default=None, metavar="K",
                    help="--video: draw every K-th state and the last (default 1: every state)")
+    p.add_argument("--track", action="store_true",
+                   help="--video: also add the video to the run's tracked run (a run trained with --track: "
+                        "W&B media, an MLflow artifact)")
     p.add_argument("--in-context", action="store_true",
                    help="--algo ad runs: E consecutive episodes on held-out goals with a rolling context and "
                         "frozen weights: the same as python -m jaxrl_mgpu.incontext (see its --help)")
@@ -81,6 +86,8 @@ def main(argv=None) -> int:
         if args.episodes < 1:
             raise ConfigError(f"--episodes must be at least 1, got {args.episodes}")
         cfg, ckpts = load_run(args.run_dir)
+        if args.track:
+            tracking.check_tracked(Path(args.run_dir))
         plan = plan_lib.of_config(cfg)
         if plan.spec.evaluated_by == "in-context":
             raise ConfigError(f"--run-dir {args.run_dir} is an --algo ad run: it acts from its context of past "
@@ -131,8 +138,9 @@ def check_video_args(args) -> None:
     """--video's options, before anything is loaded: a new .gif or .mp4 in a writable place, no
     option that only the evaluation of many episodes reads."""
     if args.video is None:
-        if args.video_stride is not None:
-            raise ConfigError("--video-stride applies only with --video")
+        for option, given in (("--video-stride", args.video_stride is not None), ("--track", args.track)):
+            if given:
+                raise ConfigError(f"{option} applies only with --video")
         return
     # --episodes 1 says what --video does anyway
     for option, value, why in (("--episodes", None if args.episodes == 1 else args.episodes, "records one episode"),
@@ -159,6 +167,8 @@ def record_video(plan, params, step: int, args) -> None:
                            args.video_stride, plan.evaluation())
     frames, fps = video.frames(cfg.env, env, env_params, episode)
     video.write(args.video, frames, fps)
+    if args.track:
+        tracking.attach(Path(args.run_dir), plan.cfg, [Path(args.video)], 0 if args.run is None else args.run)
     print(json.dumps({**which, "video": args.video, "frames": len(frames), "stride": args.video_stride,
                       **video.summary(env, episode), "step": step, "greedy": args.greedy}), flush=True)
 

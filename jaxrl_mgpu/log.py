@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -63,6 +64,7 @@ class RunLog:
         self.latest_return: float | None = None  # the last episode_return logged (a row may have none)
         self.timeline: dict = {}  # start-up phases in seconds (the summary reports them)
         self._jsonl = self._tb = self._bar = None
+        self.track: Callable[[list[dict]], None] | None = None  # the run's trackers take each point's lines (tracking.py)
         self._activity: tuple[str, float, float] | None = None  # (what, started, last said)
         self._lock = threading.Lock()
         self._last_said: dict[str, float] = {}
@@ -142,6 +144,8 @@ class RunLog:
                 self.best[key] = (row[key], row[self.unit])
         if self._jsonl is not None:
             self._jsonl.write("".join(json.dumps(line) + "\n" for line in lines))
+        if self.track is not None:
+            self.track(lines)
         if self._tb is not None:
             writers = self._tb.result()
             self._scalars(writers[0], row, ())

@@ -7,6 +7,7 @@ whose data source is fed by collectors (asynchronous/).
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Callable
 
 import jax
 
-from jaxrl_mgpu import compile_cache, parallel, session as session_lib
+from jaxrl_mgpu import compile_cache, parallel, session as session_lib, tracking
 from jaxrl_mgpu import config as config_lib
 from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.chunks import ChunkReader, NonFinite, Trainer
@@ -84,19 +85,50 @@ def run(plan: Plan, started: float, on_row: Callable[[dict], None] | None = None
         trainer = Trainer(dataclasses.replace(plan, cfg=cfg))
         return trainer, trainer.init_state() if session.eager_state else None
 
+    tracker = tracking.connect(plan.cfg)  # before anything is written: a tracker that is down is one line
     run_dir, begun = open_run(plan.cfg, build, *plan.progress())
     if begun is None:
         return Result(0, str(run_dir))  # already complete
     trainer, state, step = begun.trainer, begun.state, begun.update
     plan = trainer.plan
     log = open_log(plan, trainer, run_dir, session, list(plan.notes) + begun.set_aside)
+    if tracker is not None:
+        described = None if plan.runs is None else [plan.runs.describe(i) for i in range(plan.runs.count)]
+        tracker.start(run_dir, json.loads(config_lib.dump(plan.cfg)), described, trainer.step_unit, facts(plan))
+        log.track = tracker.log
     if step is None and plan.cfg.resume == "auto":
         log.print("  --resume auto: no checkpoint yet, starting fresh")
     log.timeline["imports_and_devices_s"] = entered - started - plan.auto_scale_s
     if plan.auto_scale_s:
         log.timeline["auto_scale_s"] = plan.auto_scale_s
     log.timeline["setup_s"] = time.monotonic() - entered  # algorithm, initial state, restore, log files
-    return train(plan, session, trainer, state, step, begun.recreated, log, on_row)
+    if tracker is None:
+        return train(plan, session, trainer, state, step, begun.recreated, log, on_row)
+    try:
+        result = train(plan, session, trainer, state, step, begun.recreated, log, on_row)
+    except BaseException:
+        tracker.finish([], "FAILED")
+        raise
+    complete = result.updates >= plan.cfg.total_updates
+    tracker.finish([run_dir / name for name in ("summary.json", "runs_summary.json", "learning_curves.png")],
+                   "FAILED" if result.code else "FINISHED" if complete else "KILLED")
+    return result
+
+
+def facts(plan: Plan) -> dict:
+    """What the start-up banner says of where the run runs, as the trackers' tags."""
+    device = plan.par.devices[0]
+    card = getattr(device, "device_kind", device.platform)
+    return {"devices": plan.par.num_devices, "hosts": jax.process_count(), "card": card, "platform": device.platform,
+            "version": jaxrl_mgpu_version(), "commit": tracking.git_commit() or "unknown"}
+
+
+def jaxrl_mgpu_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("jaxrl_mgpu")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def open_log(plan: Plan, trainer: Trainer, run_dir: Path, session: Session, notes: list[str]) -> RunLog:

@@ -90,7 +90,7 @@ def test_help_of_a_group_shows_its_options_and_help_all_every_one(capsys):
     assert exit_info.value.code == 0 and "--reward-scale" in out and "--buffer-size" not in out
     code, err = run_main(capsys, "--help", "tuning")
     assert code == 2 and err.strip() == ("error: --help tuning: no such group; groups: run, env, learning, network, ppo, "
-                                         "dqn, ad, sac-td3, multirun, async, devices (or all)")
+                                         "dqn, ad, sac-td3, multirun, async, devices, track (or all)")
 
 
 def test_a_resume_may_change_num_envs_unless_it_shapes_the_algorithms_state():

@@ -40,7 +40,7 @@ LAYERS = [
     # compilation cache, profiles, a run's result, the loop's data sources (no JAX)
     ("cli", "compile_cache", "tracing", "result", "sources"),
     ("config", "parallel"),                                  # the options; devices and hosts
-    ("checkpoint", "data", "stop", "log", "asynchronous"),   # what a run saves, reads, logs and shares
+    ("checkpoint", "data", "stop", "log", "tracking", "asynchronous"),  # what a run saves, reads, logs, shares
     ("nets", "envs"),                                        # networks; environments
     ("algos",),                                              # the algorithms, each a package
     ("episodes", "chunks", "multirun"),                      # evaluation episodes; the compiled chunk; many runs

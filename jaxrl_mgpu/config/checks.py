@@ -7,6 +7,7 @@ import dataclasses
 import re
 
 from jaxrl_mgpu.cli import ConfigError
+from jaxrl_mgpu.config.declare import TRACKERS
 from jaxrl_mgpu.config.options import Config, algo_options, check_value, fields_of, flag, known_options, sweepable
 
 
@@ -82,6 +83,10 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"--d-model {cfg.d_model} / --n-heads {cfg.n_heads} must be an even whole number "
                           f"(the head size)")
     check_collector_id(cfg.collector_id)
+    if cfg.track is not None:
+        given = [name.strip() for name in cfg.track.split(",")]
+        if not set(given) <= set(TRACKERS) or len(set(given)) != len(given):
+            raise ConfigError(f"--track {cfg.track}: a comma list of {', '.join(TRACKERS)}, each at most once")
     check_multirun(cfg)
     if cfg.total_updates < 1:
         raise ConfigError(f"--total-timesteps {cfg.total_timesteps} is less than one update of "

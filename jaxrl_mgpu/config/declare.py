@@ -8,14 +8,15 @@ import dataclasses
 from typing import Any, Callable, Mapping, NamedTuple
 
 POLICIES = ("mlp", "transformer")
+TRACKERS = ("wandb", "mlflow")  # --track's (tracking.py)
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 # -- how an option is declared -----------------------------------------------------------------
 
 # The common groups, with the line `--help` says about each. An algorithm's options bring
 # groups of their own (`GROUPS` on its options' dataclass), listed between NETWORK and MULTIRUN.
-RUN, ENV, LEARNING, NETWORK, MULTIRUN, ASYNC, DEVICES = (
-    "run", "env", "learning", "network", "multirun", "async", "devices")
+RUN, ENV, LEARNING, NETWORK, MULTIRUN, ASYNC, DEVICES, TRACK = (
+    "run", "env", "learning", "network", "multirun", "async", "devices", "track")
 GROUPS_BEFORE = {
     RUN: "what to train, for how long; the run directory, logs, checkpoints, evaluation, resume",
     ENV: "the environment, and how many of it step at once",
@@ -26,6 +27,7 @@ GROUPS_AFTER = {
     MULTIRUN: "many runs in one compiled program: --num-seeds, --sweep",
     ASYNC: "--mode learn / collect: learners and collectors sharing a run's trajectory store",
     DEVICES: "devices and hosts: pmap or shard_map, --auto-scale, the multi-host flags",
+    TRACK: "experiment trackers beside the run's files: Weights & Biases, MLflow (docs/tracking.md)",
 }
 
 

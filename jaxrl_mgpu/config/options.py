@@ -16,7 +16,7 @@ from typing import Any, Callable
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.config.declare import (ALGORITHM_DEPENDENT, ASYNC, DEVICES, ENV, LEARNING, MULTIRUN, NETWORK,
                                        NON_NEGATIVE, POLICIES, POSITIVE, PRECISIONS, RESUME_MAY_CHANGE, RUN,
-                                       THIS_INVOCATION, UNIT, UNIT_OPEN, AlgoOptions, Applies, Option, option)
+                                       THIS_INVOCATION, TRACK, UNIT, UNIT_OPEN, AlgoOptions, Applies, Option, option)
 
 
 def uses(cfg, name: str) -> bool:
@@ -42,6 +42,7 @@ FOR_STORE_SEGMENTS = Applies("{algos} with --mode learn or collect", lambda c: c
 FOR_MANY_RUNS = Applies("many runs (--num-seeds > 1 or --sweep)", lambda c: c.num_seeds > 1 or bool(c.sweep))
 FOR_TRAINING = Applies("training (--mode both or learn)", lambda c: c.mode != "collect")
 FOR_PROFILE = Applies("--profile", lambda c: c.profile is not None)
+FOR_TRACK = Applies("--track", lambda c: c.track is not None)
 FOR_AUTO_SCALE = Applies("--auto-scale", lambda c: c.auto_scale is not None)
 FOR_AUTO_SCALE_STEPS = Applies("--auto-scale with {algos}", lambda c: c.auto_scale is not None)
 
@@ -255,6 +256,31 @@ class Config:
     failure_timeout: int = option(60, "seconds after which the other processes give up on a dead or unreachable "
                                       "process (heartbeat and start-up timeout)", DEVICES, check=POSITIVE,
                                   resume=THIS_INVOCATION)
+
+    # -- experiment trackers (tracking.py) ---------------------------------------------------------
+    track: str | None = option(None, "also send the run to these experiment trackers, a comma list of wandb and "
+                                     "mlflow (extras of the same names); a resume continues the same tracked runs",
+                               TRACK, common=True, brief="experiment trackers: wandb, mlflow (a comma list)",
+                               resume=RESUME_MAY_CHANGE, metavar="NAMES")
+    track_project: str | None = option(None, "W&B project (default $WANDB_PROJECT, else jaxrl_mgpu)", TRACK,
+                                       applies=FOR_TRACK, resume=RESUME_MAY_CHANGE, metavar="NAME")
+    track_entity: str | None = option(None, "W&B entity, a user or team (default $WANDB_ENTITY, else your default)",
+                                      TRACK, applies=FOR_TRACK, resume=RESUME_MAY_CHANGE, metavar="NAME")
+    track_experiment: str | None = option(None, "MLflow experiment (default $MLFLOW_EXPERIMENT_NAME, else "
+                                                "jaxrl_mgpu)", TRACK, applies=FOR_TRACK, resume=RESUME_MAY_CHANGE,
+                                          metavar="NAME")
+    track_uri: str | None = option(None, "MLflow tracking server or store (default $MLFLOW_TRACKING_URI, else "
+                                         "MLflow's own default)", TRACK, applies=FOR_TRACK, resume=RESUME_MAY_CHANGE,
+                                   metavar="URI")
+    track_tags: str | None = option(None, "tags of the tracked runs, a comma list", TRACK, applies=FOR_TRACK,
+                                    resume=RESUME_MAY_CHANGE, metavar="TAGS")
+    track_group: str | None = option(None, "the group the tracked runs are in (default the run directory's name; "
+                                           "many runs are one group)", TRACK, applies=FOR_TRACK,
+                                     resume=RESUME_MAY_CHANGE, metavar="NAME")
+    track_on_failure: str = option("error", "a tracker that cannot be reached at the start: error (one line, "
+                                            "nothing written) or warn (train without it); one that fails later "
+                                            "always only warns", TRACK, choices=("error", "warn"),
+                                   applies=FOR_TRACK, resume=RESUME_MAY_CHANGE)
 
     # -- derived numbers ---------------------------------------------------------------
     @property
