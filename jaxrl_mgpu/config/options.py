@@ -261,7 +261,7 @@ class Config:
     track: str | None = option(None, "also send the run to these experiment trackers, a comma list of wandb and "
                                      "mlflow (extras of the same names); a resume continues the same tracked runs",
                                TRACK, common=True, brief="experiment trackers: wandb, mlflow (a comma list)",
-                               resume=RESUME_MAY_CHANGE, metavar="NAMES")
+                               applies=FOR_TRAINING, resume=RESUME_MAY_CHANGE, metavar="NAMES")
     track_project: str | None = option(None, "W&B project (default $WANDB_PROJECT, else jaxrl_mgpu)", TRACK,
                                        applies=FOR_TRACK, resume=RESUME_MAY_CHANGE, metavar="NAME")
     track_entity: str | None = option(None, "W&B entity, a user or team (default $WANDB_ENTITY, else your default)",
