@@ -46,3 +46,19 @@ def test_fp16_overflow_skips_the_step_and_lowers_the_scale():
     assert float(stats["fp16/skipped"]) == 1.0 and float(scale.scale) == pytest.approx(1.5e38)
     params, _, scale, stats = _run_step(1, batch, 1, "fp16")
     assert float(stats["fp16/skipped"]) == 0.0 and not np.allclose(params["w"], 0.1)
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_weight_decay_shrinks_every_parameter_by_lr_times_decay_where_the_gradient_is_zero(weight_decay):
+    """--weight-decay is AdamW's decoupled decay (p <- p - lr (adam + wd p)); 0 is plain Adam, which
+    a zero gradient leaves where it is."""
+    from jaxrl_mgpu import config as config_lib
+    cfg = config_lib.build(dict(algo="sac", env="Pendulum-v1", lr=1e-2, weight_decay=weight_decay,
+                                anneal_lr=False))
+    tx = learner.adam(cfg, 10)
+    params = {"w": jnp.full((3,), 2.0), "b": jnp.array([-1.0])}
+    updates, _ = tx.update(jax.tree.map(jnp.zeros_like, params), tx.init(params), params)
+    stepped = optax.apply_updates(params, updates)
+    shrink = 1.0 - 1e-2 * weight_decay
+    np.testing.assert_allclose(stepped["w"], 2.0 * shrink, rtol=1e-6)
+    np.testing.assert_allclose(stepped["b"], -1.0 * shrink, rtol=1e-6)

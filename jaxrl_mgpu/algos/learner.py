@@ -93,10 +93,13 @@ def steps(loss_fn: Callable, tx: optax.GradientTransformation, carry, minibatche
 
 
 def adam(cfg, total_steps: int) -> optax.GradientTransformation:
-    """Adam with global-norm clipping and, with `--anneal-lr`, a linear decay to 0."""
+    """Adam (AdamW with --weight-decay) with global-norm clipping and, with `--anneal-lr`, a
+    linear decay to 0."""
     lr: Any = optax.linear_schedule(cfg.lr, 0.0, total_steps) if cfg.anneal_lr else cfg.lr
     # eps=1e-5 (not 1e-8) keeps Adam's first steps stable on near-zero gradients.
     # optax.flatten: the update runs on all parameters as one float32 vector. Per leaf, XLA
     # launches a few small kernels for each of the dozens of leaves (norm, moments, update),
     # a noticeable share of a small transformer's step.
-    return optax.flatten(optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(lr, eps=1e-5)))
+    step = (optax.adamw(lr, eps=1e-5, weight_decay=cfg.weight_decay) if cfg.weight_decay else
+            optax.adam(lr, eps=1e-5))
+    return optax.flatten(optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), step))

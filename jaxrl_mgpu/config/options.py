@@ -129,6 +129,10 @@ class Config:
     gamma: float = option(0.99, "discount factor", LEARNING, common=True, check=UNIT, applies=USED)
     max_grad_norm: float = option(0.5, "clip gradients to this global norm (after the all-reduce)", LEARNING,
                                   common=True, check=POSITIVE, resume=RESUME_MAY_CHANGE)
+    # (AdamW's state is Adam's: a resume may change it)
+    weight_decay: float = option(0.0, "decoupled weight decay (AdamW) of every parameter the optimizer steps, "
+                                      "e.g. FastTD3's 0.1; 0: Adam", LEARNING, check=NON_NEGATIVE,
+                                 resume=RESUME_MAY_CHANGE)
     precision: str = option("fp32", "compute dtype of forward and backward passes; params, optimizer state "
                                     "and metrics stay fp32; fp16 uses dynamic loss scaling", LEARNING,
                             choices=PRECISIONS)
