@@ -15,16 +15,18 @@ lists the other modules need are computed from those declarations; nothing here 
 algorithm (`ALGORITHMS` is filled by jaxrl_mgpu.algos).
 
 The package, by job: declare.py (how an option, and an algorithm's options, are declared),
-options.py (`Config`: the common options; a run's config class; the lists), parse.py (the
+options.py (`Config`: the common options), catalogue.py (the algorithms a run may name, a run's
+config class, the lists, the check of one value), parse.py (the
 command line, its help, presets, a Python caller's options), checks.py (the checks of a whole
 config: `validate`), resume.py (a run's saved config and a resume).
 """
 
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.config.declare import POLICIES, PRECISIONS, AlgoOptions
-from jaxrl_mgpu.config.options import (ALGORITHMS, COMMON_FIELDS, Config, algo_options, check_applicable, check_value,
-                                       config_class, defaults, fields_of, flag, from_dict, known_options, options_of,
-                                       own_options, per_invocation, resumable, state_keys, sweepable, uses)
+from jaxrl_mgpu.config.catalogue import (ALGORITHMS, check_applicable, check_value, config_class, defaults, fields_of,
+                                         flag, from_dict, known_options, options_of, own_options, per_invocation,
+                                         resumable, state_keys, sweepable)
+from jaxrl_mgpu.config.options import COMMON_FIELDS, Config, algo_options, uses
 from jaxrl_mgpu.config.checks import check_multirun, check_platform, follow_log_grid, parse_sweep, validate
 from jaxrl_mgpu.config.parse import (Given, algo_of, build, check_distributed, distributed_before_parse, from_args,
                                      given_from, groups, help_text, load_preset, parse_args, parse_given, parser,

@@ -8,7 +8,8 @@ import re
 
 from jaxrl_mgpu.cli import ConfigError
 from jaxrl_mgpu.config.declare import TRACKERS
-from jaxrl_mgpu.config.options import Config, algo_options, check_value, fields_of, flag, known_options, sweepable
+from jaxrl_mgpu.config.catalogue import check_value, fields_of, flag, known_options, sweepable
+from jaxrl_mgpu.config.options import Config, algo_options
 
 
 def parse_sweep(cfg: Config) -> tuple[tuple[str, tuple[float, ...]], ...]:

@@ -16,8 +16,9 @@ from jaxrl_mgpu.cli import ConfigError, Parser
 from jaxrl_mgpu.config.checks import validate
 from jaxrl_mgpu.config.declare import GROUPS_AFTER, GROUPS_BEFORE, POSITIVE, RESUME_MAY_CHANGE, THIS_INVOCATION
 from jaxrl_mgpu.config.resume import read_saved
-from jaxrl_mgpu.config.options import (ALGORITHMS, COMMON_FIELDS, Config, _coerce, config_class, fields_of, flag,
-                                       known_options, known_type, own_options, refuse, sweepable, who)
+from jaxrl_mgpu.config.catalogue import (ALGORITHMS, _coerce, config_class, fields_of, flag, known_options, known_type,
+                                         own_options, refuse, sweepable, who)
+from jaxrl_mgpu.config.options import COMMON_FIELDS, Config
 
 
 PRESET_DIRS = (Path(__file__).resolve().parent.parent / "presets",)  # package data: installed with the package

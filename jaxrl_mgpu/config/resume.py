@@ -8,8 +8,9 @@ import json
 from pathlib import Path
 
 from jaxrl_mgpu.cli import ConfigError
-from jaxrl_mgpu.config.options import (Config, _coerce, config_class, defaults, fields_of, flag, from_dict,
-                                       per_invocation, resumable, state_keys)
+from jaxrl_mgpu.config.catalogue import (_coerce, config_class, defaults, fields_of, flag, from_dict, per_invocation,
+                                         resumable, state_keys)
+from jaxrl_mgpu.config.options import Config
 from jaxrl_mgpu.config.checks import parse_sweep
 
 
