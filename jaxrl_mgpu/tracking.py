@@ -121,6 +121,10 @@ class Wandb:
                 reinit="create_new", allow_val_change=True, settings=self.wandb.Settings(silent=True, console="off")))
         return {"runs": ids}
 
+    @property
+    def count(self) -> int:
+        return len(self.runs)
+
     def log(self, run: int, metrics: dict, step: int) -> None:
         self.runs[run].log(metrics, step=step)
 
@@ -162,7 +166,10 @@ class Mlflow:
                               f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else 'no answer'})") from None
         finally:
             for k, v in saved.items():
-                os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
     def start(self, run_dir: Path, params: list[dict], tags: dict, names: list[str], group: str,
               saved: dict | None) -> dict:
@@ -185,6 +192,10 @@ class Mlflow:
                 self.client.log_batch(run.info.run_id, params=items[i:i + 100])
             self.ids.append(run.info.run_id)
         return {"runs": self.ids, "experiment": experiment, "uri": self.client.tracking_uri}
+
+    @property
+    def count(self) -> int:
+        return len(self.ids)
 
     def log(self, run: int, metrics: dict, step: int) -> None:
         from mlflow.entities import Metric
@@ -302,15 +313,12 @@ class Tracking:
             files, status = payload
             for backend in list(self.backends):
                 try:
-                    for run in range(len(self._runs_of(backend))):
+                    for run in range(backend.count):
                         backend.files(run, files)
                     backend.finish(status)
                 except Exception as e:
                     self._failed(backend, e)
             return
-
-    def _runs_of(self, backend) -> list:
-        return getattr(backend, "runs", None) or getattr(backend, "ids", [])
 
     def _send(self, lines: list[dict]) -> None:
         step = lines[0].get(self.unit, lines[0].get("update"))
