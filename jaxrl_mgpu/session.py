@@ -82,6 +82,8 @@ class Training:
             return {"eval/episode_return": result["mean_return"], "eval/episode_return_std": result["std_return"],
                     **more}
 
+        if cfg.eval_every:
+            trainer.compile_evaluation()
         callbacks = Callbacks(log=lambda row, updates: write(row), checkpoint=checkpoint,
                               evaluate=evaluate if cfg.eval_every else None, stop=stop)
         return Opened(OnDevice(), callbacks, step, _nothing, _nothing,

@@ -77,3 +77,15 @@ def test_a_run_whose_loss_explodes_says_so_once_and_finishes(tmp_path, capsys):
     assert run(*TINY, "--lr", "1e9", "--total-timesteps", str(16 * 16 * 6), "--run-dir", str(tmp_path / "run")) == 0
     warnings = [line for line in capsys.readouterr().out.splitlines() if "warning:" in line]
     assert len(warnings) == 1 and "loss/value is" in warnings[0] and "diverging though still finite" in warnings[0]
+
+
+@pytest.mark.parametrize("backend", ["pmap", "shard_map"])
+def test_the_evaluation_compiled_beside_training_is_the_one_compiled_at_the_first_evaluation(backend):
+    import jax
+    from helpers import make_trainer
+    overrides = dict(num_envs=8, num_steps=8, num_minibatches=1, hidden_size=8, total_timesteps=64, eval_episodes=4)
+    ahead, lazy = make_trainer(2, backend, **overrides), make_trainer(2, backend, **overrides)
+    ahead.compile_evaluation()
+    assert isinstance(ahead._eval_ready.result(), jax.stages.Compiled)
+    params = ahead.init_state().params
+    assert ahead.evaluate(params, 3) == lazy.evaluate(params, 3)
