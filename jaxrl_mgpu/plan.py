@@ -172,6 +172,9 @@ def resolve(cfg, given: config_lib.Given) -> Plan:
     cfg, changes = rundir.resolve(cfg, given)
     cfg, grid = config_lib.follow_log_grid(cfg, given.flags)
     notes = tuple(f"--resume: {change}" for change in changes) + tuple(grid)
+    if getattr(given, "dropped", ()):
+        notes += (f"--algo {cfg.algo} leaves out what --config {cfg.config} sets for its own algorithm: "
+                  f"{', '.join(config_lib.flag(name) for name in given.dropped)}",)
     cfg = config_lib.validate(cfg)
     plan = of_config(cfg)  # the environment and the algorithm's spec for it, checked
     config_lib.check_applicable(cfg, given)

@@ -52,3 +52,17 @@ def test_each_algorithm_starts_from_its_own_defaults_under_the_preset_and_the_fl
     assert (ppo.num_envs, ppo.hidden_size) == (32, 64) and ppo == config_lib.build({}) and not hasattr(ppo, "tau")
     # the Python API builds its config the same way
     assert config_lib.build(config_lib.given_from({"algo": "sac"})) == sac
+
+
+def test_another_algo_over_a_preset_leaves_out_the_preset_s_options_of_its_own_algorithm():
+    """`--config dmc-cheetah-run-sac --algo td3` (experiments/gpu/sac.sh's FLAGS="--algo td3")
+    was refused for the preset's --init-alpha; now the run is TD3 with the preset's other
+    options, and the plan says what it left out. A flag the chosen algorithm has not is still
+    refused."""
+    given = config_lib.parse_given(["--config", "brax-humanoid-sac", "--algo", "td3"])
+    td3 = config_lib.build(given)
+    assert (td3.algo, td3.tau, td3.critic_hidden, td3.n_step) == ("td3", 0.1, "1024,512,256", 3)
+    assert given.dropped == ("init_alpha",) and "init_alpha" not in given
+    assert config_lib.parse_given(["--config", "brax-humanoid-sac", "--algo", "sac"]).dropped == ()
+    with pytest.raises(ConfigError, match=r"^--init-alpha is only for --algo sac; this run is --algo td3"):
+        config_lib.parse_args(["--config", "brax-humanoid-sac", "--algo", "td3", "--init-alpha", "0.1"])

@@ -202,8 +202,10 @@ def _values_attached(argv: list[str], p: argparse.ArgumentParser) -> list[str]:
 
 class Given(dict):
     """The options a command sets, {name: value} from its preset and its flags; `flags`: the
-    names its flags set (the user's explicit choices)."""
+    names its flags set (the user's explicit choices); `dropped`: the preset's options that
+    the --algo its flags chose instead of the preset's does not have."""
     flags: frozenset = frozenset()
+    dropped: tuple = ()
 
 
 def _named(argv: list[str], name: str) -> str | None:
@@ -283,9 +285,17 @@ def given_from(options: dict) -> Given:
 
 def _over_preset(given: dict) -> Given:
     """`given` over its preset's options (it wins); `flags`: what `given` itself sets."""
-    values = Given(load_preset(given["config"]) if given.get("config") else {})
+    preset = load_preset(given["config"]) if given.get("config") else {}
+    dropped = ()
+    if "algo" in given and preset.get("algo", given["algo"]) != given["algo"]:
+        # the preset's options of its own algorithm that the chosen one has not (a SAC preset's
+        # --init-alpha under --algo td3) go: the run says so under its banner
+        fields = fields_of(config_class(given["algo"]))
+        dropped = tuple(k for k in preset if k not in fields)
+        preset = {k: v for k, v in preset.items() if k in fields}
+    values = Given(preset)
     values.update(given)
-    values.flags = frozenset(given)
+    values.flags, values.dropped = frozenset(given), dropped
     size = ALGORITHMS.options(algo_of(values)).size
     if given.get("auto_scale") and size in given:
         raise ConfigError(f"--auto-scale chooses {flag(size)} itself; give one or the other")
