@@ -66,3 +66,10 @@ def test_another_algo_over_a_preset_leaves_out_the_preset_s_options_of_its_own_a
     assert config_lib.parse_given(["--config", "brax-humanoid-sac", "--algo", "sac"]).dropped == ()
     with pytest.raises(ConfigError, match=r"^--init-alpha is only for --algo sac; this run is --algo td3"):
         config_lib.parse_args(["--config", "brax-humanoid-sac", "--algo", "td3", "--init-alpha", "0.1"])
+
+
+@pytest.mark.parametrize("name", config_lib.preset_names())
+def test_every_preset_builds_a_valid_run_whose_options_its_algorithm_reads(name):
+    given = config_lib.parse_given(["--config", name])
+    cfg, _ = config_lib.follow_log_grid(config_lib.build(given), given.flags)
+    config_lib.check_applicable(config_lib.validate(cfg), given)

@@ -6,7 +6,8 @@
 #   TASK=dmc:HumanoidWalk PRESET=dmc-humanoid-walk-sac T=580 CARRY_RUNS=carry RESUME=1 bash experiments/gpu/sac.sh
 #       then ANCHOR=0 and the same in the next calls: the run goes on where the time limit stopped it
 #   TASK=humanoid PRESET=brax-humanoid-sac ANCHOR=0 bash experiments/gpu/sac.sh   # against RESULTS' Brax PPO
-#   FLAGS="--algo td3" ...: the preset as TD3; STEPS=N: a shorter run
+#   PRESET=dmc-humanoid-walk-td3 (or dmc-cheetah-run-td3): TD3 with FastTD3's Playground settings
+#   FLAGS="--algo td3" ...: a SAC preset as TD3 (without its --init-alpha); STEPS=N: a shorter run
 # DRY=1 T=120 TASK=Pendulum-v1 PRESET=pendulum-sac ANCHOR=0 SEEDS_IN_ONE=2: a CPU check of the script.
 # Prints one JSON line per run (ours.jsonl, anchor.jsonl under $OUT), the evaluation of every seed
 # (seeds_eval.jsonl: 128 episodes each), a table, and ours' gradient steps per second.
