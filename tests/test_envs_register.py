@@ -121,7 +121,7 @@ def test_module_colon_name_imports_the_module_that_registers_the_name(monkeypatc
 
 @pytest.mark.parametrize("name, words", [
     ("examples.custom_env:Nope-v0", "importing examples.custom_env registered no environment 'Nope-v0'"),
-    ("no_such_module_x:Corridor-v0", "no suite 'no_such_module_x' (suites: brax, craftax"),
+    ("no_such_module_x:Corridor-v0", "no suite 'no_such_module_x' (suites: atari, brax, craftax"),
 ])
 def test_a_module_colon_name_nobody_provides_is_one_line_and_nothing_written(name, words, tmp_path, capsys,
                                                                              monkeypatch):

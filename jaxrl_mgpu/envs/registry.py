@@ -360,6 +360,12 @@ class Traits:
     the environment is made (`traits(env)`), and nowhere else."""
     # a step is many kernels (a physics simulation): PPO's rollout loop is not unrolled (algos/ppo/ppo.py)
     heavy_step: bool = False
+    # a batch steps at once, on the host (envs/atari.py): vec.py calls `reset_batch(key, keys, ids,
+    # params)` and `step_batch(keys, state, action, params)` for a device's whole batch, whose
+    # info may hold `score` (what the logged return sums, where learning sees another reward),
+    # `episode_end` (where the logged episode ends, where that is not every termination) and
+    # `restarted` (games begun anew: their episode statistics start again)
+    host_batched: bool = False
     # a reset costs many steps (Craftax's world generation): ended episodes reset in batches (vec.py)
     heavy_reset: bool = False
     # `info` entries reported per episode: one number per step, read at the step that ends an

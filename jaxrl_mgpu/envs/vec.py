@@ -52,29 +52,43 @@ def env_keys(key: jax.Array, global_ids: jax.Array) -> jax.Array:
     return jax.vmap(jax.random.fold_in, (None, 0))(key, global_ids)
 
 
+def as_obs(x: jax.Array) -> jax.Array:
+    """Observations as the policy reads them: float32, except frames of bytes (Atari's), kept
+    so: a quarter of the memory, and the network scales them."""
+    return x if x.dtype == jnp.uint8 else x.astype(jnp.float32)
+
+
 def reset(env, env_params, key: jax.Array, global_ids: jax.Array) -> EnvBatch:
-    obs, state = jax.vmap(env.reset, (0, None))(env_keys(key, global_ids), env_params)
+    if traits(env).host_batched:
+        obs, state = env.reset_batch(key, env_keys(key, global_ids), global_ids, env_params)
+    else:
+        obs, state = jax.vmap(env.reset, (0, None))(env_keys(key, global_ids), env_params)
     zeros = jnp.zeros(global_ids.shape, jnp.float32)
     returns = jnp.zeros(global_ids.shape + (env.num_agents,)) if is_multi_agent(env) else zeros
-    return EnvBatch(state, obs.astype(jnp.float32), returns, zeros.astype(jnp.int32))
+    return EnvBatch(state, as_obs(obs), returns, zeros.astype(jnp.int32))
 
 
 def step(env, env_params, batch: EnvBatch, action: jax.Array, keys: jax.Array) -> tuple[EnvBatch, Step]:
-    if traits(env).heavy_reset:
+    if traits(env).host_batched:
+        obs, state, reward, terminated, truncated, info = env.step_batch(keys, batch.state, action, env_params)
+    elif traits(env).heavy_reset:
         obs, state, reward, terminated, truncated, info = step_resetting_ended(env, env_params, batch.state, action,
                                                                                keys)
     else:
         obs, state, reward, terminated, truncated, info = jax.vmap(env.step, (0, 0, 0, None))(
             keys, batch.state, action, env_params)
     reward = reward.astype(jnp.float32)
-    done = jnp.logical_or(terminated, truncated)
+    # the logged episode: the learners' (every termination or truncation), unless the env says
+    # otherwise (Atari's: the whole game, the game's score, not the clipped reward)
+    done = info.pop("episode_end", jnp.logical_or(terminated, truncated))
+    logged = info.pop("score", reward).astype(jnp.float32)
+    restarted = info.pop("restarted", jnp.zeros_like(done))
     agents_done = done.reshape(done.shape + (1,) * (reward.ndim - done.ndim))  # per agent, where there are agents
-    ep_return = batch.episode_return + reward
-    ep_length = batch.episode_length + 1
-    new = EnvBatch(state, obs.astype(jnp.float32),
-                   jnp.where(agents_done, 0.0, ep_return), jnp.where(done, 0, ep_length))
+    ep_return = jnp.where(restarted.reshape(agents_done.shape), 0.0, batch.episode_return) + logged
+    ep_length = jnp.where(restarted, 0, batch.episode_length) + 1
+    new = EnvBatch(state, as_obs(obs), jnp.where(agents_done, 0.0, ep_return), jnp.where(done, 0, ep_length))
     # Envs that never truncate (the Tag games end at their time limit) give no final observation.
-    final_obs = info.pop("final_observation", obs).astype(jnp.float32)
+    final_obs = as_obs(info.pop("final_observation", obs))
     return new, Step(reward, terminated, jnp.logical_and(truncated, jnp.logical_not(terminated)), final_obs,
                      jnp.where(agents_done, ep_return, 0.0), jnp.where(done, ep_length, 0), info,
                      ended_metrics(env, info, done))

@@ -16,17 +16,41 @@ def dense(features: int, scale: float = np.sqrt(2), dtype=jnp.float32) -> nn.Den
                     bias_init=nn.initializers.zeros, dtype=dtype)
 
 
+ATARI_FRAME = (84, 84)
+
+
 class Torso(nn.Module):
-    """Flattens vector observations; a 3x3 conv layer first for image ([H, W, C]) ones."""
+    """Flattens vector observations; a 3x3 conv layer first for image ([H, W, C]) ones (MinAtar's),
+    and the Nature DQN's three conv layers (Mnih et al. 2015) for stacked 84 x 84 frames of bytes
+    ([frames, 84, 84], values 0..255: Atari's), scaled to [0, 1]."""
     obs_ndim: int
     dtype: jnp.dtype = jnp.float32
 
     @nn.compact
     def __call__(self, obs):
+        if self.obs_ndim == 3 and obs.shape[-2:] == ATARI_FRAME:
+            return NatureConv(self.dtype)(obs)
         x = obs.astype(self.dtype)
         if self.obs_ndim == 3:
             x = nn.relu(nn.Conv(16, (3, 3), dtype=self.dtype)(x))
         return x.reshape(x.shape[: x.ndim - self.obs_ndim] + (-1,))
+
+
+class NatureConv(nn.Module):
+    """[..., frames, H, W] uint8 -> the flattened features of the Nature DQN's convolutions
+    (32 8x8 filters at stride 4, 64 4x4 at 2, 64 3x3 at 1, ReLU); its 512-wide dense layer is
+    the first hidden layer of the MLP heads that follow (--hidden-size 512)."""
+    dtype: jnp.dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, frames):
+        lead = frames.shape[:-3]
+        x = jnp.moveaxis(frames.reshape((-1,) + frames.shape[-3:]), 1, -1).astype(self.dtype) / 255.0
+        for features, size, stride in ((32, 8, 4), (64, 4, 2), (64, 3, 1)):
+            x = nn.relu(nn.Conv(features, (size, size), (stride, stride), padding="VALID", dtype=self.dtype,
+                                kernel_init=nn.initializers.orthogonal(np.sqrt(2)),
+                                bias_init=nn.initializers.zeros)(x))
+        return x.reshape(lead + (-1,))
 
 
 class MLP(nn.Module):

@@ -116,10 +116,13 @@ def drawable() -> list[str]:
 
 def check_env(env_name: str, env) -> None:
     """A ConfigError (one line) unless `env_name` (`env`) can be drawn here."""
+    if envs_lib.traits(env).host_batched:
+        raise ConfigError(f"--video: --env {env_name} is stepped on the host a batch at a time (envs/atari.py), "
+                          f"which the recorder does not play yet; evaluate without --video")
     if env_name not in OWN_DRAWN and env_name not in DRAWN_AS and env_name not in GYMNAX_DRAWN and \
             envs_lib.traits(env).render_rgb is None:
         raise ConfigError(f"--video: --env {env_name} has no renderer; these can be drawn: {', '.join(drawable())}, "
-                          f"every SUITE:TASK, and an environment of your own that has a method render_rgb(state, "
+                          f"every SUITE:TASK but atari's, and an environment of your own that has a method render_rgb(state, "
                           f"params) -> uint8 [height, width, 3]")
     if DRAWN_AS.get(env_name, env_name) in CLASSIC_CONTROL and not _installed("pygame"):
         raise ConfigError(f"--video: gymnasium draws {env_name} with pygame (the video extra): {INSTALL}")

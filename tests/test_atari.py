@@ -1,0 +1,146 @@
+"""The atari suite (envs/atari.py): ale-py's vector environment stepped from inside the compiled
+step. Its frames against gymnasium's own preprocessing, the logged score against the clipped
+reward, the same games on any device count, what a resume keeps, and bad input."""
+
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_mgpu import envs
+from jaxrl_mgpu.envs import vec
+
+from helpers import make_trainer, one_error_line, rows, run, without_timing
+
+pytest.importorskip("ale_py")
+gym = pytest.importorskip("gymnasium")
+
+
+def gymnasium_breakout():
+    """Gymnasium's reference: ALE's Breakout at every frame, AtariPreprocessing (frame skip 4,
+    max-pooled, 84 x 84 grey) and a 4-frame stack padded with zeros, as ale-py's vector one."""
+    import ale_py
+    gym.register_envs(ale_py)
+    env = gym.make("ALE/Breakout-v5", frameskip=1, repeat_action_probability=0.0)
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=0, frame_skip=4, screen_size=84, grayscale_obs=True)
+    return gym.wrappers.FrameStackObservation(env, 4, padding_type="zero")
+
+
+def test_its_frames_rewards_and_ends_are_gymnasium_s_preprocessing_frame_for_frame():
+    """A fixed sequence of actions through a whole game and into the next: every stacked frame,
+    score and termination equal gymnasium's; the step after game over is the next game's first
+    frame (ale-py resets a batch's ended game in the next step, whatever the action)."""
+    env, params = envs.make("atari:Breakout", "noop_max=0,fire_reset=false,clip_rewards=false,episodic_life=false")
+    assert env.observation_space(params).shape == (4, 84, 84) and env.action_space(params).n == 4
+    key, ids = jax.random.PRNGKey(3), jnp.arange(1)
+    batch = vec.reset(env, params, key, ids)
+    seed = int(jax.device_get(batch.state.token[0]))  # not the game's seed: that one is per environment
+    assert seed >= 0 and batch.obs.dtype == jnp.uint8
+    reference = gymnasium_breakout()
+    game_seed = int(jax.random.randint(vec.env_keys(key, ids)[0], (), 0, 2**31 - 1, jnp.int32))
+    frames, _ = reference.reset(seed=game_seed)
+    np.testing.assert_array_equal(np.asarray(batch.obs[0]), frames)
+    actions = np.random.default_rng(0).integers(0, 4, 400)
+    ended_at = None
+    for t, a in enumerate(actions):
+        batch, out = vec.step(env, params, batch, jnp.asarray([a], jnp.int32), vec.env_keys(jax.random.PRNGKey(t), ids))
+        if ended_at is not None:  # the step after game over: the next game's first frames
+            frames, _ = reference.reset(seed=game_seed)
+            np.testing.assert_array_equal(np.asarray(batch.obs[0]), frames)
+            assert float(out.reward[0]) == 0.0 and not bool(out.terminated[0])
+            break
+        frames, reward, terminated, truncated, _ = reference.step(int(a))
+        np.testing.assert_array_equal(np.asarray(batch.obs[0]), frames, err_msg=f"step {t}")
+        assert float(out.reward[0]) == reward and bool(out.terminated[0]) == terminated, t
+        if terminated:
+            ended_at = t
+            assert float(out.done_return[0]) > 0 and int(out.done_length[0]) == t + 1
+    assert ended_at is not None, "the game did not end in 400 steps of random play"
+
+
+def test_learning_sees_clipped_rewards_and_lives_while_the_log_counts_the_game_s_score():
+    """Space Invaders' aliens score 5 to 30: learning sees each as 1, and each of the 3 lives lost
+    as the end of its episode; the logged episode is the whole game, its return the game's score."""
+    env, params = envs.make("atari:SpaceInvaders", "noop_max=0")
+    ids = jnp.arange(1)
+    batch = vec.reset(env, params, jax.random.PRNGKey(0), ids)
+    actions = np.random.default_rng(1).integers(0, env.num_actions, 5000)
+    clipped, ends = 0.0, 0
+    for t, a in enumerate(actions):
+        batch, out = vec.step(env, params, batch, jnp.asarray([a], jnp.int32), vec.env_keys(jax.random.PRNGKey(t), ids))
+        assert float(out.reward[0]) in (0.0, 1.0)
+        clipped += float(out.reward[0])
+        ends += int(out.terminated[0])
+        if int(out.done_length[0]):
+            break
+    assert ends == 3 and clipped >= 1  # 2 lives lost, then game over
+    assert float(out.done_return[0]) >= 5 * clipped  # every alien scored 5 or more
+
+
+def atari_run(tmp_path, name, *extra):
+    run_dir = tmp_path / name
+    assert run(*["--env", "atari:Pong", "--num-envs", "8", "--num-steps", "8", "--total-timesteps", "256",
+              "--hidden-size", "32", "--num-layers", "1", "--num-minibatches", "2", "--update-epochs", "1",
+              "--log-every", "1", "--checkpoint-every", "2", "--run-dir", str(run_dir), *extra]) == 0
+    return run_dir
+
+
+@pytest.mark.slow
+def test_one_and_eight_devices_play_the_same_games_and_take_the_same_update():
+    """8 games on 1 device (one host batch of 8) and on 8 (8 batches of 1): the same frames after
+    an update's rollout, and the same update from them. (Where they part later is rounding: the
+    conv layers' sums in another order, which Adam's first steps, about lr whatever the
+    gradient's size, carry into the next rollout's action probabilities.)"""
+    options = dict(env="atari:Pong", num_envs=8, num_steps=8, total_timesteps=128, hidden_size=32, num_layers=1,
+                   num_minibatches=1, update_epochs=1)
+    seen = {}
+    for devices in (1, 8):
+        trainer = make_trainer(devices, **options)
+        state = trainer.init_state()
+        start = np.asarray(state.envs.obs).reshape((8, 4, 84, 84))
+        state, chunk = trainer.chunk_fn(1, state)(state)
+        seen[devices] = (start, np.asarray(state.envs.obs).reshape((8, 4, 84, 84)),
+                         {k: float(np.asarray(v).ravel()[0]) for k, v in chunk.losses.items()})
+    np.testing.assert_array_equal(seen[1][0], seen[8][0])
+    np.testing.assert_array_equal(seen[1][1], seen[8][1])
+    assert not (seen[1][0] == seen[1][1]).all()  # the games moved
+    for name, value in seen[1][2].items():
+        np.testing.assert_allclose(seen[8][2][name], value, rtol=1e-4, atol=1e-7, err_msg=name)
+
+
+@pytest.mark.slow
+def test_a_resume_restarts_the_games_and_two_resumes_from_one_checkpoint_agree(tmp_path):
+    """The games' state is in C++, out of a checkpoint: a resumed run starts new games (seeded
+    from the resumed step), so two resumes of one checkpoint train the same, and the first
+    update after the resume is not the uninterrupted run's."""
+    whole = rows(atari_run(tmp_path, "whole"))
+    cut = atari_run(tmp_path, "cut", "--stop-at-update", "2")
+    shutil.copytree(cut, tmp_path / "twin")
+    resumed = [rows(atari_run(tmp_path, name, "--resume")) for name in ("cut", "twin")]
+    strip = lambda rs: [without_timing(r) for r in rs]  # noqa: E731
+    assert strip(resumed[0]) == strip(resumed[1])
+    assert strip(resumed[0])[:2] == strip(whole)[:2]
+    assert strip(resumed[0])[2]["loss/value"] != strip(whole)[2]["loss/value"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--env", "atari:NoSuchGame"], "--env atari:NoSuchGame: no such task; atari offers Adventure, AirRaid"),
+    (["--env", "atari:Pong", "--env-args", "frame_stack=0"], "--env-args frame_stack=0: atari:Pong's frame_stack "
+                                                              "must be at least 1"),
+    (["--env", "atari:Pong", "--env-args", "sticky=1.5"], "sticky must be at most 1"),
+])
+def test_bad_atari_input_is_one_line_and_writes_nothing(argv, words, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert run(*argv, "--run-dir", str(run_dir)) == 2
+    assert words in one_error_line(capsys)
+    assert not run_dir.exists()
+
+
+def test_without_the_atari_extra_the_error_names_its_install_line(monkeypatch):
+    import importlib.util
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ale_py" else find_spec(name, *a))
+    with pytest.raises(envs.EnvError, match=r'--env atari:Pong needs ale_py: pip install -e "\.\[atari\]"'):
+        envs.check("atari:Pong")
