@@ -81,9 +81,11 @@ def test_learning_sees_clipped_rewards_and_lives_while_the_log_counts_the_game_s
 
 def atari_run(tmp_path, name, *extra):
     run_dir = tmp_path / name
-    assert run(*["--env", "atari:Pong", "--num-envs", "8", "--num-steps", "8", "--total-timesteps", "256",
-              "--hidden-size", "32", "--num-layers", "1", "--num-minibatches", "2", "--update-epochs", "1",
-              "--log-every", "1", "--checkpoint-every", "2", "--run-dir", str(run_dir), *extra]) == 0
+    # games cut at 160 frames (40 steps), so that episodes end in the run and evaluation is short
+    assert run(*["--env", "atari:Breakout", "--env-args", "max_frames=160", "--num-envs", "8", "--num-steps", "16",
+                 "--total-timesteps", "512", "--hidden-size", "32", "--num-layers", "1", "--num-minibatches", "2",
+                 "--update-epochs", "1", "--log-every", "1", "--checkpoint-every", "2", "--eval-every", "4",
+                 "--eval-episodes", "4", "--run-dir", str(run_dir), *extra]) == 0
     return run_dir
 
 
@@ -113,16 +115,20 @@ def test_one_and_eight_devices_play_the_same_games_and_take_the_same_update():
 @pytest.mark.slow
 def test_a_resume_restarts_the_games_and_two_resumes_from_one_checkpoint_agree(tmp_path):
     """The games' state is in C++, out of a checkpoint: a resumed run starts new games (seeded
-    from the resumed step), so two resumes of one checkpoint train the same, and the first
-    update after the resume is not the uninterrupted run's."""
+    from the resumed step), so two resumes of one checkpoint train (and evaluate) the same, and
+    the first update after the resume is not the uninterrupted run's. Episodes end and are
+    logged with the game's score; the last row has the evaluation's."""
     whole = rows(atari_run(tmp_path, "whole"))
     cut = atari_run(tmp_path, "cut", "--stop-at-update", "2")
     shutil.copytree(cut, tmp_path / "twin")
     resumed = [rows(atari_run(tmp_path, name, "--resume")) for name in ("cut", "twin")]
     strip = lambda rs: [without_timing(r) for r in rs]  # noqa: E731
     assert strip(resumed[0]) == strip(resumed[1])
-    assert strip(resumed[0])[:2] == strip(whole)[:2]
+    unevaluated = lambda r: {k: v for k, v in r.items() if not k.startswith("eval/")}  # noqa: E731 (the stop evaluates)
+    assert [unevaluated(r) for r in strip(resumed[0])[:2]] == strip(whole)[:2]
     assert strip(resumed[0])[2]["loss/value"] != strip(whole)[2]["loss/value"]
+    assert any(r.get("episodes") for r in whole) and "eval/episode_return" in whole[-1]
+    assert resumed[0][-1]["eval/episode_return"] == resumed[1][-1]["eval/episode_return"]
 
 
 @pytest.mark.parametrize("argv, words", [
