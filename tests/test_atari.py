@@ -12,7 +12,7 @@ import pytest
 from jaxrl_mgpu import envs
 from jaxrl_mgpu.envs import vec
 
-from helpers import make_trainer, one_error_line, rows, run, without_timing
+from helpers import make_trainer, one_error_line, rows, run, spawn_train, wait_until, without_timing
 
 pytest.importorskip("ale_py")
 gym = pytest.importorskip("gymnasium")
@@ -150,3 +150,25 @@ def test_without_the_atari_extra_the_error_names_its_install_line(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ale_py" else find_spec(name, *a))
     with pytest.raises(envs.EnvError, match=r'--env atari:Pong needs ale_py: pip install -e "\.\[atari\]"'):
         envs.check("atari:Pong")
+
+
+@pytest.mark.slow
+def test_a_collector_on_the_host_feeds_a_learner_through_the_store(tmp_path):
+    """AMAGO's asynchronous mode on Atari: a --mode collect process plays the games and writes
+    the run's store; the --mode learn process trains DQN from it and finishes."""
+    run_dir = tmp_path / "run"
+    argv = ["--algo", "dqn", "--env", "atari:Breakout", "--env-args", "max_frames=160", "--num-envs", "4",
+            "--num-steps", "1", "--updates-per-step", "1", "--replay-batch-size", "32", "--buffer-size", "1024",
+            "--learning-starts", "64", "--hidden-size", "32", "--num-layers", "1", "--total-timesteps", "400",
+            "--log-every", "20", "--checkpoint-every", "20", "--samples-per-insert", "4", "--shard-steps", "32",
+            "--replay-obs-dtype", "uint8", "--run-dir", str(run_dir)]
+    learner = spawn_train([*argv, "--mode", "learn"])
+    wait_until(lambda: (run_dir / "checkpoints").is_dir())
+    collector = spawn_train([*argv, "--mode", "collect", "--collector-id", "c1"])
+    out, _ = learner.communicate(timeout=600)
+    assert learner.returncode == 0, out
+    c_out, _ = collector.communicate(timeout=120)
+    assert collector.returncode == 0, c_out
+    last = rows(run_dir)[-1]
+    assert last["update"] == 100 and last["async/env_steps_received/c1"] >= 400
+    assert "collector done" in c_out
