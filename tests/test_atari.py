@@ -1,7 +1,9 @@
 """The atari suite (envs/atari.py): ale-py's vector environment stepped from inside the compiled
 step. Its frames against gymnasium's own preprocessing, the logged score against the clipped
-reward, the same games on any device count, what a resume keeps, and bad input."""
+reward, the same games on any device count, what a resume keeps, collectors feeding a learner,
+videos, and bad input."""
 
+import json
 import shutil
 
 import jax
@@ -172,3 +174,24 @@ def test_a_collector_on_the_host_feeds_a_learner_through_the_store(tmp_path):
     last = rows(run_dir)[-1]
     assert last["update"] == 100 and last["async/env_steps_received/c1"] >= 400
     assert "collector done" in c_out
+
+
+@pytest.mark.slow
+def test_evaluate_video_draws_the_atari_frames_of_the_episode_evaluation_plays_first(tmp_path, capsys):
+    """`evaluate --video` on an Atari run: the frames are the observations' newest 84 x 84 grey
+    frames (drawn 3x), the episode and its score are the first one `evaluate --episodes 1`
+    plays, and the GIF is what the recorder kept."""
+    import imageio.v3 as iio
+    from jaxrl_mgpu import evaluate
+    run_dir = atari_run(tmp_path, "run")
+    path = tmp_path / "breakout.gif"
+    capsys.readouterr()
+    assert evaluate.main(["--run-dir", str(run_dir), "--video", str(path)]) == 0
+    said = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert evaluate.main(["--run-dir", str(run_dir), "--episodes", "1", "--devices", "1"]) == 0
+    assert said["return"] == json.loads(capsys.readouterr().out.strip().splitlines()[-1])["mean_return"]
+    frames = iio.imread(path, index=None)
+    assert len(frames) == said["frames"] == said["episode_length"] + 1 and frames.shape[-1] == 3
+    # below the step number's header, a grey picture of the game: 252 x 252, R = G = B, not blank
+    picture = frames[:, -252:, 2:254]
+    assert (picture[..., 0] == picture[..., 1]).all() and picture.std() > 10

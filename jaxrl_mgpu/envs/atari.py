@@ -183,6 +183,14 @@ class AtariEnv:
     def action_space(self, params) -> spaces.Discrete:
         return spaces.Discrete(self.num_actions)
 
+    render_fps = 15.0  # 60 frames a second, a step every 4 of them
+
+    def render_rgb(self, obs, params) -> np.ndarray:
+        """A video's frame (tools/video.py): the observation's newest 84 x 84 grey frame, as the
+        agent sees it, drawn 3 times larger in RGB."""
+        frame = np.repeat(np.repeat(np.asarray(obs)[-1], 3, axis=0), 3, axis=1)
+        return np.repeat(frame[..., None], 3, axis=-1).astype(np.uint8)
+
     def _shapes(self, n: int) -> tuple:
         return (jax.ShapeDtypeStruct((n,) + self.obs_shape, jnp.uint8), jax.ShapeDtypeStruct((n,), jnp.int32))
 

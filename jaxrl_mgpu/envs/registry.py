@@ -376,7 +376,8 @@ class Traits:
     teams: dict | None = None
     # a multi-agent game's action as independent choices (Tag's acceleration and turn levels)
     action_factors: tuple[int, ...] | None = None
-    # (state, params) -> uint8 [height, width, 3], and the frames per second of a video (tools/video.py)
+    # (state, params) -> uint8 [height, width, 3], and the frames per second of a video (tools/video.py);
+    # a host_batched environment's is given the observation (its state is on the host)
     render_rgb: Callable | None = None
     render_fps: float | None = None
 

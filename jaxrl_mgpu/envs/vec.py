@@ -81,7 +81,7 @@ def step(env, env_params, batch: EnvBatch, action: jax.Array, keys: jax.Array) -
     # the logged episode: the learners' (every termination or truncation), unless the env says
     # otherwise (Atari's: the whole game, the game's score, not the clipped reward)
     done = info.pop("episode_end", jnp.logical_or(terminated, truncated))
-    logged = info.pop("score", reward).astype(jnp.float32)
+    logged = info.get("score", reward).astype(jnp.float32)
     restarted = info.pop("restarted", jnp.zeros_like(done))
     agents_done = done.reshape(done.shape + (1,) * (reward.ndim - done.ndim))  # per agent, where there are agents
     ep_return = jnp.where(restarted.reshape(agents_done.shape), 0.0, batch.episode_return) + logged

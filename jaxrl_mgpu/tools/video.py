@@ -15,8 +15,10 @@ GIF or an MP4 (`python -m jaxrl_mgpu.evaluate --video FILE`).
   project's own pictures for DarkRoom and both Tag games, and otherwise the environment's own
   `render_rgb(state, params) -> uint8 [H, W, 3]` (every suite's adapter has one: MuJoCo's
   renderer for Brax and Playground, Craftax's textures, Navix's sprites, XLand-MiniGrid's and
-  Jumanji's drawings; an environment of the user's may define one). Every frame shows its step
-  number (a GIF writer merges identical frames, which would lose steps).
+  Jumanji's drawings; an environment of the user's may define one). An environment whose batch
+  steps on the host (Atari) is played through envs.vec as evaluation plays it, and its
+  observations are what is kept and drawn. Every frame shows its step number (a GIF writer
+  merges identical frames, which would lose steps).
 - `write` writes a temporary file beside the target and renames it, so no half-written video
   is left behind.
 
@@ -116,13 +118,10 @@ def drawable() -> list[str]:
 
 def check_env(env_name: str, env) -> None:
     """A ConfigError (one line) unless `env_name` (`env`) can be drawn here."""
-    if envs_lib.traits(env).host_batched:
-        raise ConfigError(f"--video: --env {env_name} is stepped on the host a batch at a time (envs/atari.py), "
-                          f"which the recorder does not play yet; evaluate without --video")
     if env_name not in OWN_DRAWN and env_name not in DRAWN_AS and env_name not in GYMNAX_DRAWN and \
             envs_lib.traits(env).render_rgb is None:
         raise ConfigError(f"--video: --env {env_name} has no renderer; these can be drawn: {', '.join(drawable())}, "
-                          f"every SUITE:TASK but atari's, and an environment of your own that has a method render_rgb(state, "
+                          f"every SUITE:TASK, and an environment of your own that has a method render_rgb(state, "
                           f"params) -> uint8 [height, width, 3]")
     if DRAWN_AS.get(env_name, env_name) in CLASSIC_CONTROL and not _installed("pygame"):
         raise ConfigError(f"--video: gymnasium draws {env_name} with pygame (the video extra): {INSTALL}")
@@ -153,6 +152,9 @@ def record(policy, env, env_params, params, key, greedy: bool, stride: int = 1, 
     max_steps = int(env_params.max_steps_in_episode)
     chunk = min(RECORD_CHUNK, max_steps)
     ids = jnp.zeros(1, jnp.int32)   # a batch of one environment, global index 0
+    if envs_lib.traits(env).host_batched:
+        return _recorded(_host_batched_player(policy, env, env_params, choose, ids, chunk), params, key, max_steps,
+                         stride)
 
     @jax.jit
     def start(key):
@@ -179,6 +181,41 @@ def record(policy, env, env_params, params, key, greedy: bool, stride: int = 1, 
         carry, (states, rewards, dones) = jax.lax.scan(step, carry, t0 + jnp.arange(chunk))
         return carry, states, rewards[:, 0], dones[:, 0]
 
+    return _recorded((start, play), params, key, max_steps, stride)
+
+
+def _host_batched_player(policy, env, env_params, choose, ids, chunk: int):
+    """`record`'s start and play for an environment whose batch steps on the host (Atari): it
+    steps through envs.vec as evaluation does, and what is kept and drawn of each step is its
+    observation (the environment's state is on the host); the rewards are the game's score."""
+    @jax.jit
+    def start(key):
+        batch = vec.reset(env, env_params, key, ids)
+        return batch.obs, (batch, policy.init_memory(1))
+
+    @jax.jit
+    def play(params, key, carry, t0):
+        def step(carry, t):
+            batch, memory = carry
+            keys = jax.vmap(jax.random.split)(vec.env_keys(jax.random.fold_in(key, t + 1), ids))
+            pi, _, _, memory = policy.act(params, memory, batch.obs, batch.obs)
+            action, env_action = choose(pi, keys[:, 0])
+            batch, out = vec.step(env, env_params, batch, env_action, keys[:, 1])
+            done = out.done_length > 0
+            memory = policy.remember(memory, action, out.reward, done)
+            return (batch, memory), (batch.obs, out.info.get("score", out.reward), done)
+
+        carry, (frames, rewards, dones) = jax.lax.scan(step, carry, t0 + jnp.arange(chunk))
+        return carry, frames, rewards[:, 0], dones[:, 0]
+
+    return start, play
+
+
+def _recorded(player, params, key, max_steps: int, stride: int) -> Episode:
+    """Plays `player` (start(key), play(params, key, carry, t0)) in chunks until the episode
+    ends, keeping the states (or observations) a video of `stride` draws."""
+    start, play = player
+    chunk = min(RECORD_CHUNK, max_steps)
     first, carry = start(key)
     kept, steps, rewards = [jax.tree.map(np.asarray, first)], [0], []   # kept: states [k, ...] per chunk
     length = None
