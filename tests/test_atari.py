@@ -30,6 +30,7 @@ def gymnasium_breakout():
     return gym.wrappers.FrameStackObservation(env, 4, padding_type="zero")
 
 
+@pytest.mark.slow
 def test_its_frames_rewards_and_ends_are_gymnasium_s_preprocessing_frame_for_frame():
     """A fixed sequence of actions through a whole game and into the next: every stacked frame,
     score and termination equal gymnasium's; the step after game over is the next game's first
@@ -62,6 +63,7 @@ def test_its_frames_rewards_and_ends_are_gymnasium_s_preprocessing_frame_for_fra
     assert ended_at is not None, "the game did not end in 400 steps of random play"
 
 
+@pytest.mark.slow
 def test_learning_sees_clipped_rewards_and_lives_while_the_log_counts_the_game_s_score():
     """Space Invaders' aliens score 5 to 30: learning sees each as 1, and each of the 3 lives lost
     as the end of its episode; the logged episode is the whole game, its return the game's score."""
@@ -195,3 +197,57 @@ def test_evaluate_video_draws_the_atari_frames_of_the_episode_evaluation_plays_f
     # below the step number's header, a grey picture of the game: 252 x 252, R = G = B, not blank
     picture = frames[:, -252:, 2:254]
     assert (picture[..., 0] == picture[..., 1]).all() and picture.std() > 10
+
+
+@pytest.mark.slow
+def test_the_frame_replay_rebuilds_the_stacks_a_naive_replay_stores():
+    """DQN's replay on Atari keeps each frame once (algos/replay.FrameReplay): over games that
+    end and restart (cut at 160 frames) and a ring that wraps, every stack it rebuilds, s_t and
+    s' (the next row's), is the one a replay of whole observations holds, and its samples' n-step
+    targets are that replay's."""
+    from jaxrl_mgpu.algos import replay as replay_lib
+    env, params = envs.make("atari:Breakout", "max_frames=160")
+    ids, rows, steps = jnp.arange(2), 32, 90
+    batch = vec.reset(env, params, jax.random.PRNGKey(0), ids)
+    naive = replay_lib.replay_init(2, rows, (4, 84, 84), jnp.uint8)
+    frames = replay_lib.frame_replay_init(2, rows, (4, 84, 84))
+    actions = np.random.default_rng(0).integers(0, 4, (steps, 2))
+    ends = 0
+    for t in range(steps):
+        action = jnp.asarray(actions[t], jnp.int32)
+        obs = batch.obs
+        batch, out = vec.step(env, params, batch, action, vec.env_keys(jax.random.PRNGKey(t), ids))
+        naive = replay_lib.replay_add(naive, jnp.int32(t), obs, action, out)
+        frames = replay_lib.frame_replay_add(frames, jnp.int32(t), obs, action, out)
+        ends += int((np.asarray(out.done_length) > 0).sum())
+    assert ends >= 2  # games ended (and restarted) inside the ring
+    held = np.arange(steps - rows + 3, steps - 1)   # steps whose stack and next row the ring holds
+    for e in range(2):
+        env_ids = jnp.full(len(held), e)
+        np.testing.assert_array_equal(replay_lib.frame_stack(frames, env_ids, jnp.asarray(held), 4),
+                                      naive.obs[e, held % rows])
+        np.testing.assert_array_equal(replay_lib.frame_stack(frames, env_ids, jnp.asarray(held + 1), 4),
+                                      naive.next_obs[e, held % rows])
+    assert (np.asarray(frames.valid) < 4).any()  # some stacks began a game: zero padding rebuilt
+    sample = replay_lib.frame_replay_sample(frames, jnp.int32(steps), jax.random.PRNGKey(5), 64, 3, 0.99, 4)
+    # every n-step transition of the naive replay, from each (env, row) it holds
+    every = replay_lib.replay_gather(naive, jnp.repeat(jnp.arange(2), rows), jnp.tile(jnp.arange(rows), 2), 3, 0.99)
+    every, sample = jax.tree.map(np.asarray, every), jax.tree.map(np.asarray, sample)
+    for i in range(64):   # sample i is one of them
+        same = np.ones(2 * rows, bool)
+        for a, b in zip(every, sample):
+            same &= (a == b[i]).reshape(2 * rows, -1).all(1)
+        assert same.any(), i
+
+
+@pytest.mark.slow
+def test_dqn_on_atari_learns_from_the_frame_replay():
+    from jaxrl_mgpu.algos.replay import FrameReplay
+    trainer = make_trainer(2, algo="dqn", env="atari:Breakout", env_args="max_frames=160", num_envs=4,
+                           num_steps=8, buffer_size=256, replay_batch_size=16, learning_starts=32,
+                           total_timesteps=128, hidden_size=16, num_layers=1)
+    state = trainer.init_state()
+    assert isinstance(state.replay, FrameReplay) and state.replay.frames.shape[-3:] == (64, 84, 84)
+    state, chunk = trainer.chunk_fn(4, state)(state)
+    td = float(np.asarray(chunk.losses["loss/td"]).ravel()[0])
+    assert np.isfinite(td) and td > 0

@@ -320,3 +320,72 @@ def target_update(cfg, params, target_params, step):
 # per env step (docs/auto-scale.md).
 AUTO_SCALE_KEEPS = ("--replay-batch-size and gradient steps per update as configured, so gradient steps per env "
                     "step fall as environments grow")
+
+
+# -- a frame-stack-aware replay (Atari): each frame stored once ----------------------------
+
+class FrameReplay(NamedTuple):
+    """One device's rings of stacked-frame observations ([S, H, W], the newest frame last, a new
+    game's stack padded with zero frames: ale-py's) stored a frame per row: row t keeps the
+    newest frame of the observation acted on, and how many of its stack's frames come before the
+    zero padding (`valid`); the stack is rebuilt from rows t-S+1..t when sampled. It holds what
+    `Replay` holds, in 1 / (2 S) of its frame bytes, for environments whose observation after a
+    step is the next one acted on (envs/atari.py: `final_obs` is the observation stepped to), so
+    s' is rebuilt from the next row too."""
+    frames: jax.Array      # [E, R, H, W] the newest frame of the observation acted on
+    valid: jax.Array       # [E, R] int32: frames of that stack before its zero padding (1..S)
+    action: jax.Array      # [E, R] int32
+    reward: jax.Array      # [E, R] float32
+    terminated: jax.Array  # [E, R] bool
+    truncated: jax.Array   # [E, R] bool
+
+
+def frame_replay_init(envs: int, rows: int, obs_shape: tuple) -> FrameReplay:
+    z = lambda *shape, dtype=jnp.float32: jnp.zeros((envs, rows) + shape, dtype)  # noqa: E731
+    return FrameReplay(z(*obs_shape[1:], dtype=jnp.uint8), z(dtype=jnp.int32), z(dtype=jnp.int32), z(),
+                       z(dtype=bool), z(dtype=bool))
+
+
+def frame_replay_add(replay: FrameReplay, written: jax.Array, obs, action, out: vec.Step) -> FrameReplay:
+    """Writes one vector step as row `written % rows`. The stack's valid frames are those its
+    frames below the newest continue from the rows before (a shifted stack), up to the first
+    that does not (a new game's zero padding): where a padding frame equals the frame before it
+    (both black), the rebuilt stack is the same either way."""
+    rows = replay.reward.shape[1]
+    row = written % rows
+    stack = obs.shape[1]
+    valid = jnp.ones(obs.shape[0], jnp.int32)
+    going = jnp.ones(obs.shape[0], bool)
+    for j in range(1, stack):   # does frame S-1-j of the stack equal the newest frame of row t-j?
+        before = jax.lax.dynamic_index_in_dim(replay.frames, (written - j) % rows, 1, keepdims=False)
+        going = going & (written - j >= 0) & (obs[:, stack - 1 - j] == before).all((-2, -1))
+        valid = valid + going
+    put = lambda buf, x: jax.lax.dynamic_update_index_in_dim(buf, x.astype(buf.dtype), row, 1)  # noqa: E731
+    return FrameReplay(put(replay.frames, obs[:, -1]), put(replay.valid, valid), put(replay.action, action),
+                       put(replay.reward, out.reward), put(replay.terminated, out.terminated),
+                       put(replay.truncated, out.truncated))
+
+
+def frame_stack(replay: FrameReplay, env: jax.Array, step: jax.Array, stack: int) -> jax.Array:
+    """The stacked observations [B, S, H, W] of absolute vector steps `step` of `env`."""
+    rows = replay.reward.shape[1]
+    back = jnp.arange(stack - 1, -1, -1)                                # S-1 .. 0 rows back
+    frames = replay.frames[env[:, None], (step[:, None] - back) % rows]    # [B, S, H, W]
+    kept = back[None] < replay.valid[env, step % rows][:, None]          # the zero padding before the valid ones
+    return jnp.where(kept[..., None, None], frames, 0)
+
+
+def frame_replay_sample(replay: FrameReplay, written: jax.Array, key: jax.Array, batch_size: int, n_step: int,
+                        gamma: float, stack: int) -> Transitions:
+    """Uniform over the transitions whose stack, n-step window and s' the rings hold: s_t's
+    S - 1 rows before it still held, and s' (the observation after the window's last step) the
+    next row's. Needs `written >= n_step + stack`."""
+    envs, rows = replay.reward.shape
+    filled = jnp.minimum(written, rows)
+    env_key, row_key = jax.random.split(key)
+    env = jax.random.randint(env_key, (batch_size,), 0, envs)
+    age = jax.random.randint(row_key, (batch_size,), 0, filled - n_step - stack + 1)
+    start = written - filled + stack - 1 + age                           # absolute step of s_t
+    reward, discount, last = n_step_return(replay, env, start % rows, n_step, gamma)
+    return Transitions(as_input(frame_stack(replay, env, start, stack)), replay.action[env, start % rows], reward,
+                       discount, as_input(frame_stack(replay, env, start + last + 1, stack)))

@@ -64,12 +64,12 @@ import optax
 
 from jaxrl_mgpu.algos import learner
 from jaxrl_mgpu.algos.base import Algorithm, BatchSplit, Resolved
-from jaxrl_mgpu.algos.replay import (Replay, SeqBatch, Transitions, first_learning_update, grad_steps_per_update,
-                                     gradient_steps, replay_add, replay_init, replay_sample, replay_split,
-                                     target_update)
+from jaxrl_mgpu.algos.replay import (Replay, SeqBatch, Transitions, first_learning_update, frame_replay_add,
+                                     frame_replay_init, frame_replay_sample, grad_steps_per_update, gradient_steps,
+                                     replay_add, replay_init, replay_sample, replay_split, target_update)
 from jaxrl_mgpu.checkpoint import PER_ENV, REPLICATED
 from jaxrl_mgpu.cli import ConfigError
-from jaxrl_mgpu.envs import vec
+from jaxrl_mgpu.envs import traits, vec
 from jaxrl_mgpu.nets import actor_critic, factory
 from jaxrl_mgpu.nets.actor_critic import Memory, Policy
 from jaxrl_mgpu.parallel import device_index, global_indices, zeros
@@ -155,6 +155,16 @@ def _non_byte_observation(env, env_params) -> float | None:
     obs = np.asarray(jax.jit(observations)(jax.random.PRNGKey(0)))
     bad = obs[(obs != np.round(obs)) | (obs < 0) | (obs > 255)]
     return float(bad[0]) if bad.size else None
+
+
+def stores_frames(cfg, env, env_params) -> bool:
+    """Whether the replay keeps each frame of stacked-frame observations once (FrameReplay): an
+    environment that steps on the host in batches with [S, H, W] observations of bytes (Atari),
+    whose observation after a step is the next one acted on, for an MLP's Q-network (the
+    transformer reads the history itself)."""
+    space = env.observation_space(env_params)
+    return (traits(env).host_batched and len(space.shape) == 3 and jnp.dtype(space.dtype) == jnp.uint8
+            and not factory.is_sequence_policy(cfg))
 
 
 def stored_obs_dtype(cfg):
@@ -332,6 +342,8 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
     obs_shape = env.observation_space(env_params).shape
     obs_dtype = stored_obs_dtype(cfg)
 
+    frames = stores_frames(cfg, env, env_params)
+    add = frame_replay_add if frames else replay_add
     qf = q_functions(cfg, net, env, obs_shape)
     sequence, init_params, init_memory, _, _, learner_q, policy = qf
 
@@ -340,7 +352,8 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
         params = init_params(params_key)
         envs = vec.reset(env, env_params, env_key, global_indices(envs_per_device))
         zero = jnp.zeros((), jnp.int32)
-        replay = replay_init(envs_per_device, rows, obs_shape, obs_dtype)
+        replay = (frame_replay_init(envs_per_device, rows, obs_shape) if frames else
+                  replay_init(envs_per_device, rows, obs_shape, obs_dtype))
         return DQNState(params, params, tx.init(params), learner.LossScale.init(cfg.precision), envs,
                         init_memory(envs_per_device), replay, key, zero, zero)
 
@@ -353,7 +366,7 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
             envs, memory, replay = carry
             eps = epsilon(cfg, (written + t).astype(jnp.float32) * cfg.num_envs)  # env steps so far
             next_envs, memory, action, out = act(params, envs, memory, jax.random.fold_in(key, t), eps)
-            replay = replay_add(replay, written + t, envs.obs, action, out)
+            replay = add(replay, written + t, envs.obs, action, out)
             return (next_envs, memory, replay), (action, eps, out)
 
         (envs, memory, replay), (actions, eps, steps) = jax.lax.scan(step, (envs, memory, replay),
@@ -365,6 +378,10 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
     def learn_many(carry, replay: Replay, written: jax.Array, key: jax.Array):
         """`grad_steps` gradient steps, each on a fresh sample; returns the carry and mean stats."""
         key = jax.random.fold_in(key, device_index())  # each device samples its own share
+        if frames:
+            return sampled_steps(train_step, lambda k: frame_replay_sample(
+                replay, written, jax.random.fold_in(key, k), batch_per_device, cfg.n_step, cfg.gamma, obs_shape[0]),
+                carry, jnp.arange(grad_steps))
         return sampled_steps(train_step, lambda k: replay_sample(
             replay, written, jax.random.fold_in(key, k), batch_per_device, cfg.n_step, cfg.gamma,
             cfg.context_len if sequence else 0), carry, jnp.arange(grad_steps))
@@ -381,7 +398,8 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
                                                       written)
         written = written + cfg.num_steps
         # The same on every device (all count the same steps), so all take the same branch.
-        learning = jnp.logical_and(state.update >= learn_from, written >= cfg.n_step)
+        # a frame replay's first transition needs its stack's rows and the row of its s' too
+        learning = jnp.logical_and(state.update >= learn_from, written >= cfg.n_step + (obs_shape[0] if frames else 0))
         carry = (state.params, state.target_params, state.opt_state, state.loss_scale, state.grad_steps)
         (params, target_params, opt_state, loss_scale, n), losses = jax.lax.cond(
             learning, learn_many, no_learning, carry, replay, written, learn_key)
