@@ -15,7 +15,7 @@ CleanRL's and DI-engine's Atari runs), `max_frames`, `episodic_life`, `clip_rewa
 and `threads` (the C++ threads of each batch; 0: ale-py's choice).
 
 Rewards: learning sees them clipped to their sign (`clip_rewards`), logs and evaluation count
-the game's own score (`info["score"]`). With `episodic_life` (on by default) a lost life ends
+the game's own score (`info["game_score"]`). With `episodic_life` (on by default) a lost life ends
 the learners' episode (`terminated`: no bootstrap) while the game goes on; the logged episode
 (return, length, evaluation) is the whole game, to game over or the time limit.
 
@@ -215,7 +215,7 @@ class AtariEnv:
         reward = jnp.sign(score) if self.settings.clip_rewards else score
         lost_life = (lives < state.lives) & ~restarted
         terminated = game_over | (self.settings.episodic_life & lost_life)
-        info = {"final_observation": obs, "score": score, "episode_end": game_over | time_up,
+        info = {"final_observation": obs, "game_score": score, "episode_end": game_over | time_up,
                 "restarted": restarted, "lives": lives}
         return obs, State(state.token, state.ids, lives), reward, terminated, time_up & ~game_over, info
 

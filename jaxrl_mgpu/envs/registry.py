@@ -362,7 +362,7 @@ class Traits:
     heavy_step: bool = False
     # a batch steps at once, on the host (envs/atari.py): vec.py calls `reset_batch(key, keys, ids,
     # params)` and `step_batch(keys, state, action, params)` for a device's whole batch, whose
-    # info may hold `score` (what the logged return sums, where learning sees another reward),
+    # info may hold `game_score` (what the logged return sums, where learning sees another reward),
     # `episode_end` (where the logged episode ends, where that is not every termination) and
     # `restarted` (games begun anew: their episode statistics start again)
     host_batched: bool = False

@@ -78,14 +78,19 @@ def step(env, env_params, batch: EnvBatch, action: jax.Array, keys: jax.Array) -
         obs, state, reward, terminated, truncated, info = jax.vmap(env.step, (0, 0, 0, None))(
             keys, batch.state, action, env_params)
     reward = reward.astype(jnp.float32)
-    # the logged episode: the learners' (every termination or truncation), unless the env says
-    # otherwise (Atari's: the whole game, the game's score, not the clipped reward)
-    done = info.pop("episode_end", jnp.logical_or(terminated, truncated))
-    logged = info.get("score", reward).astype(jnp.float32)
-    restarted = info.pop("restarted", jnp.zeros_like(done))
+    # the logged episode: the learners' (every termination or truncation), unless a host-batched
+    # env says otherwise (Atari's: the whole game and its score, not the clipped reward); other
+    # envs' info keeps whatever it holds (Craftax's episode metric "score")
+    done, logged = jnp.logical_or(terminated, truncated), reward
+    so_far, length_so_far = batch.episode_return, batch.episode_length
+    if traits(env).host_batched:
+        done, restarted = info.pop("episode_end", done), info.pop("restarted", None)
+        logged = info.get("game_score", reward).astype(jnp.float32)
+        if restarted is not None:  # games begun anew (a resumed run): their episodes start again
+            so_far, length_so_far = jnp.where(restarted, 0.0, so_far), jnp.where(restarted, 0, length_so_far)
     agents_done = done.reshape(done.shape + (1,) * (reward.ndim - done.ndim))  # per agent, where there are agents
-    ep_return = jnp.where(restarted.reshape(agents_done.shape), 0.0, batch.episode_return) + logged
-    ep_length = jnp.where(restarted, 0, batch.episode_length) + 1
+    ep_return = so_far + logged
+    ep_length = length_so_far + 1
     new = EnvBatch(state, as_obs(obs), jnp.where(agents_done, 0.0, ep_return), jnp.where(done, 0, ep_length))
     # Envs that never truncate (the Tag games end at their time limit) give no final observation.
     final_obs = as_obs(info.pop("final_observation", obs))

@@ -203,7 +203,7 @@ def _host_batched_player(policy, env, env_params, choose, ids, chunk: int):
             batch, out = vec.step(env, env_params, batch, env_action, keys[:, 1])
             done = out.done_length > 0
             memory = policy.remember(memory, action, out.reward, done)
-            return (batch, memory), (batch.obs, out.info.get("score", out.reward), done)
+            return (batch, memory), (batch.obs, out.info.get("game_score", out.reward), done)
 
         carry, (frames, rewards, dones) = jax.lax.scan(step, carry, t0 + jnp.arange(chunk))
         return carry, frames, rewards[:, 0], dones[:, 0]
