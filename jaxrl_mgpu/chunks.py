@@ -231,8 +231,8 @@ class Trainer:
 
     def compile_evaluation(self) -> None:
         """Compiles the evaluation program on a thread of its own, beside the training chunk's
-        compile and first chunks: compiled at the first evaluation instead, it stalled training
-        (66 s of an MJX humanoid's, one H100)."""
+        compile and first chunks, so that the first evaluation does not stall training to
+        compile it."""
         if self._eval_ready is None:
             mapped = self._evaluation()
             compile_cache.settle()  # before two threads compile at once

@@ -11,19 +11,18 @@ when a run first names one. The run's config keeps the name, so a resume or `eva
 it again.
 
 `make(name)` returns `(env, env_params)` with the gymnax `Environment` API, so everything
-downstream (rollouts, evaluation, dataset writers) treats every kind alike: `reset(key,
-params) -> (obs, state)`, `step(key, state, action, params) -> (obs, state, reward,
-terminated, truncated, info)` that resets an ended episode itself and keeps the observation
-it ended on in `info["final_observation"]` (a time limit is `truncated`, not `terminated`:
-the learners bootstrap from that observation), `observation_space(params)`,
-`action_space(params)` and `params.max_steps_in_episode`. An environment whose step is
-heavy (a physics simulation) may say so with a class attribute `heavy_step = True`: PPO's
-rollout loop then is not unrolled on GPUs (algos/ppo.rollout_unroll). One whose reset is
-costly (Craftax draws a world) and that keeps gymnax's own `step` may set `heavy_reset = True`:
-a batch of them then resets only the environments whose episode ended, from the same keys
-(vec.step_resetting_ended). One that reports more than a return per episode names those
-`info` entries in `episode_metrics` (`episode_metrics` below: Craftax's achievements, Brax's
-physics blow-ups).
+downstream (rollouts, evaluation, dataset writers) treats every kind alike: `reset(key, params) ->
+(obs, state)`, `step(key, state, action, params) -> (obs, state, reward, terminated, truncated,
+info)` that resets an ended episode itself and keeps the observation it ended on in
+`info["final_observation"]` (a time limit is `truncated`, not `terminated`: the learners bootstrap
+from that observation), `observation_space(params)`, `action_space(params)` and
+`params.max_steps_in_episode`. An environment whose step is heavy (a physics simulation) may say so
+with a class attribute `heavy_step = True`: PPO's rollout loop then is not unrolled on GPUs
+(algos/ppo.rollout_unroll). One whose reset is costly (Craftax draws a world) and that keeps
+gymnax's own `step` may set `heavy_reset = True`: a batch of them then resets only the environments
+whose episode ended, from the same keys (vec.step_resetting_ended). One that reports more than a
+return per episode names those `info` entries in `episode_metrics` (`episode_metrics` below:
+Craftax's achievements, Brax's physics blow-ups).
 """
 
 from __future__ import annotations
@@ -360,12 +359,7 @@ class Traits:
     the environment is made (`traits(env)`), and nowhere else."""
     # a step is many kernels (a physics simulation): PPO's rollout loop is not unrolled (algos/ppo/ppo.py)
     heavy_step: bool = False
-    # a batch steps at once, on the host (envs/atari.py): vec.py calls `reset_batch(key, keys, ids,
-    # params)` and `step_batch(keys, state, action, params)` for a device's whole batch, whose
-    # info may hold `game_score` (what the logged return sums, where learning sees another reward),
-    # `episode_end` (where the logged episode ends, where that is not every termination) and
-    # `restarted` (games begun anew: their episode statistics start again)
-    host_batched: bool = False
+    host_batched: bool = False  # a device's batch steps at once, on the host (envs/vec.py step, atari.py)
     # a reset costs many steps (Craftax's world generation): ended episodes reset in batches (vec.py)
     heavy_reset: bool = False
     # `info` entries reported per episode: one number per step, read at the step that ends an
@@ -376,8 +370,7 @@ class Traits:
     teams: dict | None = None
     # a multi-agent game's action as independent choices (Tag's acceleration and turn levels)
     action_factors: tuple[int, ...] | None = None
-    # (state, params) -> uint8 [height, width, 3], and the frames per second of a video (tools/video.py);
-    # a host_batched environment's is given the observation (its state is on the host)
+    # (state, params) -> uint8 [height, width, 3] (host_batched: the observation), and a video's fps
     render_rgb: Callable | None = None
     render_fps: float | None = None
 

@@ -69,6 +69,11 @@ def reset(env, env_params, key: jax.Array, global_ids: jax.Array) -> EnvBatch:
 
 
 def step(env, env_params, batch: EnvBatch, action: jax.Array, keys: jax.Array) -> tuple[EnvBatch, Step]:
+    """One step of the batch. A host-batched environment (Traits.host_batched: envs/atari.py)
+    steps the whole batch with `step_batch(keys, state, action, params)` (and resets it with
+    `reset_batch(key, keys, ids, params)`); its info may hold `game_score` (what the logged
+    return sums, where learning sees another reward), `episode_end` (where the logged episode
+    ends, where that is not every termination) and `restarted` (games begun anew)."""
     if traits(env).host_batched:
         obs, state, reward, terminated, truncated, info = env.step_batch(keys, batch.state, action, env_params)
     elif traits(env).heavy_reset:

@@ -378,13 +378,14 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
     def learn_many(carry, replay: Replay, written: jax.Array, key: jax.Array):
         """`grad_steps` gradient steps, each on a fresh sample; returns the carry and mean stats."""
         key = jax.random.fold_in(key, device_index())  # each device samples its own share
-        if frames:
-            return sampled_steps(train_step, lambda k: frame_replay_sample(
-                replay, written, jax.random.fold_in(key, k), batch_per_device, cfg.n_step, cfg.gamma, obs_shape[0]),
-                carry, jnp.arange(grad_steps))
-        return sampled_steps(train_step, lambda k: replay_sample(
-            replay, written, jax.random.fold_in(key, k), batch_per_device, cfg.n_step, cfg.gamma,
-            cfg.context_len if sequence else 0), carry, jnp.arange(grad_steps))
+
+        def draw(k):
+            if frames:
+                return frame_replay_sample(replay, written, jax.random.fold_in(key, k), batch_per_device, cfg.n_step,
+                                           cfg.gamma, obs_shape[0])
+            return replay_sample(replay, written, jax.random.fold_in(key, k), batch_per_device, cfg.n_step, cfg.gamma,
+                                 cfg.context_len if sequence else 0)
+        return sampled_steps(train_step, draw, carry, jnp.arange(grad_steps))
 
     def no_learning(carry, replay, written, key):
         # zeros shaped like learn_many's stats (traced abstractly: nothing is computed)
