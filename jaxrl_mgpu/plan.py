@@ -178,6 +178,8 @@ def resolve(cfg, given: config_lib.Given) -> Plan:
     cfg = config_lib.validate(cfg)
     plan = of_config(cfg)  # the environment and the algorithm's spec for it, checked
     config_lib.check_applicable(cfg, given)
+    if cfg.mode == "learn" and not cfg.run_dir:  # its collectors find the store by the directory's name
+        raise ConfigError("--mode learn needs --run-dir: the directory whose store its --mode collect processes fill")
     if cfg.mode == "collect":
         if not cfg.run_dir:
             raise ConfigError("--mode collect needs --run-dir: the run whose store it fills")

@@ -148,6 +148,19 @@ def test_bad_atari_input_is_one_line_and_writes_nothing(argv, words, tmp_path, c
     assert not run_dir.exists()
 
 
+def test_a_learner_without_its_collectors_run_directory_is_refused_in_one_line(tmp_path):
+    """`--mode learn` needs the directory whose store its collectors fill: without --run-dir it is
+    refused before anything is written (and ALE's banner, printed from C++ where a game is
+    loaded, stays off the error's stream)."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "jaxrl_mgpu.train", "--config", "atari-tiny", "--algo", "dqn",
+                          "--mode", "learn"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "error: --mode learn needs --run-dir: the directory whose store its --mode collect processes fill"], out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_without_the_atari_extra_the_error_names_its_install_line(monkeypatch):
     import importlib.util
     find_spec = importlib.util.find_spec

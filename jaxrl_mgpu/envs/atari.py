@@ -110,6 +110,7 @@ class Simulators:
         self._lock = threading.Lock()
 
     def _make(self, settings: Settings, num_envs: int):
+        _quiet_ale()
         from ale_py.vector_env import AtariVectorEnv
         return AtariVectorEnv(
             settings.game, num_envs, frameskip=settings.frame_skip, stack_num=settings.frame_stack,
@@ -233,11 +234,19 @@ def make_atari(task: str, **args) -> tuple[AtariEnv, Params]:
 
 
 @functools.cache
+def _quiet_ale() -> None:
+    """ALE's banner and ROM notes off, before its first interface is made (they would print
+    from C++ above a bad input's one line)."""
+    import ale_py
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
+
+
+@functools.cache
 def _num_actions(rom: str) -> int:
     import ale_py
     from ale_py import roms
+    _quiet_ale()
     ale = ale_py.ALEInterface()
-    ale.setLoggerMode(ale_py.LoggerMode.Error)
     ale.loadROM(roms.get_rom_path(rom))
     return len(ale.getMinimalActionSet())
 
