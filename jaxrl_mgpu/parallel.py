@@ -438,6 +438,22 @@ def split_evenly(total: int, parts: int, what: str) -> int:
     return total // parts
 
 
+def host_cores() -> int:
+    """The CPU cores this process may run on (its affinity: what a container or taskset leaves it)."""
+    return len(os.sched_getaffinity(0))
+
+
+def host_memory() -> tuple[int, str]:
+    """The host's memory available to new allocations now, in bytes, and where the number comes
+    from (Linux's MemAvailable; elsewhere its physical memory)."""
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+        return kib * 1024, "MemAvailable"
+    except (OSError, StopIteration):
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "physical memory"
+
+
 def memory_limit(device) -> tuple[int, str]:
     """The bytes a program may use on `device`, and where the number comes from."""
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None

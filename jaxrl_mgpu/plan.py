@@ -186,9 +186,13 @@ def resolve(cfg, given: config_lib.Given) -> Plan:
         collector.check_run_dir(cfg)  # not a run of another algorithm, nor a finished one
     par = parallel.setup(cfg.parallel, cfg.devices)
     config_lib.check_platform(cfg, par.devices[0].platform)
+    plan = autoscale.host.with_threads(plan, par)
     resuming = bool(cfg.resume and cfg.run_dir and (Path(cfg.run_dir) / "config.json").exists())
     if not cfg.auto_scale or resuming:  # a resumed run keeps the size its config.json holds
-        return plan.on(par, notes=notes)
-    from_s = time.monotonic()
-    cfg, _ = autoscale.choose(plan, par)
-    return plan.on(par, cfg, notes=notes, auto_scale_s=time.monotonic() - from_s)
+        resolved = plan.on(par, notes=notes)
+    else:
+        from_s = time.monotonic()
+        cfg, _ = autoscale.choose(plan, par)
+        resolved = plan.on(par, cfg, notes=notes, auto_scale_s=time.monotonic() - from_s)
+    autoscale.host.check_memory(resolved)
+    return resolved

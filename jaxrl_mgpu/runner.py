@@ -17,6 +17,7 @@ import jax
 
 from jaxrl_mgpu import compile_cache, parallel, session as session_lib, tracking
 from jaxrl_mgpu import config as config_lib
+from jaxrl_mgpu.autoscale import host
 from jaxrl_mgpu.checkpoint import Checkpoints
 from jaxrl_mgpu.chunks import ChunkReader, NonFinite, Trainer
 from jaxrl_mgpu.cli import count
@@ -52,6 +53,8 @@ def banner(plan: Plan, per_update: str) -> dict:
     each = "" if runs is None else " per run"
     rows.update({what: f"{total} global{each}, {per_device} per device{each}"
                  for what, (total, per_device) in plan.split.rows().items()})
+    if (on_host := host.describe(plan)) is not None:  # games stepped on this host's cores (Atari)
+        rows["host"] = on_host
     if cfg.auto_scale:
         size = spec.options.size
         rows["auto-scale"] = (f"{cfg.auto_scale}: --{size.replace('_', '-')} {getattr(cfg, size)} chosen at the "

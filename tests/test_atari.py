@@ -11,8 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_mgpu import envs
+from jaxrl_mgpu import autoscale, envs, parallel
+from jaxrl_mgpu import config as config_lib
+from jaxrl_mgpu import plan as plan_lib
+from jaxrl_mgpu.autoscale import host
 from jaxrl_mgpu.envs import vec
+from jaxrl_mgpu.log import RunLog
 
 from helpers import make_trainer, one_error_line, rows, run, spawn_train, wait_until, without_timing
 
@@ -146,6 +150,48 @@ def test_bad_atari_input_is_one_line_and_writes_nothing(argv, words, tmp_path, c
     assert run(*argv, "--run-dir", str(run_dir)) == 2
     assert words in one_error_line(capsys)
     assert not run_dir.exists()
+
+
+def atari_config(**options):
+    return config_lib.validate(config_lib.build(dict(env="atari:Pong", **options)))
+
+
+def test_the_host_s_cores_are_shared_by_its_devices_games_unless_threads_are_given():
+    """threads=0 (the default) becomes the cores this process may use over its devices, whose
+    batches step at once; threads given are kept; an environment on the devices has none."""
+    par = parallel.setup("pmap", 2)
+    plan = plan_lib.of_config(atari_config(env_args="max_frames=400"))
+    threaded = host.with_threads(plan, par)
+    assert threaded.env.threads == max(1, parallel.host_cores() // 2) and plan.env.threads == 0
+    assert threaded.env.settings.max_frames == 400 and threaded.cfg is plan.cfg  # config.json keeps its --env-args
+    given = plan_lib.of_config(atari_config(env_args="threads=3"))
+    assert host.with_threads(given, par) is given
+    cartpole = plan_lib.of_config(config_lib.validate(config_lib.build({})))
+    assert host.with_threads(cartpole, par) is cartpole
+
+
+def test_more_games_than_the_host_s_memory_holds_are_refused_in_one_line(monkeypatch, tmp_path, capsys):
+    """On 8 devices with 90 MiB of budget (1.75 MiB a game): 64 environments and 8 evaluation
+    games are 72 games, 126 MiB; 40 (5 per device, and one evaluation game each) are 84 MiB."""
+    monkeypatch.setattr(parallel, "host_memory", lambda: (100 * 2**20, "MemAvailable"))
+    run_dir = tmp_path / "run"
+    assert run("--config", "atari-tiny", "--num-envs", "64", "--run-dir", str(run_dir)) == 2
+    line = one_error_line(capsys)
+    assert line.startswith("error: --num-envs 64: 72 atari:Breakout games on this host would take about 0.1 GiB of "
+                           "its memory, more than 0.9 x the 0.1 GiB of MemAvailable; give at most --num-envs 40"), line
+    assert not run_dir.exists()
+
+
+def test_auto_scale_sizes_the_games_from_the_threads_and_within_the_host_s_memory(monkeypatch):
+    """--auto-scale's first sizes are 2 and 16 games per simulator thread (as powers of 2), and
+    none past the host's memory budget: 900 MiB hold 514 games, 64 on each of 8 devices."""
+    monkeypatch.setattr(parallel, "host_memory", lambda: (1000 * 2**20, "MemAvailable"))
+    cfg = atari_config(env_args="threads=3", auto_scale="throughput", total_timesteps=2**30, eval_every=0)
+    search = autoscale.Search(plan_lib.of_config(cfg), parallel.this_device(), RunLog(None, 0), parallel.setup("pmap"))
+    assert search.first_sizes == (8, 64) and search.top == 64 and search.floor == 8
+    assert "up to 64 (more games would not fit the host's memory budget)" in search.header()
+    assert "3 simulator thread(s) per device's batch; at most 64 games per device" in search.header()
+    assert search.why_not(128) == "128 games per device would not fit the host's memory budget"
 
 
 def test_a_learner_without_its_collectors_run_directory_is_refused_in_one_line(tmp_path):

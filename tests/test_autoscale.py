@@ -180,7 +180,7 @@ class Simulated(autoscale.Search):
 def simulated_search(total: int):
     cfg = config_lib.build(dict(num_steps=8, total_timesteps=total, auto_scale="throughput"))
     plan = plan_lib.Plan(cfg, None, None, PPO, None)  # no environment: the search is simulated
-    search = Simulated(plan, parallel.this_device(), RunLog(None, 0), 8)
+    search = Simulated(plan, parallel.this_device(), RunLog(None, 0), parallel.setup("pmap"))
     search.first()
     chosen, stop = search.climb()
     return chosen, stop, search

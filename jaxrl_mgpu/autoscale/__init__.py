@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import math
 import time
 from typing import Callable
 
 import jax
 
 from jaxrl_mgpu import parallel
+from jaxrl_mgpu.autoscale import host
 from jaxrl_mgpu.parallel import memory_limit
 from jaxrl_mgpu.autoscale.rules import (MIN_PER_DEVICE, WITHIN, between, doubling_gain, fit_line,
                                             next_size, smallest_within)
@@ -113,22 +115,40 @@ class Search:
     """One search, on process 0: a row per size considered, the programs compiled and not yet
     probed, and the clock. `first`, then `climb` (throughput) or `largest_fitting` (memory)."""
 
-    def __init__(self, plan, one: parallel.Parallel, log: RunLog, num_devices: int):
+    def __init__(self, plan, one: parallel.Parallel, log: RunLog, par: parallel.Parallel):
         self.plan, self.cfg, self.spec, self.one, self.log = plan, plan.cfg, plan.spec, one, log
-        self.num_devices = num_devices
+        self.num_devices = num_devices = par.num_devices  # the run's (`one` is the device probed)
         cfg, spec = self.cfg, self.spec
         self.device = one.devices[0]
         self.limit, self.source = memory_limit(self.device)
         self.memory = cfg.auto_scale_memory * self.limit  # the bytes a size's chunk may take
         self.top = ceiling(cfg, spec, num_devices)
         self.floor = min(MIN_PER_DEVICE, self.top)
+        self.first_sizes = FIRST
         self.what = "sequences" if knob(spec) == "ad_batch_size" else "envs"
+        self.host_note = None  # where the games step on the host: its cores and memory, in words
+        self.host_top = None   # where the host's memory budget bounds the sizes: the largest
+        if (most := host.most_per_device(cfg, par, plan.env)) is not None:
+            self.host_bound(most)
         self.rows: dict[int, Row] = {}
         self.trainers: dict[int, Trainer] = {}
         self.compiled: list[int] = []  # the sizes compiled within the memory budget, ascending
         self.phases: dict[str, float] = {}  # seconds spent compiling and probing
         self.started = time.monotonic()
         self.stopped: str | None = None  # why the time budget ended the search, where it did
+
+    def host_bound(self, most: int) -> None:
+        """Games on the host's cores (Atari): sizes from a few games per simulator thread, and
+        none past the host's memory budget (host.py), besides the device's."""
+        threads = self.plan.env.threads
+        small = 2 ** max(math.ceil(math.log2(2 * threads)), 0)  # 2 games per thread, as a power of 2
+        self.first_sizes = (small, 8 * small)
+        self.floor = min(small, self.top)
+        budget, source = host.memory_budget()
+        self.host_note = (f"games on the host: {count(parallel.host_cores(), 'core')}, {threads} simulator thread(s) "
+                          f"per device's batch; at most {max(most, 0):,} games per device in {source}")
+        if 0 < most < self.top:
+            self.top = self.host_top = 2 ** int(math.log2(most))
 
     def row(self, n: int) -> Row:
         if n not in self.rows:
@@ -141,13 +161,16 @@ class Search:
     def header(self) -> str:
         """The line printed as the search starts: what it may take, and its bounds."""
         bound = f"up to {self.top:,}"
-        if self.top < MAX_PER_DEVICE:
+        if self.top == self.host_top:
+            bound += " (more games would not fit the host's memory budget)"
+        elif self.top < MAX_PER_DEVICE:
             bound += (f" (more would leave the run fewer than --auto-scale-min-updates "
                       f"{self.cfg.auto_scale_min_updates} updates of --total-timesteps {self.cfg.total_timesteps:,})")
         probes = (f"; probes of about {PROBE_S:g} s (one update where that takes longer; no size whose update would "
                   f"take over {PROBE_CAP_S:g} s)" if self.cfg.auto_scale == "throughput" else "")
         return (f"auto-scale ({self.cfg.auto_scale}): searching {self.what} per device {bound}, for at most about "
-                f"{self.cfg.auto_scale_seconds} s (--auto-scale-seconds){probes}")
+                f"{self.cfg.auto_scale_seconds} s (--auto-scale-seconds){probes}"
+                + (f"\n  auto-scale: {self.host_note}" if self.host_note else ""))
 
     # -- compiling --------------------------------------------------------------------------
     def compile(self, sizes: list[int]) -> None:
@@ -210,7 +233,7 @@ class Search:
         """The line through two compiles (together), which are also the first probes: FIRST, each
         at most the ceiling; where they do not both fit and split, 4,096 (beside the one that
         did), then the floor."""
-        sizes = sorted({min(n, self.top) for n in FIRST})
+        sizes = sorted({min(n, self.top) for n in self.first_sizes})
         self.compile(sizes)
         self.compiled = self.fitting(sizes)
         for extra in ([min(2 ** 12, self.top)] if len(self.compiled) == 1 else []) + [self.floor]:
@@ -256,6 +279,8 @@ class Search:
         """Why size n was not taken up, for the table (a size over the ceiling gets a row saying it)."""
         if n > MAX_PER_DEVICE:
             return f"{n:,} is over the maximum"
+        if self.host_top is not None and n > self.host_top:
+            return f"{n:,} games per device would not fit the host's memory budget"
         if n > self.top:
             row = self.row(n)
             row.note = (f"leaves {row.updates} updates, fewer than --auto-scale-min-updates "
@@ -402,7 +427,7 @@ def choose(plan, par, log: RunLog | None = None):
     # the compilation cache); otherwise one device of this host stands for each.
     one = par if par.num_devices == 1 else parallel.this_device()
     cfg = plan.cfg
-    search = Search(plan, one, log, par.num_devices)
+    search = Search(plan, one, log, par)
     chosen, stop = None, None
     if jax.process_index() == 0:
         log.print(search.header())

@@ -360,6 +360,7 @@ class Traits:
     # a step is many kernels (a physics simulation): PPO's rollout loop is not unrolled (algos/ppo/ppo.py)
     heavy_step: bool = False
     host_batched: bool = False  # a device's batch steps at once, on the host (envs/vec.py step, atari.py)
+    host_bytes_per_env: int = 0  # host memory one of those environments holds (autoscale/host.py)
     # a reset costs many steps (Craftax's world generation): ended episodes reset in batches (vec.py)
     heavy_reset: bool = False
     # `info` entries reported per episode: one number per step, read at the step that ends an
