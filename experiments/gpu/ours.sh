@@ -21,9 +21,9 @@ ours() {  # ours NAME FLAGS...: one run of this project, timed from the process'
   timeout $T python3 -m jaxrl_mgpu.train --config $PRESET --run-dir /tmp/runs/$name --eval-every ${EVAL_EVERY:-50} \
       --eval-episodes 128 --checkpoint-every 0 ${RESUME:+--resume auto} $steps_flag "$@" > $OUT/$name.log 2>&1
   local code=$?
-  python3 - /tmp/runs/$name "$start" "$(date +%s.%N)" "$code" "$*${RESUME:+ (--resume auto: the part run in this call)}" >> $OUT/ours.jsonl <<'EOF'
+  python3 - /tmp/runs/$name "$start" "$(date +%s.%N)" "$code" "$*${RESUME:+ (--resume auto: the part run in this call)}" "$PRESET" >> $OUT/ours.jsonl <<'EOF'
 import json, statistics, sys
-run, start, end, code, flags = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+run, start, end, code, flags, preset = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 try:
     rows = [json.loads(l) for l in open(run + "/metrics.jsonl")]
 except FileNotFoundError:  # it stopped before its first log row (a bad option: its log says why)
@@ -36,7 +36,7 @@ except FileNotFoundError:  # cut off by the time limit: the curve so far, no tim
     summary = {"startup": {}, "time_s": end - start}
 evals = [(r["env_steps"], r["eval/episode_return"], r.get("time")) for r in rows if r.get("eval/episode_return") is not None]
 before_first = sum(summary["startup"].get(k, 0) for k in ("imports_and_devices_s", "setup_s", "compile_s"))
-print(json.dumps({"impl": "jaxrl_mgpu", "flags": flags, "exit": code, "env_steps": rows[-1]["env_steps"],
+print(json.dumps({"impl": "jaxrl_mgpu", "preset": preset, "flags": flags, "exit": code, "env_steps": rows[-1]["env_steps"],
                   "final_eval_return": evals[-1][1] if evals else None,
                   "final_train_return": rows[-1].get("episode_return"), "wall_s": round(end - start, 1),
                   "before_first_step_s": round(before_first, 1), "train_s": round(end - start - before_first, 1),
