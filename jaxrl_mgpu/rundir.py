@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -87,7 +88,10 @@ def _find(cfg) -> tuple[Path, int | None]:
     """The run directory and the checkpoint step to resume from (None: a fresh start).
     Checks only; creates nothing. A run directory is never clobbered."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(parallel.broadcast(int(time.time()))))
-    path = Path(cfg.run_dir or f"runs/{cfg.env}-{cfg.algo}-{stamp}")  # the same name on every process
+    # the same name on every process; a suite's colon (dmc:HumanoidWalk) made a dash, as TensorBoard
+    # reads NAME:PATH in --logdir as a named directory
+    env_name = re.sub(r"[^\w.-]+", "-", cfg.env)
+    path = Path(cfg.run_dir or f"runs/{env_name}-{cfg.algo}-{stamp}")
     # A learner may start in a directory its collectors began to fill (collectors may start
     # first): a store alone is not a run.
     collected_only = path.is_dir() and {p.name for p in path.iterdir()} <= {"store"}

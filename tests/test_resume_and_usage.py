@@ -241,3 +241,14 @@ def test_launch_relays_a_childs_error_to_stderr_once():
     errors = [line for line in out.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and "--num-envs" in errors[0], out.stderr
     assert "error:" not in out.stdout, out.stdout
+
+
+def test_the_default_run_directory_names_a_suite_s_task_without_its_colon(tmp_path, monkeypatch):
+    """runs/<env>-<algo>-<time>, a suite's `dmc:HumanoidWalk` as `dmc-HumanoidWalk` (TensorBoard
+    reads NAME:PATH in --logdir as a named directory); nothing is created by finding it."""
+    from jaxrl_mgpu import rundir
+    monkeypatch.chdir(tmp_path)
+    cfg = config_lib.build(dict(env="brax:inverted_pendulum"))
+    path, step = rundir._find(cfg)
+    assert path.parent == Path("runs") and path.name.startswith("brax-inverted_pendulum-ppo-") and step is None
+    assert not Path("runs").exists()
