@@ -9,7 +9,7 @@
 #    its steady env steps/s beside the ceiling.
 # DRY=1 OUT=/tmp/x T=40 ENVS=8 THREADS=2 PRESET=atari-tiny GAME=breakout: a CPU check of the script.
 source experiments/gpu/setup.sh
-GAME=${GAME:-pong}; PRESET=${PRESET:-atari-pong-ppo}; T=${T:-240}; ENVS=${ENVS:-64}; THREADS=${THREADS:-16}
+GAME=${GAME:-pong}; PRESET=${PRESET:-atari-pong-ppo}; T=${T:-240}; ENVS=${ENVS:-16}; THREADS=${THREADS:-16}
 python3 experiments/gpu/atari_interfaces.py "$GAME" "$ENVS" "$THREADS" ${SECONDS_EACH:-15} > $OUT/ceiling.jsonl
 cat $OUT/ceiling.jsonl
 source experiments/gpu/ours.sh
