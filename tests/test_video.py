@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from jaxrl_mgpu import envs, evaluate
-from jaxrl_mgpu.tools import video
+from jaxrl_mgpu.tools import pictures, video
 from jaxrl_mgpu.envs import tag
 
 from helpers import run
@@ -129,10 +129,10 @@ def test_tag_drawings_colour_the_teams_and_mark_a_tagged_runner():
     two_states = video.Episode(states, [0, 1], np.zeros((1, 3)), 1, True)
     frames, _ = video.frames("TagGridworld-v0", grid, grid_params, two_states)
     assert frames.shape[0] == 2
-    tagger, runner = video.TEAM_COLOURS[tag.TAGGER], video.TEAM_COLOURS[tag.RUNNER]
+    tagger, runner = pictures.TEAM_COLOURS[tag.TAGGER], pictures.TEAM_COLOURS[tag.RUNNER]
     assert colour_present(frames[0], tagger) and colour_present(frames[0], runner)
-    assert not colour_present(frames[0], video.TAGGED)
-    assert colour_present(frames[1], tagger) and colour_present(frames[1], video.TAGGED)
+    assert not colour_present(frames[0], pictures.TAGGED)
+    assert colour_present(frames[1], tagger) and colour_present(frames[1], pictures.TAGGED)
     assert not colour_present(frames[1], runner)
 
     cont, cont_params = envs.make("TagContinuous-v0", "num_taggers=1,num_runners=2")
@@ -143,8 +143,8 @@ def test_tag_drawings_colour_the_teams_and_mark_a_tagged_runner():
                                  tags=np.array([0, 1], np.int32), time=np.array([0, 1], np.int32))
     two_states = video.Episode(states, [0, 1], np.zeros((1, 3)), 1, True)
     frames, _ = video.frames("TagContinuous-v0", cont, cont_params, two_states)
-    assert colour_present(frames[0], runner) and not colour_present(frames[0], video.TAGGED)
-    assert colour_present(frames[1], runner) and colour_present(frames[1], video.TAGGED)
+    assert colour_present(frames[0], runner) and not colour_present(frames[0], pictures.TAGGED)
+    assert colour_present(frames[1], runner) and colour_present(frames[1], pictures.TAGGED)
 
 
 def one_error_line(capsys, argv) -> str:
