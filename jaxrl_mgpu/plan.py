@@ -191,6 +191,7 @@ def resolve(cfg, given: config_lib.Given) -> Plan:
     if not cfg.auto_scale or resuming:  # a resumed run keeps the size its config.json holds
         resolved = plan.on(par, notes=notes)
     else:
+        rundir.check_free(cfg)
         from_s = time.monotonic()
         cfg, _ = autoscale.choose(plan, par)
         resolved = plan.on(par, cfg, notes=notes, auto_scale_s=time.monotonic() - from_s)

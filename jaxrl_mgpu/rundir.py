@@ -84,6 +84,24 @@ def open_run(cfg, build: Callable, unit: str, steps_per_update: int) -> tuple[Pa
     return run_dir, begun
 
 
+OCCUPIED = "--run-dir {path} already exists and is not empty; choose a new directory or continue it with --resume"
+
+
+def _occupied(path: Path) -> bool:
+    """Whether `path` holds something a fresh run may not write over. A learner may start in a
+    directory its collectors began to fill (collectors may start first): a store alone is not
+    a run."""
+    collected_only = path.is_dir() and {p.name for p in path.iterdir()} <= {"store"}
+    return path.exists() and (not path.is_dir() or any(path.iterdir())) and not collected_only
+
+
+def check_free(cfg) -> None:
+    """The refusal `_find` gives a fresh run's occupied --run-dir, early: before --auto-scale's
+    search spends its minutes (the run directory is opened after it)."""
+    if cfg.run_dir and not cfg.resume and _occupied(Path(cfg.run_dir)):
+        raise ConfigError(OCCUPIED.format(path=cfg.run_dir))
+
+
 def _find(cfg) -> tuple[Path, int | None]:
     """The run directory and the checkpoint step to resume from (None: a fresh start).
     Checks only; creates nothing. A run directory is never clobbered."""
@@ -92,14 +110,10 @@ def _find(cfg) -> tuple[Path, int | None]:
     # reads NAME:PATH in --logdir as a named directory
     env_name = re.sub(r"[^\w.-]+", "-", cfg.env)
     path = Path(cfg.run_dir or f"runs/{env_name}-{cfg.algo}-{stamp}")
-    # A learner may start in a directory its collectors began to fill (collectors may start
-    # first): a store alone is not a run.
-    collected_only = path.is_dir() and {p.name for p in path.iterdir()} <= {"store"}
-    occupied = path.exists() and (not path.is_dir() or any(path.iterdir())) and not collected_only
+    occupied = _occupied(path)
     if not cfg.resume:
         if occupied:
-            raise ConfigError(f"--run-dir {path} already exists and is not empty; choose a new directory "
-                              f"or continue it with --resume")
+            raise ConfigError(OCCUPIED.format(path=path))
         check_writable(path)
         return path, None
     if not occupied:

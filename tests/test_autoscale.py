@@ -299,3 +299,17 @@ def test_bad_auto_scale_input_is_one_line(argv, message, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "r").exists()
+
+
+def test_an_occupied_run_directory_is_refused_before_the_search(tmp_path, capsys, monkeypatch):
+    """A fresh run's --run-dir that holds a run is refused before --auto-scale compiles or
+    probes anything (the search would spend its minutes first), and is left as it was."""
+    occupied = tmp_path / "r"
+    occupied.mkdir()
+    (occupied / "config.json").write_text("{}")
+    monkeypatch.setattr(autoscale, "choose", lambda *a, **k: pytest.fail("the search ran"))
+    assert run("--auto-scale", *SMALL, "--run-dir", str(occupied)) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: --run-dir {occupied} already exists and is not empty; choose a new directory or continue " \
+                  f"it with --resume", err
+    assert [p.name for p in occupied.iterdir()] == ["config.json"]

@@ -2,6 +2,7 @@
 # (bash ../shared/gpu/fetch-wheels.sh --brax ale-py==0.12.1; carry [".whl"]). From the repo root:
 #   bash experiments/gpu/atari.sh                      # the ceiling, then PRESET's training throughput
 #   GAME=breakout PRESET=atari-breakout-ppo T=540 ...  # a longer run (its return at T)
+#   AUTO=1 ...                                        # ours at the size --auto-scale chooses
 # 1. The ceiling: ale-py's vector environment alone, random actions, ENVS games on THREADS threads
 #    (what any trainer on this host can reach), then the same stepped from a compiled loop on the
 #    GPU through io_callback (ours) and through ale-py's xla() FFI: atari_interfaces.py, ceiling.jsonl.
@@ -13,5 +14,7 @@ GAME=${GAME:-pong}; PRESET=${PRESET:-atari-pong-ppo}; T=${T:-240}; ENVS=${ENVS:-
 python3 experiments/gpu/atari_interfaces.py "$GAME" "$ENVS" "$THREADS" ${SECONDS_EACH:-15} > $OUT/ceiling.jsonl
 cat $OUT/ceiling.jsonl
 source experiments/gpu/ours.sh
-EVAL_EVERY=${EVAL_EVERY:-0} ours atari-$GAME --num-envs $ENVS ${FLAGS:-}
+# AUTO=1: the preset's --num-envs chosen by --auto-scale (its table and the host line in the log)
+size=(--num-envs $ENVS); [ "${AUTO:-0}" = 1 ] && size=(--auto-scale)
+EVAL_EVERY=${EVAL_EVERY:-0} ours atari-$GAME "${size[@]}" ${FLAGS:-}
 table
