@@ -354,9 +354,8 @@ def _out_of_range(value: Any, arg: Arg | None) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class Traits:
-    """What the project reads of an environment beyond gymnax's interface. An environment
-    declares each as an attribute of the same name (all optional); they are read once, when
-    the environment is made (`traits(env)`), and nowhere else."""
+    """What the project reads of an environment beyond gymnax's interface: attributes of the same
+    name (all optional), read once, when the environment is made (`traits(env)`), nowhere else."""
     # a step is many kernels (a physics simulation): PPO's rollout loop is not unrolled (algos/ppo/ppo.py)
     heavy_step: bool = False
     host_batched: bool = False  # a device's batch steps at once, on the host (envs/vec.py step, atari.py)
