@@ -144,7 +144,7 @@ class Search:
         small = 2 ** max(math.ceil(math.log2(2 * threads)), 0)  # 2 games per thread, as a power of 2
         self.first_sizes = (small, 8 * small)
         self.floor = min(small, self.top)
-        budget, source = host.memory_budget()
+        _, source = host.memory_budget()
         self.host_note = (f"games on the host: {count(parallel.host_cores(), 'core')}, {threads} simulator thread(s) "
                           f"per device's batch; at most {max(most, 0):,} games per device in {source}")
         if 0 < most < self.top:

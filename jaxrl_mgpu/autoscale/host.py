@@ -31,6 +31,11 @@ def games_on_host(cfg, par, per_device: int) -> int:
     return (per_device + evaluation) * runs * par.num_local_devices
 
 
+def run_games(plan) -> int:
+    """The games the plan's run keeps on this host (games_on_host at its --num-envs)."""
+    return games_on_host(plan.cfg, plan.par, plan.cfg.num_envs // plan.par.data_devices)
+
+
 def memory_budget() -> tuple[float, str]:
     """The host bytes this process's games may take, and where the number comes from."""
     available, source = parallel.host_memory()
@@ -56,7 +61,7 @@ def check_memory(plan) -> None:
     if not per_game:
         return
     cfg, par = plan.cfg, plan.par
-    games = games_on_host(cfg, par, cfg.num_envs // par.data_devices)
+    games = run_games(plan)
     budget, source = memory_budget()
     if games * per_game > budget:
         most = max(most_per_device(cfg, par, plan.env), 0) * par.data_devices
@@ -86,9 +91,8 @@ def describe(plan) -> str | None:
     per_game = bytes_per_game(plan.env)
     if not per_game:
         return None
-    threads = plan.env.threads
-    games = games_on_host(plan.cfg, plan.par, plan.cfg.num_envs // plan.par.data_devices)
+    games = run_games(plan)
     _, source = memory_budget()
-    need = games * per_game
-    return (f"{count(parallel.host_cores(), 'core')}; {count(threads, 'simulator thread')} per device's batch of games; "
-            f"{count(games, 'game')} on this host, {need / 2**20:,.0f} MiB of its memory budget ({source})")
+    return (f"{count(parallel.host_cores(), 'core')}; {count(plan.env.threads, 'simulator thread')} per device's "
+            f"batch of games; {count(games, 'game')} on this host, {games * per_game / 2**20:,.0f} MiB of its memory "
+            f"budget ({source})")
