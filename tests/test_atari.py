@@ -121,6 +121,44 @@ def test_one_and_eight_devices_play_the_same_games_and_take_the_same_update():
 
 
 @pytest.mark.slow
+def test_a_batch_stepped_in_halves_plays_and_learns_as_the_whole_batch_and_restarts_alike(monkeypatch):
+    """PPO's rollout of a pipelined batch (the default: two halves in turns, each simulating
+    while the other's actions are inferred, vec.scan_halves) and of the whole batch at once
+    (pipeline=false): the same games, frames and losses, update after update, and after the
+    host's games are lost (as in a resumed process) the same games begun anew."""
+    from jaxrl_mgpu.algos.ppo import ppo
+    from jaxrl_mgpu.envs import atari
+    options = dict(env="atari:Pong", num_envs=8, num_steps=8, total_timesteps=256, hidden_size=32, num_layers=1,
+                   num_minibatches=1, update_epochs=1)
+    calls = {"step": 0}
+    whole_step = atari.SIMULATORS.step
+
+    def counted_step(*args):
+        calls["step"] += 1
+        return whole_step(*args)
+    monkeypatch.setattr(atari.SIMULATORS, "step", counted_step)
+    seen = {}
+    for pipeline in ("false", "true"):
+        trainer = make_trainer(1, env_args=f"pipeline={pipeline}", **options)
+        policy = ppo.actor_critic.make(trainer.cfg, trainer.env, trainer.env_params)
+        assert ppo.pipelines(trainer.env, policy, 8) == (pipeline == "true")
+        state, frames, losses = trainer.init_state(), [], []
+        calls["step"] = 0
+        for update in range(3):
+            if update == 2:
+                atari.SIMULATORS.close()  # the games are gone: the next step begins them anew
+            state, chunk = trainer.chunk_fn(1, state)(state)
+            frames.append(np.asarray(state.envs.obs).reshape((8, 4, 84, 84)))
+            losses.append({k: float(np.asarray(v).ravel()[0]) for k, v in chunk.losses.items()})
+        assert (calls["step"] > 0) == (pipeline == "false")  # the halves step through send and recv only
+        seen[pipeline] = frames, losses
+    for whole, halves in zip(*(seen[p][0] for p in ("false", "true"))):
+        np.testing.assert_array_equal(whole, halves)
+    assert seen["false"][1] == seen["true"][1]
+    assert not (seen["true"][0][0] == seen["true"][0][1]).all()  # the games moved
+
+
+@pytest.mark.slow
 def test_a_resume_restarts_the_games_and_two_resumes_from_one_checkpoint_agree(tmp_path):
     """The games' state is in C++, out of a checkpoint: a resumed run starts new games (seeded
     from the resumed step), so two resumes of one checkpoint train (and evaluate) the same, and

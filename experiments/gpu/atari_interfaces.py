@@ -3,7 +3,11 @@ default device with the same games, threads and random actions (drawn on the dev
 - `io_callback`: what envs/atari.py uses (a Python callback into AtariVectorEnv.step);
 - `ffi`: ale-py's own `xla()` (a C++ custom call, with GPU and CPU targets);
 and the ceiling, `python`: AtariVectorEnv.step in a Python loop with actions made beforehand.
-Prints one JSON line per interface: env steps/s over about SECONDS after a warm-up.
+Then a rollout as PPO's (the Nature CNN's actions, 512 wide, on the device, from the frames the
+host returns), through the project's own environment (envs/atari.py), its batch stepped whole
+(`rollout_whole`, pipeline=false) and in two halves, each simulating while the other's actions
+are inferred (`rollout_halves`, vec.scan_halves, the default): how much of the inference the
+halves hide. Prints one JSON line per row: env steps/s over about SECONDS after a warm-up.
     python experiments/gpu/atari_interfaces.py GAME ENVS THREADS [SECONDS]
 """
 
@@ -83,3 +87,52 @@ def ffi_loop(handle, key):
 
 
 timed("ffi", lambda: ffi_loop(handle, key)[2].block_until_ready())
+envs.close()
+
+# -- PPO's rollout through envs/atari.py: the batch whole, and in halves ----------------------
+import flax.linen as nn  # noqa: E402
+
+from jaxrl_mgpu import envs as envs_lib  # noqa: E402
+from jaxrl_mgpu.envs import atari, vec  # noqa: E402
+from jaxrl_mgpu.nets.mlp import NatureConv  # noqa: E402
+
+
+class Policy(nn.Module):  # the Nature CNN and its 512-wide layer, then the action's logits
+    @nn.compact
+    def __call__(self, frames):
+        return nn.Dense(num_actions)(nn.relu(nn.Dense(512)(NatureConv()(frames))))
+
+
+net = Policy()
+weights = net.init(key, jnp.zeros((1, 4, 84, 84), jnp.uint8))
+
+
+def act(obs, final_obs, k):  # a sample of the policy's actions, as PPO's rollout draws one
+    return jax.random.categorical(k[0, 0], net.apply(weights, obs)), ()
+
+
+for name, pipeline in (("rollout_whole", "false"), ("rollout_halves", "true")):
+    env, env_params = envs_lib.make(f"atari:{atari.task_name(game)}", f"threads={threads},pipeline={pipeline}")
+    batch = vec.reset(env, env_params, key, jnp.arange(n))
+    keys = jax.random.split(key, STEPS * n * 2).reshape(STEPS, n, 2, -1)
+
+    @jax.jit
+    def whole(batch):
+        def body(batch, k):
+            action, _ = act(batch.obs, batch.obs, k)
+            batch, out = vec.step(env, env_params, batch, action, k[:, 1])
+            return batch, out.reward.sum()
+        return jax.lax.scan(body, batch, keys)
+
+    @jax.jit
+    def halves(batch):
+        batch, _, _, out = vec.scan_halves(env, env_params, batch, batch.obs, act, keys, keys[:, :, 1])
+        return batch, out.reward.sum()
+
+    loop = halves if pipeline == "true" else whole
+    state = {"batch": batch}
+
+    def call():
+        state["batch"], total = loop(state["batch"])
+        jax.block_until_ready(total)
+    timed(name, call)

@@ -1,7 +1,10 @@
 """Atari 2600 games (`--env atari:Breakout`) simulated on the host's CPU cores by ale-py's
 threaded C++ vector environment (`ale_py.vector_env.AtariVectorEnv`), stepped from inside the
 compiled training step: the policy acts on the devices, and each device's batch of games steps
-on the host through `jax.experimental.io_callback`, while the rest of the program waits on it.
+on the host through `jax.experimental.io_callback`. With `pipeline` (on by default) a batch is
+two halves, each its own vector environment (`parts`): PPO's rollout steps them in turns
+(vec.scan_halves), one half's games stepping on the host (`send_batch` ... `recv_batch`) while
+the device infers the other half's actions; everything else steps both at once (`step_batch`).
 
 Preprocessing is the vector environment's own, the one published numbers use (the same frames
 as gymnasium's `AtariPreprocessing` + `FrameStackObservation(padding_type="zero")`, frame for
@@ -11,8 +14,8 @@ zeros), up to 30 no-op frames at every start, FIRE pressed at a start where the 
 and a time limit of 108,000 frames (27,000 steps) that is a truncation (the learners bootstrap
 from the frame it ended on). `--env-args` sets `frame_skip`, `frame_stack`, `noop_max`,
 `sticky` (the probability that the previous action repeats, 0.25 in ALE's v5 games; 0 here, as
-CleanRL's and DI-engine's Atari runs), `max_frames`, `episodic_life`, `clip_rewards`, `fire_reset`
-and `threads` (the C++ threads of each batch; 0: ale-py's choice).
+CleanRL's and DI-engine's Atari runs), `max_frames`, `episodic_life`, `clip_rewards`, `fire_reset`,
+`threads` (the C++ threads of each batch, shared by its halves; 0: ale-py's choice) and `pipeline`.
 
 Rewards: learning sees them clipped to their sign (`clip_rewards`), logs and evaluation count
 the game's own score (`info["game_score"]`). With `episodic_life` (on by default) a lost life ends
@@ -81,6 +84,7 @@ class Settings:
     clip_rewards: bool = True
     fire_reset: bool = True   # press FIRE at a start where the game needs it (Breakout's ball)
     threads: int = 0          # C++ threads per batch (0: ale-py's choice)
+    pipeline: bool = True     # a batch as two halves, each simulating while the other's actions are inferred
 
 
 def rom_ids() -> list[str]:
@@ -98,15 +102,32 @@ def rom_of(task: str) -> str:
     return task if "_" in task or task.islower() else re.sub(r"(?<!^)(?=[A-Z])", "_", task).lower()
 
 
-# -- the host side: one vector environment per (run, batch of global indices) ----------------
+# -- the host side: one vector environment per (run, part of a batch of global indices) ------
+
+def parts(settings: "Settings", n: int) -> list[slice]:
+    """The parts of a batch of n games that step as one vector environment each: the whole
+    batch, or (`pipeline`, n >= 2) its two halves, which PPO's rollout steps in turns
+    (vec.scan_halves: one half simulates while the other's actions are inferred)."""
+    if not settings.pipeline or n < 2:
+        return [slice(0, n)]
+    return [slice(0, n // 2), slice(n // 2, n)]
+
+
+def part_threads(settings: "Settings") -> int:
+    """The C++ threads of each part's vector environment: the batch's, shared by its halves
+    (which simulate at the same time, but for the inference between them)."""
+    return max(1, settings.threads // 2) if settings.pipeline and settings.threads else settings.threads
+
 
 class Simulators:
-    """The host's vector environments, made on first use: a batch's games are found by its run's
+    """The host's vector environments, made on first use: a part's games are found by its run's
     token and its first global index and size, so each device (and each run on it) steps its
-    own, from the thread XLA calls back on."""
+    own, from the thread XLA calls back on. `step` steps a whole batch (its parts at once);
+    `send` and `recv` one part, in two calls, with the device free between them."""
 
     def __init__(self):
         self._made: dict[tuple, Any] = {}
+        self._restarted: dict[tuple, tuple] = {}  # a part begun anew in `send`, until its `recv`
         self._lock = threading.Lock()
 
     def _make(self, settings: Settings, num_envs: int):
@@ -117,11 +138,14 @@ class Simulators:
             noop_max=settings.noop_max, repeat_action_probability=settings.sticky,
             max_num_frames_per_episode=settings.max_frames, episodic_life=False, reward_clipping=False,
             img_height=84, img_width=84, grayscale=True, maxpool=True, use_fire_reset=settings.fire_reset,
-            num_threads=settings.threads)
+            num_threads=part_threads(settings))
 
-    def reset(self, settings: Settings, token, ids, seeds):
-        """New games for the batch (seeded one by one), replacing any it had."""
-        key = (settings, int(token[0]), int(ids[0]), len(ids))
+    @staticmethod
+    def _key(settings: Settings, token, ids) -> tuple:
+        return settings, int(token[0]), int(ids[0]), len(ids)
+
+    def _reset_part(self, settings: Settings, token, ids, seeds):
+        key = self._key(settings, token, ids)
         with self._lock:
             old = self._made.pop(key, None)
         if old is not None:
@@ -132,23 +156,52 @@ class Simulators:
             self._made[key] = envs
         return obs, info["lives"].astype(np.int32)
 
-    def step(self, settings: Settings, token, ids, seeds, actions):
-        """The batch's games one step on; a batch this process has no games for (a resumed run)
-        gets new ones, seeded with `seeds`, reported as restarted."""
-        key = (settings, int(token[0]), int(ids[0]), len(ids))
+    def reset(self, settings: Settings, token, ids, seeds):
+        """New games for the batch (seeded one by one), replacing any it had: one vector
+        environment per part, the batch's threads shared among them."""
+        made = [self._reset_part(settings, token[s], ids[s], seeds[s]) for s in parts(settings, len(ids))]
+        return tuple(np.concatenate(columns) for columns in zip(*made))
+
+    def send(self, settings: Settings, token, ids, seeds, actions, *after):
+        """One part's actions to its games, which step on the host's threads until `recv`; a
+        part this process has no games for (a resumed run) gets new ones, seeded with `seeds`.
+        Returns a ticket, which the part's `recv` (and whatever must wait for this call) takes."""
+        key = self._key(settings, token, ids)
         with self._lock:
             envs = self._made.get(key)
-        n = len(ids)
         if envs is None:
-            obs, lives = self.reset(settings, token, ids, seeds)
+            restarted = self._reset_part(settings, token, ids, seeds)
+            with self._lock:
+                self._restarted[key] = restarted
+        else:
+            envs.send(np.asarray(actions, np.int32))
+        return np.int32(0)
+
+    def recv(self, settings: Settings, token, ids, *after):
+        """The part's step that `send` began: its games' frames, score, ends and lives, and
+        which were begun anew."""
+        key = self._key(settings, token, ids)
+        n = len(ids)
+        with self._lock:
+            restarted, envs = self._restarted.pop(key, None), self._made.get(key)
+        if restarted is not None:
+            obs, lives = restarted
             return (obs, np.zeros(n, np.int32), np.zeros(n, bool), np.zeros(n, bool), lives, np.ones(n, bool))
-        obs, reward, terminated, truncated, info = envs.step(np.asarray(actions, np.int32))
+        obs, reward, terminated, truncated, info = envs.recv()
         return (obs, reward.astype(np.int32), terminated.astype(bool), truncated.astype(bool),
                 info["lives"].astype(np.int32), np.zeros(n, bool))
 
+    def step(self, settings: Settings, token, ids, seeds, actions):
+        """The batch's games one step on, all its parts at once."""
+        cut = parts(settings, len(ids))
+        for s in cut:
+            self.send(settings, token[s], ids[s], seeds[s], actions[s])
+        stepped = [self.recv(settings, token[s], ids[s]) for s in cut]
+        return tuple(np.concatenate(columns) for columns in zip(*stepped))
+
     def close(self):
         with self._lock:
-            made, self._made = self._made, {}
+            made, self._made, self._restarted = self._made, {}, {}
         for envs in made.values():
             envs.close()
 
@@ -212,15 +265,16 @@ class AtariEnv:
                                  token, ids, _seeds(keys))
         return obs, State(token, ids, lives)
 
-    def step_batch(self, keys: jax.Array, state: State, action: jax.Array, params):
-        """One step of the batch's games, gymnax's `step` for a batch (the info holds the score,
+    @property
+    def pipelined(self) -> bool:
+        """Whether a batch's games are two halves (`parts`), stepped by `send_batch` and
+        `recv_batch` one half at a time (vec.scan_halves)."""
+        return self.settings.pipeline
+
+    def _stepped(self, state: State, stepped: tuple):
+        """gymnax's `step` for a batch, from what the host returned (the info holds the score,
         where the logged episode ends, and which games were started anew for a resumed run)."""
-        n = state.ids.shape[0]
-        flags = jax.ShapeDtypeStruct((n,), jnp.bool_)
-        obs_shape, int_shape = self._shapes(n)
-        obs, score, game_over, time_up, lives, restarted = io_callback(
-            functools.partial(SIMULATORS.step, self.settings), (obs_shape, int_shape, flags, flags, int_shape, flags),
-            state.token, state.ids, _seeds(keys), action.astype(jnp.int32))
+        obs, score, game_over, time_up, lives, restarted = stepped
         score = score.astype(jnp.float32)
         reward = jnp.sign(score) if self.settings.clip_rewards else score
         lost_life = (lives < state.lives) & ~restarted
@@ -229,10 +283,35 @@ class AtariEnv:
                 "restarted": restarted, "lives": lives}
         return obs, State(state.token, state.ids, lives), reward, terminated, time_up & ~game_over, info
 
+    def _stepped_shapes(self, n: int) -> tuple:
+        flags = jax.ShapeDtypeStruct((n,), jnp.bool_)
+        obs_shape, int_shape = self._shapes(n)
+        return obs_shape, int_shape, flags, flags, int_shape, flags
+
+    def step_batch(self, keys: jax.Array, state: State, action: jax.Array, params):
+        """One step of the batch's games (all its parts at once, in one call to the host)."""
+        return self._stepped(state, io_callback(
+            functools.partial(SIMULATORS.step, self.settings), self._stepped_shapes(state.ids.shape[0]),
+            state.token, state.ids, _seeds(keys), action.astype(jnp.int32)))
+
+    def send_batch(self, keys: jax.Array, state: State, action: jax.Array, params, after=()) -> jax.Array:
+        """A step's first half, for one part of a batch (`parts`; `state` is the part's): the
+        actions go to its games, which step on the host while the device goes on. Returns the
+        ticket `recv_batch` takes; the call waits for the tickets `after`."""
+        return io_callback(functools.partial(SIMULATORS.send, self.settings), jax.ShapeDtypeStruct((), jnp.int32),
+                           state.token, state.ids, _seeds(keys), action.astype(jnp.int32), *after)
+
+    def recv_batch(self, state: State, ticket: jax.Array, params, after=()):
+        """The step `send_batch` began (its `ticket`), as `step_batch` returns it, once the
+        tickets `after` are in: the device waits here until the part's games are done."""
+        return self._stepped(state, io_callback(
+            functools.partial(SIMULATORS.recv, self.settings), self._stepped_shapes(state.ids.shape[0]),
+            state.token, state.ids, ticket, *after))
+
 
 ARGS = {"frame_skip": COUNT, "frame_stack": COUNT, "noop_max": Arg(int, at_least=0),
         "sticky": Arg(float, at_least=0, at_most=1), "max_frames": COUNT, "episodic_life": FLAG,
-        "clip_rewards": FLAG, "fire_reset": FLAG, "threads": Arg(int, at_least=0)}
+        "clip_rewards": FLAG, "fire_reset": FLAG, "threads": Arg(int, at_least=0), "pipeline": FLAG}
 
 
 def make_atari(task: str, **args) -> tuple[AtariEnv, Params]:

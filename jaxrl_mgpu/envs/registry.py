@@ -360,8 +360,8 @@ class Traits:
     heavy_step: bool = False
     host_batched: bool = False  # a device's batch steps at once, on the host (envs/vec.py step, atari.py)
     host_bytes_per_env: int = 0  # host memory one of those environments holds (autoscale/host.py)
-    # a reset costs many steps (Craftax's world generation): ended episodes reset in batches (vec.py)
-    heavy_reset: bool = False
+    pipelined: bool = False  # host_batched in two halves, also stepped by send_batch / recv_batch (vec.scan_halves)
+    heavy_reset: bool = False  # a reset costs many steps (Craftax's worlds): ended episodes reset in batches (vec.py)
     # `info` entries reported per episode: one number per step, read at the step that ends an
     # episode; PPO and DQN average each over the episodes that end in a log row (`env/NAME`)
     episode_metrics: tuple[str, ...] = ()

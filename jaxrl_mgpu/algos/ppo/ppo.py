@@ -86,6 +86,15 @@ def rollout_unroll(env) -> int:
     return GPU_ROLLOUT_UNROLL
 
 
+def pipelines(env, policy, envs_per_device: int) -> bool:
+    """Whether the rollout steps this device's games in two halves, each simulating on the host
+    while the other's actions are inferred (vec.scan_halves): where the environment offers it
+    (Traits.pipelined: Atari's `pipeline`, on by default), a device has at least 2 of them, and
+    the policy is memoryless (a half acts without the other's memory)."""
+    return (envs_lib.traits(env).pipelined and envs_per_device >= 2
+            and not jax.tree.leaves(policy.init_memory(envs_per_device)))
+
+
 def steps_per_update(cfg) -> int:
     return cfg.batch_size  # num_envs x num_steps
 
@@ -309,6 +318,7 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
     tx = learner.adam(cfg, cfg.total_updates * cfg.update_epochs * cfg.num_minibatches)
     envs_per_device = split.environments.per_device
     unroll = rollout_unroll(env)
+    pipelined = pipelines(env, policy, envs_per_device)
 
     def init(key: jax.Array) -> PPOState:
         params_key, env_key, key = jax.random.split(key, 3)
@@ -333,6 +343,14 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
         noise, env_keys = jax.vmap(draws)(jnp.arange(cfg.num_steps))
         metric_names = envs_lib.episode_metrics(env)
 
+        def scalars_of(log_prob, value, prev_bootstrap, out: vec.Step):
+            # The per-environment scalars leave the loop as ONE [E, 8 + metrics] array: each scan
+            # output is one more small kernel in every step, and steps are what a rollout is made of.
+            return jnp.stack([log_prob, value, out.reward, out.terminated.astype(jnp.float32),
+                              out.truncated.astype(jnp.float32), prev_bootstrap, out.done_return,
+                              out.done_length.astype(jnp.float32),
+                              *(out.episode_metrics[name] for name in metric_names)], -1)
+
         def step(carry, xs):
             envs, memory, prev_final_obs = carry
             action_noise, step_keys = xs
@@ -342,16 +360,22 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
             # The env gets the action within its bounds; the log-prob is of the sample itself.
             next_envs, out = vec.step(env, env_params, envs, dist.to_env(action), step_keys)
             memory = policy.remember(memory, action, out.reward, out.terminated | out.truncated)
-            # The per-environment scalars leave the loop as ONE [E, 8 + metrics] array: each scan
-            # output is one more small kernel in every step, and steps are what a rollout is made of.
-            scalars = jnp.stack([dist.log_prob(pi, action), value, out.reward,
-                                 out.terminated.astype(jnp.float32), out.truncated.astype(jnp.float32),
-                                 prev_bootstrap, out.done_return, out.done_length.astype(jnp.float32),
-                                 *(out.episode_metrics[name] for name in metric_names)], -1)
+            scalars = scalars_of(dist.log_prob(pi, action), value, prev_bootstrap, out)
             return (next_envs, memory, out.final_obs), (inputs, action, scalars)
 
-        (envs, memory, final_obs), (inputs, action, scalars) = jax.lax.scan(
-            step, (envs, memory, envs.obs), (noise, env_keys), unroll=unroll)
+        def act(obs, prev_final_obs, action_noise):  # one half of a pipelined batch (memoryless)
+            pi, value, prev_bootstrap, _ = policy.act(params, memory, obs, prev_final_obs)
+            action = dist.sample(pi, action_noise)
+            return dist.to_env(action), (policy.inputs(memory, obs), action, dist.log_prob(pi, action), value,
+                                         prev_bootstrap)
+
+        if pipelined:
+            envs, final_obs, (inputs, action, log_prob, value, prev_bootstrap), out = vec.scan_halves(
+                env, env_params, envs, envs.obs, act, noise, env_keys)
+            scalars = scalars_of(log_prob, value, prev_bootstrap, out)
+        else:
+            (envs, memory, final_obs), (inputs, action, scalars) = jax.lax.scan(
+                step, (envs, memory, envs.obs), (noise, env_keys), unroll=unroll)
         columns = jnp.moveaxis(scalars, -1, 0)
         log_prob, value, reward, terminated, truncated, prev_bootstrap, done_return, done_length = columns[:8]
         ended_metrics = dict(zip(metric_names, columns[8:]))
