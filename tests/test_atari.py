@@ -128,7 +128,6 @@ def test_a_batch_stepped_in_halves_plays_and_learns_as_the_whole_batch_and_resta
     network's batch of half the size, update after update, for each of 2 runs (--num-seeds: their
     own games); and after the host's games are lost (as in a resumed process) the same games
     begun anew."""
-    from jaxrl_mgpu.algos.ppo import ppo
     from jaxrl_mgpu.envs import atari
     options = dict(env="atari:Pong", num_envs=8, num_steps=8, total_timesteps=256, hidden_size=32, num_layers=1,
                    num_minibatches=1, update_epochs=1, num_seeds=2)
@@ -142,8 +141,7 @@ def test_a_batch_stepped_in_halves_plays_and_learns_as_the_whole_batch_and_resta
     seen = {}
     for pipeline in ("false", "true"):
         trainer = make_trainer(1, env_args=f"pipeline={pipeline}", **options)
-        policy = ppo.actor_critic.make(trainer.cfg, trainer.env, trainer.env_params)
-        assert ppo.pipelines(trainer.env, policy, 8) == (pipeline == "true")
+        assert vec.pipelined(trainer.env, 8, memoryless=True) == (pipeline == "true")
         state, frames, losses = trainer.init_state(), [], []
         calls["step"] = 0
         for update in range(3):
@@ -343,13 +341,22 @@ def test_the_frame_replay_rebuilds_the_stacks_a_naive_replay_stores():
 
 
 @pytest.mark.slow
-def test_dqn_on_atari_learns_from_the_frame_replay():
+def test_dqn_on_atari_learns_from_the_frame_replay_that_halves_fill_as_the_whole_batch():
+    """DQN on Atari learns from the frame-stack-aware replay; its games stepped in halves (the
+    default, vec.scan_halves) fill that replay with exactly the frames, actions, rewards and ends
+    of the whole batch at once (pipeline=false), and the losses agree up to rounding."""
     from jaxrl_mgpu.algos.replay import FrameReplay
-    trainer = make_trainer(2, algo="dqn", env="atari:Breakout", env_args="max_frames=160", num_envs=4,
-                           num_steps=8, buffer_size=256, replay_batch_size=16, learning_starts=32,
-                           total_timesteps=128, hidden_size=16, num_layers=1)
-    state = trainer.init_state()
-    assert isinstance(state.replay, FrameReplay) and state.replay.frames.shape[-3:] == (64, 84, 84)
-    state, chunk = trainer.chunk_fn(4, state)(state)
-    td = float(np.asarray(chunk.losses["loss/td"]).ravel()[0])
+    seen = {}
+    for pipeline in ("false", "true"):
+        trainer = make_trainer(2, algo="dqn", env="atari:Breakout", env_args=f"max_frames=160,pipeline={pipeline}",
+                               num_envs=8, num_steps=8, buffer_size=512, replay_batch_size=16, learning_starts=64,
+                               total_timesteps=256, hidden_size=16, num_layers=1)
+        state = trainer.init_state()
+        assert isinstance(state.replay, FrameReplay) and state.replay.frames.shape[-3:] == (64, 84, 84)
+        state, chunk = trainer.chunk_fn(4, state)(state)
+        seen[pipeline] = state.replay, {k: np.asarray(v).ravel() for k, v in chunk.losses.items()}
+    td = float(seen["true"][1]["loss/td"][0])
     assert np.isfinite(td) and td > 0
+    jax.tree.map(np.testing.assert_array_equal, seen["false"][0], seen["true"][0])
+    for name, value in seen["false"][1].items():
+        np.testing.assert_allclose(seen["true"][1][name], value, rtol=1e-5, atol=1e-7, err_msg=name)

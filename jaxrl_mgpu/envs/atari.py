@@ -2,7 +2,7 @@
 threaded C++ vector environment (`ale_py.vector_env.AtariVectorEnv`), stepped from inside the
 compiled training step: the policy acts on the devices, and each device's batch of games steps
 on the host through `jax.experimental.io_callback`. With `pipeline` (on by default) a batch is
-two halves, each its own vector environment (`parts`): PPO's rollout steps them in turns
+two halves, each its own vector environment (`parts`): PPO's and DQN's rollouts step them in turns
 (vec.scan_halves), one half's games stepping on the host (`send_batch` ... `recv_batch`) while
 the device infers the other half's actions; everything else steps both at once (`step_batch`).
 
@@ -106,7 +106,7 @@ def rom_of(task: str) -> str:
 
 def parts(settings: "Settings", n: int) -> list[slice]:
     """The parts of a batch of n games that step as one vector environment each: the whole
-    batch, or (`pipeline`, n >= 2) its two halves, which PPO's rollout steps in turns
+    batch, or (`pipeline`, n >= 2) its two halves, which the rollouts step in turns
     (vec.scan_halves: one half simulates while the other's actions are inferred)."""
     if not settings.pipeline or n < 2:
         return [slice(0, n)]

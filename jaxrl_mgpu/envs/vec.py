@@ -120,6 +120,13 @@ def joined(*parts):
     return jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
 
 
+def pipelined(env, envs_per_device: int, memoryless: bool) -> bool:
+    """Whether a rollout steps a device's games as two halves in turns (`scan_halves`): where
+    the environment offers it (Traits.pipelined: Atari's `pipeline`, on by default), a device
+    has at least 2 of them, and the policy is memoryless (a half acts without the other)."""
+    return traits(env).pipelined and envs_per_device >= 2 and memoryless
+
+
 def scan_halves(env, env_params, batch: EnvBatch, final_obs, act, act_xs, keys: jax.Array):
     """What `lax.scan` of "act, then step" over a rollout's T steps returns, for a pipelined
     host-batched environment (Traits.pipelined: envs/atari.py), so that the host simulates

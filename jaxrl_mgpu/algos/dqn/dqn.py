@@ -8,7 +8,8 @@ all devices:
 
 One update:
   1. act: `num_steps` epsilon-greedy steps of this device's `num_envs / D` environments
-     (`lax.scan`); every transition goes into this device's replay buffer;
+     (`lax.scan`; Atari's games on the host in two halves, each simulating while the other's
+     actions are inferred: vec.scan_halves); every transition goes into this device's replay;
   2. learn: once `learning_starts` env steps (global) have been collected,
      `G = num_steps x updates_per_step` gradient steps, each on `replay_batch_size / D`
      transitions sampled from this device's buffer. Gradients are `lax.pmean`-ed over `AXIS`,
@@ -234,11 +235,21 @@ def epsilon_greedy(q: jax.Array, key: jax.Array, ids: jax.Array, eps) -> tuple[j
     """Epsilon-greedy actions of the environments of global indices `ids` from their Q-values
     [E, A], and the keys their environment steps take: every environment's randomness comes
     from its global index (vec.env_keys), so acting does not depend on the device count."""
-    keys = jax.vmap(jax.random.split)(vec.env_keys(key, ids))
-    choice = jax.vmap(jax.random.split)(keys[:, 0])  # whether to explore, and the random action if so
+    keys = acting_keys(key, ids)
+    return explored(q, keys[:, 0], eps), keys[:, 1]
+
+
+def acting_keys(key: jax.Array, ids: jax.Array) -> jax.Array:
+    """[E, 2] keys of the environments of global indices `ids`: exploring's, and their step's."""
+    return jax.vmap(jax.random.split)(vec.env_keys(key, ids))
+
+
+def explored(q: jax.Array, choice_keys: jax.Array, eps) -> jax.Array:
+    """The greedy actions of Q-values [E, A], each replaced by a random one with probability eps."""
+    choice = jax.vmap(jax.random.split)(choice_keys)  # whether to explore, and the random action if so
     explore = jax.vmap(jax.random.uniform)(choice[:, 0]) < eps
     random = jax.vmap(lambda k: jax.random.randint(k, (), 0, q.shape[-1]))(choice[:, 1])
-    return jnp.where(explore, random, jnp.argmax(q, axis=-1)), keys[:, 1]
+    return jnp.where(explore, random, jnp.argmax(q, axis=-1))
 
 
 def make_actor(env, env_params, qf: QFunctions, envs_per_device: int):
@@ -358,6 +369,7 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
                         init_memory(envs_per_device), replay, key, zero, zero)
 
     act = make_actor(env, env_params, qf, envs_per_device)
+    pipelined = vec.pipelined(env, envs_per_device, memoryless=not sequence)
 
     def rollout(params, envs: vec.EnvBatch, memory, replay: Replay, key: jax.Array, written: jax.Array):
         """`num_steps` epsilon-greedy vector steps, from the `written`-th vector step of training."""
@@ -369,8 +381,25 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
             replay = add(replay, written + t, envs.obs, action, out)
             return (next_envs, memory, replay), (action, eps, out)
 
-        (envs, memory, replay), (actions, eps, steps) = jax.lax.scan(step, (envs, memory, replay),
-                                                                     jnp.arange(cfg.num_steps))
+        if not pipelined:
+            (envs, memory, replay), (actions, eps, steps) = jax.lax.scan(step, (envs, memory, replay),
+                                                                         jnp.arange(cfg.num_steps))
+            return envs, memory, replay, actions, eps, steps
+        # host games in two halves (vec.scan_halves): the same keys and epsilons, drawn beforehand
+        ts = jnp.arange(cfg.num_steps)
+        eps = epsilon(cfg, (written + ts).astype(jnp.float32) * cfg.num_envs)
+        keys = jax.vmap(lambda t: acting_keys(jax.random.fold_in(key, t), global_indices(envs_per_device)))(ts)
+
+        def act_half(obs, final_obs, x):
+            choice_keys, half_eps = x
+            action = explored(qf.act(params, memory, obs)[0], choice_keys, half_eps)
+            return action, (obs, action)
+
+        every_env = jnp.broadcast_to(eps[:, None], keys.shape[:2])
+        envs, _, (obs, actions), steps = vec.scan_halves(
+            env, env_params, envs, envs.obs, act_half, (keys[:, :, 0], every_env), keys[:, :, 1])
+        replay = jax.lax.fori_loop(0, cfg.num_steps, lambda t, replay: add(
+            replay, written + t, obs[t], actions[t], jax.tree.map(lambda x: x[t], steps)), replay)
         return envs, memory, replay, actions, eps, steps
 
     learn, train_step = make_train_step(cfg, learner_q, tx, sequence)

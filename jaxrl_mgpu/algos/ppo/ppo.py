@@ -86,15 +86,6 @@ def rollout_unroll(env) -> int:
     return GPU_ROLLOUT_UNROLL
 
 
-def pipelines(env, policy, envs_per_device: int) -> bool:
-    """Whether the rollout steps this device's games in two halves, each simulating on the host
-    while the other's actions are inferred (vec.scan_halves): where the environment offers it
-    (Traits.pipelined: Atari's `pipeline`, on by default), a device has at least 2 of them, and
-    the policy is memoryless (a half acts without the other's memory)."""
-    return (envs_lib.traits(env).pipelined and envs_per_device >= 2
-            and not jax.tree.leaves(policy.init_memory(envs_per_device)))
-
-
 def steps_per_update(cfg) -> int:
     return cfg.batch_size  # num_envs x num_steps
 
@@ -318,7 +309,7 @@ def make(cfg, env, env_params, split: BatchSplit) -> Algo:
     tx = learner.adam(cfg, cfg.total_updates * cfg.update_epochs * cfg.num_minibatches)
     envs_per_device = split.environments.per_device
     unroll = rollout_unroll(env)
-    pipelined = pipelines(env, policy, envs_per_device)
+    pipelined = vec.pipelined(env, envs_per_device, memoryless=not jax.tree.leaves(policy.init_memory(1)))
 
     def init(key: jax.Array) -> PPOState:
         params_key, env_key, key = jax.random.split(key, 3)
