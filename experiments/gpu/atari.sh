@@ -3,6 +3,7 @@
 #   bash experiments/gpu/atari.sh                      # the ceiling, then PRESET's training throughput
 #   GAME=breakout PRESET=atari-breakout-ppo T=540 ...  # a longer run (its return at T)
 #   AUTO=1 ...                                        # ours at the size --auto-scale chooses
+#   WHOLE=1 ...                                       # then ours again with each batch stepped whole
 # 1. The ceiling: ale-py's vector environment alone, random actions, ENVS games on THREADS threads
 #    (what any trainer on this host can reach), then the same stepped from a compiled loop on the
 #    GPU through io_callback (ours) and through ale-py's xla() FFI: atari_interfaces.py, ceiling.jsonl.
@@ -17,4 +18,6 @@ source experiments/gpu/ours.sh
 # AUTO=1: the preset's --num-envs chosen by --auto-scale (its table and the host line in the log)
 size=(--num-envs $ENVS); [ "${AUTO:-0}" = 1 ] && size=(--auto-scale)
 EVAL_EVERY=${EVAL_EVERY:-0} ours atari-$GAME "${size[@]}" ${FLAGS:-}
+# WHOLE=1: the same with the games stepped whole (pipeline=false): what the halves' overlap gains
+[ "${WHOLE:-0}" = 1 ] && EVAL_EVERY=${EVAL_EVERY:-0} ours atari-$GAME-whole "${size[@]}" --env-args pipeline=false ${FLAGS:-}
 table
