@@ -77,10 +77,15 @@ def test_the_categorical_projection_and_loss_by_hand():
     logits = jnp.log(jnp.array([[[0.5, 0.5, 1e-9]], [[1e-9, 0.5, 0.5]]]))  # critic 0's mean 0.5, critic 1's 1.5
     batch = Transitions(None, None, jnp.array([0.0]), jnp.array([1.0]), None)
     now = jnp.log(jnp.array([[[0.2, 0.3, 0.5]], [[0.6, 0.3, 0.1]]]))
-    loss, _ = sac.critic_loss(cfg, FixedCritics(), atoms, now, logits, batch, None, 0.0)
+    loss, stats = sac.critic_loss(cfg, FixedCritics(), atoms, now, logits, batch, None, 0.0)
     target = np.array([0.5, 0.5, 0.0])                          # critic 0's distribution: the smaller mean
     expect = -(target * np.log([0.2, 0.3, 0.5])).sum() - (target * np.log([0.6, 0.3, 0.1])).sum()
     np.testing.assert_allclose(loss, expect, rtol=1e-5)
+    assert stats["loss/target_outside_support"] == 0.0         # 0 + 0.5 is inside [0, 2]
+    for reward in (1.6, -0.6):                                  # 2.1 and -0.1: past either end, clipped
+        _, stats = sac.critic_loss(cfg, FixedCritics(), atoms, now, logits, batch._replace(reward=jnp.array([reward])),
+                                   None, 0.0)
+        assert stats["loss/target_outside_support"] == 1.0
 
 
 @pytest.mark.slow

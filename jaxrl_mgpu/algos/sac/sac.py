@@ -201,12 +201,17 @@ def critic_loss(cfg, critics, atoms, critic, target_critic, batch: Transitions, 
         next_probs = jnp.where((means[0] <= means[1])[:, None], probs[0], probs[1])
     else:
         next_probs = probs.mean(0)
-    target = jax.lax.stop_gradient(project(next_probs, batch.reward + batch.discount * next_entropy_bonus,
-                                           batch.discount, atoms))
+    reward = batch.reward + batch.discount * next_entropy_bonus
+    target = jax.lax.stop_gradient(project(next_probs, reward, batch.discount, atoms))
     log_probs = jax.nn.log_softmax(now, -1)
     loss = -(target[None] * log_probs).sum(-1).mean(1).sum()
     q = (jnp.exp(log_probs) * atoms).sum(-1)
-    return loss, {"loss/critic": loss, "loss/q_mean": q.mean(), "loss/target_mean": (target * atoms).sum(-1).mean()}
+    # The share of targets whose mean the support cannot hold (projected onto its end): near 1,
+    # the critics' values are clipped and the actor learns little (--v-min / --v-max too narrow).
+    unclipped = reward + batch.discount * (next_probs * atoms).sum(-1)
+    outside = ((unclipped > atoms[-1]) | (unclipped < atoms[0])).mean()
+    return loss, {"loss/critic": loss, "loss/q_mean": q.mean(), "loss/target_mean": (target * atoms).sum(-1).mean(),
+                  "loss/target_outside_support": outside}
 
 
 def q_value(critics, atoms, critic, obs, action):
