@@ -66,6 +66,10 @@ class Runs:
         """Run `run`'s swept values, {option: value}."""
         return dict(zip(self.names, self.grid[self.config_index(run)]))
 
+    def configurations(self) -> list[dict]:
+        """Every configuration's swept values, {option: value}, in order (none for seeds alone)."""
+        return [dict(zip(self.names, values)) for values in self.grid] if self.names else []
+
     def describe(self, run: int) -> dict:
         """What identifies a run in its log rows: its index, seed and swept values."""
         return {"run": run, "seed": self.seed_of(run), **self.hparams(run)}

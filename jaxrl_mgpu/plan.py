@@ -80,7 +80,15 @@ class Plan:
         par = multirun.setup(cfg, par)
         check = self.spec.check if cfg.mode == "both" else self.spec.asynchronous.check
         unsplit = dataclasses.replace(self, cfg=cfg, par=par, split=None)
-        return dataclasses.replace(unsplit, split=check(unsplit, par.data_devices), **more)
+        split = check(unsplit, par.data_devices)
+        # Each --sweep configuration is a config of its own: its values too must pass the checks
+        # that relate options (--v-max above --v-min), which checking each value alone cannot.
+        for values in (self.runs.configurations() if self.runs is not None else ()):
+            try:
+                check(dataclasses.replace(unsplit, cfg=dataclasses.replace(cfg, **values)), par.data_devices)
+            except ConfigError as e:
+                raise ConfigError(f"--sweep {' '.join(f'{k}={v:g}' for k, v in values.items())}: {e}") from None
+        return dataclasses.replace(unsplit, split=split, **more)
 
     def progress(self) -> Progress:
         """How its progress is counted: its spec's unit and steps per update, or a --mode learn

@@ -101,6 +101,10 @@ def test_one_program_serves_every_sweep_value():
     (["--sweep", "lr"], "--sweep 'lr': write NAME=v1,v2,..."),
     (["--sweep", "lr=1e-3", "lr=1e-4"], "--sweep lr is given twice"),
     (["--sweep", "clip_eps=0.1,0.2", "--algo", "dqn"], "--sweep clip_eps: --clip-eps changes the compiled program"),
+    (["--algo", "td3", "--env", "Pendulum-v1", "--critic", "categorical", "--sweep", "v_max=50,-300"],
+     "--sweep v_max=-300: --v-min -250 must be below --v-max -300"),  # each configuration is checked whole
+    (["--algo", "td3", "--env", "Pendulum-v1", "--noise-std-max", "0.3", "--sweep", "noise_std_min=0.1,0.5"],
+     "--sweep noise_std_min=0.5: --noise-std-min 0.5 is above --noise-std-max 0.3"),
     (["--num-seeds", "0"], "--num-seeds must be at least 1, got 0"),
     (["--num-seeds", "2", "--algo", "ad"], "--num-seeds / --sweep: --algo ad distils one dataset"),
     (["--num-seeds", "2", "--auto-scale"], "--num-seeds / --sweep: --auto-scale sizes one run"),

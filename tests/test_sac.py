@@ -188,6 +188,26 @@ def test_shard_map_equals_pmap_and_many_seeds_train_in_one_program(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_sweep_of_the_categorical_support_and_td3_s_noise_applies_each_value_per_run():
+    """--sweep v_max=5,50 target_noise=0.1,0.3 (numbers the update reads only as numbers, so one
+    program serves every value): run i learns as the single run with configuration i's values,
+    and the runs' critics differ."""
+    cfg = dict(SMALL, algo="td3", critic="categorical", v_min=-50.0, num_atoms=11, total_timesteps=16 * 4 * 4)
+    multi = make_trainer(2, "shard_map", sweep="v_max=5,50 target_noise=0.1,0.3", **cfg)
+    assert multi.runs.count == 4
+    state = multi.init_state()
+    state, _ = multi.chunk_fn(4, state)(state)
+    critics = multi.par.runs_of(state.critic)
+    for i in (1, 2):
+        single = make_trainer(1, **cfg, **multi.runs.hparams(i))
+        state1 = single.init_state()
+        state1, _ = single.chunk_fn(4, state1)(state1)
+        assert_trees_close(single.par.first(state1.critic), jax.tree.map(lambda x: x[i], critics), rtol=1e-5,
+                           atol=1e-6)
+    assert not np.allclose(jax.tree.leaves(critics)[0][0], jax.tree.leaves(critics)[0][2])  # v_max 5 and 50
+
+
+@pytest.mark.slow
 def test_auto_scale_sizes_a_sac_run_whose_policy_evaluate_draws(tmp_path, capsys):
     """--auto-scale memory picks SAC's environments (the largest that leaves 100 updates: 25,600
     steps / (100 x 8 steps x 8 devices) = 4 per device) and says that the gradient steps per

@@ -26,9 +26,9 @@ class OffPolicyOptions(ReplayOptions, ActorCriticNets, RewardScale):
     num_atoms: int = option(101, "categorical critic: values of its distribution", GROUP, check=POSITIVE,
                             applies=WITH_CATEGORICAL, state=True)
     v_min: float = option(-250.0, "categorical critic: the smallest value of the support (of the discounted "
-                                  "return, after --reward-scale)", GROUP, applies=WITH_CATEGORICAL)
+                                  "return, after --reward-scale)", GROUP, applies=WITH_CATEGORICAL, sweep=True)
     v_max: float = option(250.0, "categorical critic: the largest value of the support", GROUP,
-                          applies=WITH_CATEGORICAL)
+                          applies=WITH_CATEGORICAL, sweep=True)
     clipped_double_q: bool = option(True, "bootstrap from the smaller of the two target critics' values (TD3's "
                                           "clipped double Q); --no-clipped-double-q: from their mean", GROUP)
     critic_layer_norm: bool = option(True, "layer normalisation after each hidden layer of the critics", GROUP,
@@ -48,11 +48,11 @@ class Td3Options(OffPolicyOptions):
     noise_std_min: float = option(0.001, "TD3: exploration noise std of environment 0, in actions scaled to "
                                          "[-1, 1]; environment i's std is spread from --noise-std-min to "
                                          "--noise-std-max by its global index (FastTD3's per-environment noise)",
-                                  GROUP, check=NON_NEGATIVE)
+                                  GROUP, check=NON_NEGATIVE, sweep=True)
     noise_std_max: float = option(0.4, "TD3: exploration noise std of the last environment", GROUP,
-                                  check=NON_NEGATIVE)
+                                  check=NON_NEGATIVE, sweep=True)
     target_noise: float = option(0.2, "TD3: std of the noise on the target policy's action (target smoothing)",
-                                 GROUP, check=NON_NEGATIVE)
+                                 GROUP, check=NON_NEGATIVE, sweep=True)
     noise_clip: float = option(0.5, "TD3: the target noise is clipped to +-this", GROUP, check=UNIT_OPEN)
 
 
