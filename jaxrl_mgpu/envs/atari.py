@@ -54,6 +54,7 @@ from flax import struct
 from gymnax.environments import spaces
 from jax.experimental import io_callback
 
+from jaxrl_mgpu.envs import vec
 from jaxrl_mgpu.envs.registry import COUNT, FLAG, Arg, Suite, register_suite
 
 FRAMES_PER_EPISODE = 108_000  # the usual time limit: 30 minutes of play at 60 frames a second
@@ -108,9 +109,7 @@ def parts(settings: "Settings", n: int) -> list[slice]:
     """The parts of a batch of n games that step as one vector environment each: the whole
     batch, or (`pipeline`, n >= 2) its two halves, which the rollouts step in turns
     (vec.scan_halves: one half simulates while the other's actions are inferred)."""
-    if not settings.pipeline or n < 2:
-        return [slice(0, n)]
-    return [slice(0, n // 2), slice(n // 2, n)]
+    return list(vec.halves(n)) if settings.pipeline and n >= 2 else [slice(0, n)]
 
 
 def part_threads(settings: "Settings") -> int:
@@ -162,7 +161,7 @@ class Simulators:
         made = [self._reset_part(settings, token[s], ids[s], seeds[s]) for s in parts(settings, len(ids))]
         return tuple(np.concatenate(columns) for columns in zip(*made))
 
-    def send(self, settings: Settings, token, ids, seeds, actions, *after):
+    def send(self, settings: Settings, token, ids, seeds, actions):
         """One part's actions to its games, which step on the host's threads until `recv`; a
         part this process has no games for (a resumed run) gets new ones, seeded with `seeds`.
         Returns a ticket, which the part's `recv` (and whatever must wait for this call) takes."""
@@ -177,7 +176,7 @@ class Simulators:
             envs.send(np.asarray(actions, np.int32))
         return np.int32(0)
 
-    def recv(self, settings: Settings, token, ids, *after):
+    def recv(self, settings: Settings, token, ids, *tickets):
         """The part's step that `send` began: its games' frames, score, ends and lives, and
         which were begun anew."""
         key = self._key(settings, token, ids)
@@ -294,16 +293,17 @@ class AtariEnv:
             functools.partial(SIMULATORS.step, self.settings), self._stepped_shapes(state.ids.shape[0]),
             state.token, state.ids, _seeds(keys), action.astype(jnp.int32)))
 
-    def send_batch(self, keys: jax.Array, state: State, action: jax.Array, params, after=()) -> jax.Array:
+    def send_batch(self, keys: jax.Array, state: State, action: jax.Array, params) -> jax.Array:
         """A step's first half, for one part of a batch (`parts`; `state` is the part's): the
         actions go to its games, which step on the host while the device goes on. Returns the
-        ticket `recv_batch` takes; the call waits for the tickets `after`."""
+        ticket `recv_batch` takes."""
         return io_callback(functools.partial(SIMULATORS.send, self.settings), jax.ShapeDtypeStruct((), jnp.int32),
-                           state.token, state.ids, _seeds(keys), action.astype(jnp.int32), *after)
+                           state.token, state.ids, _seeds(keys), action.astype(jnp.int32))
 
-    def recv_batch(self, state: State, ticket: jax.Array, params, after=()):
+    def recv_batch(self, state: State, ticket: jax.Array, params, *after: jax.Array):
         """The step `send_batch` began (its `ticket`), as `step_batch` returns it, once the
-        tickets `after` are in: the device waits here until the part's games are done."""
+        tickets `after` (other parts' sends) are in: the device waits here until the part's
+        games are done."""
         return self._stepped(state, io_callback(
             functools.partial(SIMULATORS.recv, self.settings), self._stepped_shapes(state.ids.shape[0]),
             state.token, state.ids, ticket, *after))

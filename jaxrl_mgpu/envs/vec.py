@@ -120,6 +120,12 @@ def joined(*parts):
     return jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
 
 
+def halves(n: int) -> tuple[slice, slice]:
+    """The two halves of a batch of n environments that `scan_halves` steps in turns (and a
+    pipelined environment keeps as two parts: envs/atari.py)."""
+    return slice(0, n // 2), slice(n // 2, n)
+
+
 def pipelined(env, envs_per_device: int, memoryless: bool) -> bool:
     """Whether a rollout steps a device's games as two halves in turns (`scan_halves`): where
     the environment offers it (Traits.pipelined: Atari's `pipeline`, on by default), a device
@@ -133,45 +139,45 @@ def scan_halves(env, env_params, batch: EnvBatch, final_obs, act, act_xs, keys: 
     while the device infers. The batch steps as two halves in turns: a half's actions are
     inferred and sent to its games (`send_batch`), then the other half's step is received
     (`recv_batch`) and its actions inferred and sent, while the first half's games step on the
-    host; every step's calls wait for the ones before them (their tickets), so nothing reorders
-    them. Each environment gets the actions and keys of the plain loop: the same games.
+    host. A half's receive takes the other half's last ticket, so the device infers and sends
+    one half before it waits on the other's games. Each environment gets the actions and keys
+    of the plain loop: the same games.
 
     `act(obs, final_obs, x) -> (env_action, record)` acts on one half (`final_obs` is the
     observation its previous step ended on, x its part of one step's `act_xs`); the policy
     must be memoryless, as a half acts without the other. Returns the batch after the last
     step, its final observations, the records [T, E, ...] and the steps (Step) [T, E, ...]."""
-    n = batch.obs.shape[0]
-    cut = (slice(0, n // 2), slice(n // 2, n))  # envs/atari.py's parts
+    cut = halves(batch.obs.shape[0])
     step_x = lambda tree, t: jax.tree.map(lambda x: x[t], tree)  # noqa: E731
 
-    def act_and_send(h, part: EnvBatch, part_final_obs, x, part_keys, after):
+    def act_and_send(h, part: EnvBatch, part_final_obs, x, part_keys):
         env_action, record = act(part.obs, part_final_obs, half(x, cut[h]))
-        return record, env.send_batch(half(part_keys, cut[h]), part.state, env_action, env_params, after)
+        return record, env.send_batch(half(part_keys, cut[h]), part.state, env_action, env_params)
 
-    def recv(h, part: EnvBatch, ticket, after):
-        return stepped(env, part, *env.recv_batch(part.state, ticket, env_params, after))
+    def recv(h, part: EnvBatch, ticket, other_ticket):
+        return stepped(env, part, *env.recv_batch(part.state, ticket, env_params, other_ticket))
 
     # step 0: both halves act on the batch's observations and their games begin to step
     parts = [half(batch, s) for s in cut]
     finals = [half(final_obs, s) for s in cut]
-    record0, ticket0 = act_and_send(0, parts[0], finals[0], step_x(act_xs, 0), keys[0], ())
-    record1, ticket1 = act_and_send(1, parts[1], finals[1], step_x(act_xs, 0), keys[0], (ticket0,))
+    record0, ticket0 = act_and_send(0, parts[0], finals[0], step_x(act_xs, 0), keys[0])
+    record1, ticket1 = act_and_send(1, parts[1], finals[1], step_x(act_xs, 0), keys[0])
 
     def body(carry, xs):
         (part0, part1), (ticket0, ticket1) = carry
         x, step_keys = xs
-        part0, out0 = recv(0, part0, ticket0, (ticket1,))
-        record0, ticket0 = act_and_send(0, part0, out0.final_obs, x, step_keys, (ticket1,))
-        part1, out1 = recv(1, part1, ticket1, (ticket0,))
-        record1, ticket1 = act_and_send(1, part1, out1.final_obs, x, step_keys, (ticket0,))
+        part0, out0 = recv(0, part0, ticket0, ticket1)
+        record0, ticket0 = act_and_send(0, part0, out0.final_obs, x, step_keys)
+        part1, out1 = recv(1, part1, ticket1, ticket0)
+        record1, ticket1 = act_and_send(1, part1, out1.final_obs, x, step_keys)
         return ((part0, part1), (ticket0, ticket1)), (joined(record0, record1), joined(out0, out1))
 
     tail = lambda tree: jax.tree.map(lambda x: x[1:], tree)  # noqa: E731
     ((part0, part1), (ticket0, ticket1)), (records, outs) = jax.lax.scan(
         body, (tuple(parts), (ticket0, ticket1)), (tail(act_xs), tail(keys)))
     # the last step's results
-    part0, out0 = recv(0, part0, ticket0, (ticket1,))
-    part1, out1 = recv(1, part1, ticket1, (ticket0,))
+    part0, out0 = recv(0, part0, ticket0, ticket1)
+    part1, out1 = recv(1, part1, ticket1, ticket0)
     first, last = joined(record0, record1), joined(out0, out1)
     records = jax.tree.map(lambda r0, rs: jnp.concatenate([r0[None], rs]), first, records)
     outs = jax.tree.map(lambda os, o: jnp.concatenate([os, o[None]]), outs, last)
